@@ -1,0 +1,1 @@
+//! saltgate configuration (being written).

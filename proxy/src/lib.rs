@@ -1,0 +1,1 @@
+//! saltgate proxy (being written).

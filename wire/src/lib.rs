@@ -1,0 +1,1 @@
+//! Salt wire protocol (being written).
