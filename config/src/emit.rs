@@ -1,0 +1,131 @@
+//! Writes a [`Config`] as saltgate YAML, with a comment on each key, so `saltgate import-haproxy`
+//! output can be read, edited and loaded back unchanged.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::duration::format_duration;
+use crate::model::{Config, HealthSettings, ListenerConfig};
+
+fn idle(d: Option<Duration>) -> String {
+    d.map(format_duration).unwrap_or_else(|| "none".to_string())
+}
+
+/// Renders the configuration. `source` names where it came from, for the header comment.
+pub fn to_yaml(c: &Config, source: &str) -> String {
+    let mut o = String::new();
+    // Writing to a String cannot fail.
+    let _ = write_all(&mut o, c, source);
+    o
+}
+
+fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
+    writeln!(o, "# saltgate configuration, converted from {source}.")?;
+    writeln!(o, "# Reference: README.md, \"Configuration reference\". Check with: saltgate check-config FILE")?;
+    writeln!(o)?;
+    writeln!(o, "global:")?;
+    match c.global.maxconn {
+        Some(n) => writeln!(
+            o,
+            "  maxconn: {n}                 # cap on client sessions, all listeners"
+        )?,
+        None => writeln!(
+            o,
+            "  # maxconn: 100000            # cap on client sessions, all listeners (unset: none)"
+        )?,
+    }
+    writeln!(
+        o,
+        "  shutdown_grace: {}       # SIGTERM: how long live sessions may drain",
+        format_duration(c.global.shutdown_grace)
+    )?;
+    writeln!(o, "  raise_nofile: {}", c.global.raise_nofile)?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "# Health checks every master starts from (HAProxy inter/fastinter/downinter/rise/fall)."
+    )?;
+    writeln!(o, "health:")?;
+    write_health(o, &c.health, "  ")?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "# A master is UP when the checks of both its ports pass."
+    )?;
+    writeln!(o, "masters:")?;
+    for m in &c.masters {
+        writeln!(o, "  - name: {}", m.name)?;
+        writeln!(o, "    host: {}", m.host)?;
+        writeln!(o, "    publish_port: {}", m.publish_port)?;
+        writeln!(o, "    request_port: {}", m.request_port)?;
+        writeln!(o, "    weight: {}", m.weight)?;
+        if let Some(n) = m.maxconn {
+            writeln!(o, "    maxconn: {n}               # per port")?;
+        }
+        if m.backup {
+            writeln!(o, "    backup: true")?;
+        }
+        if m.disabled {
+            writeln!(o, "    disabled: true")?;
+        }
+        writeln!(o, "    check: {}", m.check)?;
+        if m.health != c.health {
+            writeln!(o, "    health:")?;
+            write_health(o, &m.health, "      ")?;
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "listeners:")?;
+    write_listener(o, &c.publish)?;
+    write_listener(o, &c.request)?;
+    Ok(())
+}
+
+fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Result {
+    writeln!(o, "{ind}interval: {}", format_duration(h.interval))?;
+    writeln!(o, "{ind}fastinter: {}", format_duration(h.fastinter))?;
+    writeln!(o, "{ind}downinter: {}", format_duration(h.downinter))?;
+    writeln!(o, "{ind}timeout: {}", format_duration(h.timeout))?;
+    writeln!(o, "{ind}rise: {}", h.rise)?;
+    writeln!(o, "{ind}fall: {}", h.fall)
+}
+
+fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
+    writeln!(o, "  {}:", l.role)?;
+    let binds: Vec<String> = l.bind.iter().map(|a| format!("\"{a}\"")).collect();
+    writeln!(o, "    bind: [{}]", binds.join(", "))?;
+    writeln!(o, "    balance: {}", l.balance.as_str())?;
+    writeln!(
+        o,
+        "    timeout_client: {}          # idle limit, client side (none: never)",
+        idle(l.timeout_client)
+    )?;
+    writeln!(
+        o,
+        "    timeout_server: {}          # idle limit, master side (none: never)",
+        idle(l.timeout_server)
+    )?;
+    if l.timeout_client_fin.is_some() {
+        writeln!(o, "    timeout_client_fin: {}", idle(l.timeout_client_fin))?;
+    }
+    if l.timeout_server_fin.is_some() {
+        writeln!(o, "    timeout_server_fin: {}", idle(l.timeout_server_fin))?;
+    }
+    writeln!(
+        o,
+        "    timeout_connect: {}",
+        format_duration(l.timeout_connect)
+    )?;
+    writeln!(o, "    retries: {}", l.retries)?;
+    if let Some(n) = l.maxconn {
+        writeln!(o, "    maxconn: {n}")?;
+    }
+    writeln!(o, "    backlog: {}", l.backlog)?;
+    writeln!(
+        o,
+        "    on_master_down: {}         # close (at close_rate per second) or keep",
+        l.on_master_down.as_str()
+    )?;
+    writeln!(o, "    close_rate: {}", l.close_rate)?;
+    writeln!(o, "    access_log: {}", l.access_log)
+}

@@ -1,0 +1,282 @@
+use std::time::Duration;
+
+use super::*;
+use crate::model::{OnMasterDown, Role};
+
+const FIXTURE: &str = include_str!("../../../examples/haproxy/salt-master-cluster.cfg");
+
+fn ok(text: &str) -> Loaded {
+    match parse_haproxy(text, Some(Path::new("haproxy.cfg"))) {
+        Ok(l) => l,
+        Err(e) => panic!("expected a valid config, got:\n{e}"),
+    }
+}
+
+fn err(text: &str) -> ConfigError {
+    match parse_haproxy(text, Some(Path::new("haproxy.cfg"))) {
+        Ok(l) => panic!("expected an error, got {:?}", l.config),
+        Err(e) => e.first().clone(),
+    }
+}
+
+/// The fixture with `extra` inserted after line `after` (1-based).
+fn fixture_with(after: usize, extra: &str) -> String {
+    let mut lines: Vec<&str> = FIXTURE.lines().collect();
+    lines.insert(after, extra);
+    lines.join("\n")
+}
+
+#[test]
+fn seed_fixture_recognises_three_masters_on_both_ports() {
+    let l = ok(FIXTURE);
+    let c = &l.config;
+    let names: Vec<_> = c
+        .masters
+        .iter()
+        .map(|m| {
+            (
+                m.name.as_str(),
+                m.host.as_str(),
+                m.publish_port,
+                m.request_port,
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("rserve1", "10.27.12.13", 4505, 4506),
+            ("rserve2", "10.27.7.126", 4505, 4506),
+            ("rserve3", "10.27.3.73", 4505, 4506)
+        ]
+    );
+    assert!(c
+        .masters
+        .iter()
+        .all(|m| m.check && m.weight == 1 && !m.backup && !m.disabled));
+    assert_eq!(c.publish.bind[0].to_string(), "10.27.5.116:4505");
+    assert_eq!(c.request.bind[0].to_string(), "10.27.5.116:4506");
+    assert_eq!(c.publish.timeout_client, Some(Duration::from_secs(86400)));
+    assert_eq!(c.publish.timeout_server, Some(Duration::from_secs(86400)));
+    assert_eq!(c.request.timeout_client, Some(Duration::from_secs(60)));
+    assert_eq!(c.request.timeout_server, Some(Duration::from_secs(60)));
+    assert_eq!(c.publish.timeout_connect, Duration::from_secs(10));
+    assert!(
+        c.publish.access_log && c.request.access_log,
+        "option tcplog turns the access log on"
+    );
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+}
+
+#[test]
+fn haproxy_defaults_apply_where_the_file_is_silent() {
+    let c = ok(FIXTURE).config;
+    let h = c.masters[0].health;
+    assert_eq!(
+        (h.interval, h.fastinter, h.downinter, h.rise, h.fall),
+        (
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            2,
+            3
+        )
+    );
+    assert_eq!(c.publish.retries, 3);
+    assert_eq!(c.request.retries, 3);
+}
+
+#[test]
+fn server_options_and_default_server_are_understood() {
+    let text = FIXTURE
+        .replace("    balance roundrobin\n    timeout connect 10s\n    timeout server 86400s\n", "    balance roundrobin\n    timeout connect 10s\n    timeout server 86400s\n    default-server inter 5s fastinter 1s downinter 10s rise 4 fall 2 maxconn 500\n")
+        .replace("    timeout server 1m\n", "    timeout server 1m\n    default-server inter 5s fastinter 1s downinter 10s rise 4 fall 2 maxconn 500\n")
+        .replace("server rserve3 10.27.3.73:4505 check", "server rserve3 10.27.3.73:4505 check weight 3 backup on-marked-down shutdown-sessions")
+        .replace("server rserve3 10.27.3.73:4506 check", "server rserve3 10.27.3.73:4506 check weight 3 backup")
+        .replace("server rserve2 10.27.7.126:4505 check", "server rserve2 10.27.7.126:4505 check disabled on-marked-down shutdown-sessions")
+        .replace("server rserve2 10.27.7.126:4506 check", "server rserve2 10.27.7.126:4506 check disabled")
+        .replace("server rserve1 10.27.12.13:4505 check", "server rserve1 10.27.12.13:4505 check on-marked-down shutdown-sessions");
+    let c = ok(&text).config;
+    let h = c.masters[0].health;
+    assert_eq!(
+        (h.interval, h.fastinter, h.downinter, h.rise, h.fall),
+        (
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+            4,
+            2
+        )
+    );
+    assert_eq!(c.masters[0].maxconn, Some(500));
+    assert!(c.masters[1].disabled);
+    assert!(c.masters[2].backup && c.masters[2].weight == 3);
+    assert_eq!(c.publish.on_master_down, OnMasterDown::Close);
+}
+
+#[test]
+fn global_and_defaults_sections_are_understood() {
+    let text = format!(
+        "global\n    log /dev/log local0\n    maxconn 20000\n    daemon\n    hard-stop-after 45s\n\ndefaults\n    mode tcp\n    log global\n    option tcplog\n    retries 5\n    timeout connect 3s\n    timeout client 1m\n    timeout server 1m\n\n{}",
+        FIXTURE
+            .replace("    timeout connect 10s\n", "")
+            .replace("    timeout client 1m\n", "")
+            .replace("    timeout server 1m\n", "")
+    );
+    let l = ok(&text);
+    assert_eq!(l.config.global.maxconn, Some(20000));
+    assert_eq!(l.config.global.shutdown_grace, Duration::from_secs(45));
+    assert_eq!(l.config.request.retries, 5);
+    assert_eq!(l.config.request.timeout_connect, Duration::from_secs(3));
+    assert_eq!(
+        l.config.request.timeout_client,
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(
+        l.config.publish.timeout_client,
+        Some(Duration::from_secs(86400)),
+        "a frontend's own timeout wins over defaults"
+    );
+    assert!(
+        l.warnings
+            .iter()
+            .any(|w| w.at.line == 2 && w.message.contains("log")),
+        "{:?}",
+        l.warnings
+    );
+    assert!(l
+        .warnings
+        .iter()
+        .any(|w| w.at.line == 4 && w.message.contains("daemon")));
+}
+
+#[test]
+fn listen_sections_work_like_a_frontend_with_its_backend() {
+    let text = "listen salt-pub\n  mode tcp\n  bind 127.0.0.1:4505\n  timeout client 1d\n  timeout server 1d\n  timeout connect 2s\n  server m1 127.0.0.2:4505 check\nlisten salt-req\n  mode tcp\n  bind 127.0.0.1:4506\n  timeout client 1m\n  timeout server 1m\n  timeout connect 2s\n  server m1 127.0.0.2:4506 check\n";
+    let c = ok(text).config;
+    assert_eq!(c.masters.len(), 1);
+    assert_eq!(c.publish.timeout_client, Some(Duration::from_secs(86400)));
+    assert!(!c.publish.access_log, "no option tcplog: access log off");
+}
+
+#[test]
+fn server_without_port_uses_the_frontend_port() {
+    let c = ok(&FIXTURE
+        .replace("10.27.12.13:4505", "10.27.12.13")
+        .replace("10.27.12.13:4506", "10.27.12.13"))
+    .config;
+    assert_eq!(
+        (c.masters[0].publish_port, c.masters[0].request_port),
+        (4505, 4506)
+    );
+}
+
+#[test]
+fn unsupported_directives_are_errors_naming_the_line_and_the_fix() {
+    let cases: &[(String, u32, &str)] = &[
+        (
+            fixture_with(3, "    tcp-request connection reject"),
+            4,
+            "tcp-request",
+        ),
+        (
+            fixture_with(13, "    option httpchk GET /"),
+            14,
+            "option httpchk",
+        ),
+        (
+            FIXTURE.replace(
+                "rserve2 10.27.7.126:4505 check",
+                "rserve2 10.27.7.126:4505 check send-proxy",
+            ),
+            14,
+            "send-proxy",
+        ),
+        (
+            FIXTURE.replace(
+                "    mode tcp\n    bind 10.27.5.116:4505",
+                "    mode http\n    bind 10.27.5.116:4505",
+            ),
+            2,
+            "mode",
+        ),
+        (
+            FIXTURE.replace("balance roundrobin", "balance uri"),
+            10,
+            "balance",
+        ),
+        (
+            FIXTURE.replace("timeout client 1m", "timeout client 1x"),
+            20,
+            "timeout client",
+        ),
+        (fixture_with(0, "resolvers dns"), 1, "resolvers"),
+        (
+            FIXTURE.replace(
+                "default_backend salt-master-req-backend",
+                "default_backend nope",
+            ),
+            21,
+            "default_backend",
+        ),
+    ];
+    for (text, line, field) in cases {
+        let e = err(text);
+        assert_eq!(e.at.line, *line, "{e}");
+        assert!(
+            e.field.contains(field),
+            "field {:?} should name {field:?}: {e}",
+            e.field
+        );
+        assert!(!e.fix.is_empty(), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!("haproxy.cfg:{line}")),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_master_missing_from_one_backend_is_an_error() {
+    let e = err(&FIXTURE.replace("    server rserve3 10.27.3.73:4506 check\n", ""));
+    assert_eq!(e.at.line, 15);
+    assert!(e.message.contains("10.27.3.73"), "{e}");
+    assert!(e.fix.contains("both backends"), "{e}");
+}
+
+#[test]
+fn differing_options_for_one_master_are_an_error() {
+    let e = err(&FIXTURE.replace(
+        "rserve1 10.27.12.13:4506 check",
+        "rserve1 10.27.12.13:4506 check rise 5",
+    ));
+    assert_eq!(e.at.line, 28);
+    assert!(e.fix.contains("same check"), "{e}");
+}
+
+#[test]
+fn role_comes_from_ports_or_section_names() {
+    let c = ok(&FIXTURE.replace(":4505", ":5505").replace(":4506", ":5506")).config;
+    assert_eq!(c.publish.bind[0].port(), 5505, "'pub' in the name");
+    assert_eq!(c.listener(Role::Request).bind[0].port(), 5506);
+    let e = err(&FIXTURE
+        .replace(":4505", ":5505")
+        .replace("salt-master-pub", "salt-a"));
+    assert!(e.message.contains("cannot tell"), "{e}");
+}
+
+#[test]
+fn garbage_is_an_error_not_a_panic() {
+    for text in [
+        "\u{0}\u{1}\u{2}",
+        "server",
+        "frontend",
+        "frontend a b",
+        "global\n maxconn",
+        "\"",
+        "backend x\n server a [::1",
+        "backend x\n server a 1.2.3.4:+1",
+    ] {
+        let _ = parse_haproxy(text, None);
+    }
+}

@@ -1,0 +1,252 @@
+//! The validated runtime configuration: what the proxy runs from, whichever file it came from.
+//!
+//! Every value here has passed validation; defaults are filled in. Built by [`crate::yaml`] and by
+//! [`crate::haproxy`]; turned back into YAML by [`crate::emit`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub global: Global,
+    /// Health-check settings every master starts from (a master may override them).
+    pub health: HealthSettings,
+    pub masters: Vec<MasterConfig>,
+    pub publish: ListenerConfig,
+    pub request: ListenerConfig,
+}
+
+impl Config {
+    pub fn listeners(&self) -> [&ListenerConfig; 2] {
+        [&self.publish, &self.request]
+    }
+    pub fn listener(&self, role: Role) -> &ListenerConfig {
+        match role {
+            Role::Publish => &self.publish,
+            Role::Request => &self.request,
+        }
+    }
+}
+
+/// Process-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Global {
+    /// Cap on client sessions over all listeners (HAProxy `global maxconn`). `None`: no cap.
+    pub maxconn: Option<u32>,
+    /// How long SIGTERM/SIGINT waits for live sessions to end before closing them.
+    pub shutdown_grace: Duration,
+    /// Raise the open-file limit to the hard limit at start (one session costs two descriptors).
+    pub raise_nofile: bool,
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Self {
+            maxconn: None,
+            shutdown_grace: defaults::SHUTDOWN_GRACE,
+            raise_nofile: true,
+        }
+    }
+}
+
+/// Health-check timing and thresholds, HAProxy's `inter`/`fastinter`/`downinter`/`rise`/`fall`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthSettings {
+    /// Interval between checks while the port is steadily UP.
+    pub interval: Duration,
+    /// Interval while the state is in transition (UP with failures, DOWN with successes).
+    pub fastinter: Duration,
+    /// Interval while the port is steadily DOWN.
+    pub downinter: Duration,
+    /// Consecutive successes that bring a DOWN port UP.
+    pub rise: u32,
+    /// Consecutive failures that bring an UP port DOWN.
+    pub fall: u32,
+    /// How long one check may take (connect included) before it counts as a failure.
+    pub timeout: Duration,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        Self {
+            interval: defaults::CHECK_INTERVAL,
+            fastinter: defaults::CHECK_INTERVAL,
+            downinter: defaults::CHECK_INTERVAL,
+            rise: defaults::RISE,
+            fall: defaults::FALL,
+            timeout: defaults::CHECK_INTERVAL,
+        }
+    }
+}
+
+/// One Salt master: the unit of health, draining and affinity. It has a publish and a request port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterConfig {
+    /// Unique name, used in logs, metrics and the admin API.
+    pub name: String,
+    /// Host name or IP address; resolved when the configuration is loaded into the proxy.
+    pub host: String,
+    pub publish_port: u16,
+    pub request_port: u16,
+    /// Relative share of new sessions (0: none, except when it is the only one left).
+    pub weight: u32,
+    /// Cap on sessions per port on this master (HAProxy server `maxconn`). `None`: no cap.
+    pub maxconn: Option<u32>,
+    /// Used only when no non-backup master is UP.
+    pub backup: bool,
+    /// Starts administratively disabled (HAProxy `disabled`): no new sessions, still checked.
+    pub disabled: bool,
+    /// Health-check this master (HAProxy `check`). Without checks it is always considered UP.
+    pub check: bool,
+    pub health: HealthSettings,
+}
+
+impl MasterConfig {
+    pub fn port(&self, role: Role) -> u16 {
+        match role {
+            Role::Publish => self.publish_port,
+            Role::Request => self.request_port,
+        }
+    }
+}
+
+/// What a listener carries: Salt's publish channel (4505) or its request channel (4506).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    Publish,
+    Request,
+}
+
+impl Role {
+    pub const ALL: [Role; 2] = [Role::Publish, Role::Request];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Publish => "publish",
+            Role::Request => "request",
+        }
+    }
+    pub fn default_port(self) -> u16 {
+        match self {
+            Role::Publish => 4505,
+            Role::Request => 4506,
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a listener picks a master for a new session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Balance {
+    /// Weighted round-robin over the masters that are UP (HAProxy `roundrobin`, `static-rr`).
+    RoundRobin,
+    /// The master with the fewest live sessions on this port, relative to its weight (`leastconn`).
+    LeastConn,
+    /// A hash of the client's IP address (`source`): the same minion lands on the same master on
+    /// both ports while the set of UP masters does not change.
+    Source,
+}
+
+impl Balance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Balance::RoundRobin => "roundrobin",
+            Balance::LeastConn => "leastconn",
+            Balance::Source => "source",
+        }
+    }
+}
+
+/// What happens to a master's live sessions on this listener when the master is marked DOWN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMasterDown {
+    /// Close them, at `close_rate` per second (HAProxy `on-marked-down shutdown-sessions`).
+    Close,
+    /// Leave them until they end by themselves (HAProxy's default).
+    Keep,
+}
+
+impl OnMasterDown {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnMasterDown::Close => "close",
+            OnMasterDown::Keep => "keep",
+        }
+    }
+}
+
+/// A listener: where minions connect for one role, and how their sessions are handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    pub role: Role,
+    pub bind: Vec<SocketAddr>,
+    pub balance: Balance,
+    /// Idle timeout on the client side (HAProxy `timeout client`). `None`: never.
+    pub timeout_client: Option<Duration>,
+    /// Idle timeout on the master side (HAProxy `timeout server`). `None`: never.
+    pub timeout_server: Option<Duration>,
+    /// Idle timeout once the client has half-closed (HAProxy `timeout client-fin`).
+    pub timeout_client_fin: Option<Duration>,
+    /// Idle timeout once the master has half-closed (HAProxy `timeout server-fin`).
+    pub timeout_server_fin: Option<Duration>,
+    /// How long one connect attempt to a master may take (HAProxy `timeout connect`).
+    pub timeout_connect: Duration,
+    /// Further connect attempts after a failed one, each to the next candidate (HAProxy `retries`).
+    pub retries: u32,
+    /// Cap on live sessions on this listener; over it, new connections wait in the kernel backlog.
+    pub maxconn: Option<u32>,
+    /// Listen backlog.
+    pub backlog: u32,
+    pub on_master_down: OnMasterDown,
+    /// Sessions per second closed when a master goes DOWN (0: all at once).
+    pub close_rate: u32,
+    /// One log line per closed session (HAProxy `option tcplog`).
+    pub access_log: bool,
+}
+
+impl ListenerConfig {
+    /// The listener defaults for a role, as saltgate's YAML fills them in.
+    pub fn defaults_for(role: Role) -> Self {
+        let idle = match role {
+            Role::Publish => defaults::PUBLISH_IDLE,
+            Role::Request => defaults::REQUEST_IDLE,
+        };
+        Self {
+            role,
+            bind: vec![SocketAddr::from(([0, 0, 0, 0], role.default_port()))],
+            balance: Balance::RoundRobin,
+            timeout_client: Some(idle),
+            timeout_server: Some(idle),
+            timeout_client_fin: None,
+            timeout_server_fin: None,
+            timeout_connect: defaults::CONNECT_TIMEOUT,
+            retries: defaults::RETRIES,
+            maxconn: None,
+            backlog: defaults::BACKLOG,
+            on_master_down: OnMasterDown::Close,
+            close_rate: defaults::CLOSE_RATE,
+            access_log: true,
+        }
+    }
+}
+
+/// Named defaults, shared by the loaders and documented in the README.
+pub mod defaults {
+    use std::time::Duration;
+    pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+    pub const RISE: u32 = 2;
+    pub const FALL: u32 = 3;
+    pub const RETRIES: u32 = 3;
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const PUBLISH_IDLE: Duration = Duration::from_secs(86_400);
+    pub const REQUEST_IDLE: Duration = Duration::from_secs(60);
+    pub const BACKLOG: u32 = 1024;
+    pub const CLOSE_RATE: u32 = 500;
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+    pub const WEIGHT: u32 = 1;
+}
