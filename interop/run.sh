@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# saltgate's real-Salt interop and fault suite (issue 3). The one command:
+#
+#   interop/run.sh
+#
+# Installs what it needs (Debian haproxy, Salt 3008.5 in a cached venv), builds saltgate (release)
+# unless SALTGATE_BIN is given, starts a three-master Salt 3008.5 cluster on 127.0.0.2-4, saltgate on
+# 127.0.0.1:4505/4506 (configured by `saltgate import-haproxy` from the HAProxy fixture) and HAProxy on
+# 127.0.0.10:4505/4506 (the same fixture, rebound), five salt-minions behind each, and runs the
+# scenarios side by side. Exit status 0 only if every scenario passed.
+#
+# Environment (all optional):
+#   SALTGATE_BIN=path      use this saltgate binary instead of `cargo build --release -p saltgate-proxy`
+#   SG_IMPL=haproxy        put a second HAProxy in saltgate's slot (develops/validates the harness
+#                          without saltgate); default: saltgate
+#   SCENARIOS="1 2 3 4"    which scenarios to run (1 smoke, 2 master killed, 3 master hung,
+#                          4 master restarted; 4 restarts the master killed in 2, so it needs 2)
+#   HANG_S=30              how long scenario 3 keeps the master SIGSTOPped
+#   RESULTS=path           where to write the markdown table (default interop/results/latest.md;
+#                          RESULTS= (empty) writes none outside the run dir)
+#   INTEROP_DIR=/tmp/sgi.X run directory (default: a new mktemp -d /tmp/sgi.XXXXXX; keep it short,
+#                          Salt moves sock_dir into the shared cachedir when the path is long)
+#   KEEP=1                 keep the run directory (logs, configs) even when everything passed
+#   SALTGATE_VENV, SALT_VERSION   passed to interop/setup.sh (venv cache location / Salt version)
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+T_START=$(date +%s)
+SG_IMPL=${SG_IMPL:-saltgate}
+FIXTURE=$ROOT/examples/haproxy/salt-master-cluster-loopback.cfg
+RESULTS=${RESULTS-$HERE/results/latest.md}
+[ -f "$FIXTURE" ] || die "missing HAProxy fixture $FIXTURE"
+[ "$(id -u)" = 0 ] || die "run as root (the minions and masters run as root; the suite binds 127.0.0.x:4505/4506)"
+
+# ---- 1. what it needs --------------------------------------------------------
+log "installing/checking haproxy and Salt (interop/setup.sh)"
+VENV=$("$HERE/setup.sh" | tail -1)
+[ -x "$VENV/bin/salt-master" ] || die "interop/setup.sh did not produce a Salt venv (got '$VENV')"
+command -v haproxy >/dev/null || die "haproxy not installed"
+
+if [ "$SG_IMPL" = saltgate ]; then
+  if [ -z "${SALTGATE_BIN:-}" ]; then
+    log "building saltgate (cargo build --release -p saltgate-proxy)"
+    (cd "$ROOT" && cargo build --release -p saltgate-proxy >&2)
+    SALTGATE_BIN=$ROOT/target/release/saltgate
+  fi
+  [ -x "$SALTGATE_BIN" ] || die "saltgate binary $SALTGATE_BIN not found"
+elif [ "$SG_IMPL" != haproxy ]; then
+  die "SG_IMPL must be saltgate or haproxy"
+fi
+
+# ---- 2. run directory, and the cleanup that always happens --------------------
+if [ -n "${INTEROP_DIR:-}" ]; then RUN=$INTEROP_DIR; mkdir -p "$RUN"; else RUN=$(mktemp -d /tmp/sgi.XXXXXX); fi
+RUN=$(cd "$RUN" && pwd)
+[ ${#RUN} -le 40 ] || die "INTEROP_DIR $RUN is too long (keep it <= 40 chars: unix socket paths and Salt's sock_dir rule)"
+mkdir -p "$RUN/pids" "$RUN/sg" "$RUN/ha"
+rc=1
+cleanup() {
+  trap - EXIT INT TERM
+  stop_all "$RUN/pids"
+  if [ "$rc" = 0 ] && [ "${KEEP:-0}" != 1 ] && [ -z "${INTEROP_DIR:-}" ]; then
+    rm -rf "$RUN"
+  else
+    log "run directory kept: $RUN"
+  fi
+  log "total $(($(date +%s) - T_START)) s, exit $rc"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'rc=130; exit 130' INT
+trap 'rc=143; exit 143' TERM
+
+# ---- 3. load balancer configs, both from the same fixture --------------------
+haproxy_variant "$FIXTURE" 127.0.0.10 127.0.0.10 "$RUN/ha/admin.sock" >"$RUN/ha/haproxy.cfg"
+haproxy -c -q -f "$RUN/ha/haproxy.cfg" || die "haproxy rejects $RUN/ha/haproxy.cfg"
+if [ "$SG_IMPL" = saltgate ]; then
+  "$SALTGATE_BIN" import-haproxy "$FIXTURE" >"$RUN/sg/saltgate.yaml" ||
+    die "saltgate import-haproxy $FIXTURE failed"
+  "$SALTGATE_BIN" check-config "$RUN/sg/saltgate.yaml" >&2 ||
+    die "saltgate check-config rejects its own import of $FIXTURE (see $RUN/sg/saltgate.yaml)"
+  log "saltgate config (imported from $(basename "$FIXTURE")): $RUN/sg/saltgate.yaml"
+  SG_ARGS=(--sg-bin "$SALTGATE_BIN" --sg-config "$RUN/sg/saltgate.yaml")
+else
+  # development stand-in: HAProxy from the unchanged fixture in saltgate's slot
+  haproxy_variant "$FIXTURE" 127.0.0.1 127.0.0.1 "$RUN/sg/admin.sock" >"$RUN/sg/haproxy.cfg"
+  SG_ARGS=(--sg-haproxy "$RUN/sg/haproxy.cfg")
+  log "SG_IMPL=haproxy: HAProxy stands in for saltgate on 127.0.0.1"
+fi
+
+# ---- 4. the scenarios -------------------------------------------------------
+set +e
+"$VENV/bin/python" "$HERE/suite.py" --run "$RUN" --venv "$VENV" --fixture "$FIXTURE" \
+  --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" \
+  --scenarios "${SCENARIOS:-1 2 3 4}" --hang "${HANG_S:-30}" --results "$RUN/results.md"
+rc=$?
+set -e
+if [ -n "$RESULTS" ] && [ -s "$RUN/results.md" ]; then
+  mkdir -p "$(dirname "$RESULTS")"
+  cp "$RUN/results.md" "$RESULTS"
+  log "results table: $RESULTS"
+fi

@@ -1,0 +1,1108 @@
+#!/usr/bin/env python3
+"""saltgate's real-Salt interop and fault suite. Started by interop/run.sh (read that first).
+
+One Salt 3008 cluster (masters 127.0.0.2-4), two load balancers in front of it at the same time:
+  sg: saltgate on 127.0.0.1:4505/4506  (or, with SG_IMPL=haproxy, a stand-in HAProxy)
+  ha: HAProxy  on 127.0.0.10:4505/4506 (the same fixture, rebound; dials masters from 127.0.0.10)
+and five salt-minions behind each (sg-minion1..5 -> 127.0.0.1, ha-minion1..5 -> 127.0.0.10).
+Every job targets all ten minions, so each fault hits both load balancers at the same moment and
+the numbers of the two groups compare directly.
+
+Every process is started in its own session (pid == pgid) and recorded in RUN/pids/<name>.pid;
+the suite stops them at the end, and run.sh's trap stops whatever is left.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+MASTERS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
+PUB_PORT, REQ_PORT, POOL_PORT = 4505, 4506, 4520
+CLUSTER_ID = "interop_cluster"
+N_MINIONS = 5
+PRE_S = 5  # jobs published before the fault
+GRACE_S = 8  # a job younger than this may still be answered (live recovery check)
+SETTLE_S = 10  # publishers keep listening this long after the last job, then read the job cache
+
+
+def now():
+    return time.time()
+
+
+def log(msg):
+    print(f"[suite {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Failure(Exception):
+    pass
+
+
+def fmt_s(v, none="—"):
+    return none if v is None else f"{v:.1f} s"
+
+
+def pct(values, p):
+    """nearest-rank percentile"""
+    if not values:
+        return None
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, int(round(p / 100.0 * len(v) + 0.5)) - 1))
+    return v[k]
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+
+
+class Procs:
+    """Daemons started in their own session, recorded in RUN/pids/<name>.pid."""
+
+    def __init__(self, piddir):
+        self.piddir = piddir
+        self.popen = {}
+        os.makedirs(piddir, exist_ok=True)
+
+    def start(self, name, argv, logfile, env=None):
+        if self.alive(name):
+            raise Failure(f"{name} already running")
+        os.makedirs(os.path.dirname(logfile), exist_ok=True)
+        with open(logfile, "ab") as out:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env=env)
+        self.popen[name] = p
+        with open(os.path.join(self.piddir, name + ".pid"), "w") as f:
+            f.write(f"{p.pid}\n")
+        return p.pid
+
+    def pid(self, name):
+        p = self.popen.get(name)
+        return p.pid if p else None
+
+    def alive(self, name):
+        p = self.popen.get(name)
+        return p is not None and p.poll() is None
+
+    def group_alive(self, pgid):
+        try:
+            out = subprocess.run(["ps", "-eo", "pgid=,stat="], capture_output=True, text=True).stdout
+        except OSError:
+            return False
+        return any(l.split()[0] == str(pgid) and not l.split()[1].startswith("Z")
+                   for l in out.splitlines() if len(l.split()) >= 2)
+
+    def signal(self, name, sig):
+        """signal the whole process group we created for NAME"""
+        pid = self.pid(name)
+        if pid is None:
+            raise Failure(f"no process {name}")
+        os.killpg(pid, sig)
+
+    def group_pids(self, name):
+        pid = self.pid(name)
+        out = subprocess.run(["ps", "-eo", "pid=,pgid="], capture_output=True, text=True).stdout
+        return [int(a) for a, b in (l.split() for l in out.splitlines()) if int(b) == pid]
+
+    def stop(self, names, timeout=10.0):
+        live = []
+        for n in names:
+            p = self.popen.get(n)
+            if p is None:
+                continue
+            if self.group_alive(p.pid):
+                for sig in (signal.SIGCONT, signal.SIGTERM):
+                    try:
+                        os.killpg(p.pid, sig)
+                    except ProcessLookupError:
+                        pass
+                live.append((n, p))
+        end = now() + timeout
+        while live and now() < end:
+            for _, p in live:
+                p.poll()
+            if not any(self.group_alive(p.pid) for _, p in live):
+                break
+            time.sleep(0.25)
+        for n, p in live:
+            if self.group_alive(p.pid):
+                log(f"{n} (pgid {p.pid}) still alive {timeout:.0f} s after SIGTERM: SIGKILL")
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        for n in names:
+            if n in self.popen and not self.group_alive(self.popen[n].pid):
+                try:
+                    os.unlink(os.path.join(self.piddir, n + ".pid"))
+                except FileNotFoundError:
+                    pass
+                del self.popen[n]
+
+    def forget(self, name):
+        """after SIGKILL of a whole group: reap it and drop its pid file"""
+        p = self.popen.pop(name, None)
+        if p:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.unlink(os.path.join(self.piddir, name + ".pid"))
+        except FileNotFoundError:
+            pass
+
+    def stop_all(self):
+        order = [n for n in self.popen if n.startswith("pub-")] + \
+                [n for n in self.popen if n.startswith("minion-")] + \
+                [n for n in self.popen if n.startswith("lb-")] + \
+                [n for n in self.popen if n.startswith("master-")]
+        order += [n for n in self.popen if n not in order]
+        self.stop(order)
+
+
+def port_open(host, port, timeout=0.5):
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(pred, timeout, step=0.25):
+    end = now() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if now() >= end:
+            return v
+        time.sleep(step)
+
+
+def pub_sessions():
+    """ESTABLISHED TCP connections on each master's :4505, by master and by peer (LB source) address"""
+    out = subprocess.run(["ss", "-tnH", "state", "established", "( sport = :4505 )"],
+                         capture_output=True, text=True).stdout
+    res = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 4:
+            continue
+        local, peer = f[-2], f[-1]
+        lip, pip = local.rsplit(":", 1)[0], peer.rsplit(":", 1)[0]
+        if lip in MASTERS:
+            res.setdefault(lip, {}).setdefault(pip, 0)
+            res[lip][pip] += 1
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# load balancers
+
+
+class LB:
+    """One load balancer slot: its address, how it dials the masters, and how to read its health view."""
+
+    def __init__(self, key, label, addr, src, kind, cfg, rundir, procs, names, sg_bin=None):
+        self.key, self.label, self.addr, self.src, self.kind = key, label, addr, src, kind
+        self.cfg, self.dir, self.procs, self.names, self.sg_bin = cfg, rundir, procs, names, sg_bin
+        self.minions = [f"{key}-minion{i}" for i in range(1, N_MINIONS + 1)]
+        self.logfile = os.path.join(rundir, "lb.log")
+        self.sock = os.path.join(rundir, "admin.sock")
+        self._log_off = 0
+        self._partial = ""
+        self.events = []  # (t, master_ip, "DOWN"|"UP", text)
+        self._hastate = {}
+
+    @property
+    def name(self):
+        return "lb-" + self.key
+
+    def start(self):
+        if self.kind == "saltgate":
+            env = dict(os.environ, NO_COLOR="1", RUST_LOG=os.environ.get("SALTGATE_LOG", "info"))
+            argv = [self.sg_bin, "run", "--config", self.cfg]
+        else:
+            env = None
+            argv = ["haproxy", "-db", "-f", self.cfg]
+        self.procs.start(self.name, argv, self.logfile, env=env)
+        ok = wait_for(lambda: port_open(self.addr, PUB_PORT) and port_open(self.addr, REQ_PORT), 20)
+        if not ok or not self.procs.alive(self.name):
+            raise Failure(f"{self.label} did not listen on {self.addr}:{PUB_PORT}/{REQ_PORT} (see {self.logfile})")
+        log(f"{self.label} listening on {self.addr}:{PUB_PORT}/{REQ_PORT} (pid {self.procs.pid(self.name)})")
+
+    # -- health view ---------------------------------------------------------------------
+    def _haproxy_stat(self):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(2)
+        s.connect(self.sock)
+        s.sendall(b"show stat\n")
+        buf = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            buf += b
+        s.close()
+        st = {}
+        for line in buf.decode().splitlines():
+            f = line.split(",")
+            if len(f) > 17 and not line.startswith("#") and f[1] not in ("FRONTEND", "BACKEND"):
+                st[(f[0], f[1])] = f[17]
+        return st
+
+    _TS = re.compile(r"(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:?\d\d)?")
+    _FLIP = re.compile(r"master marked (DOWN|UP)\b.*?\bmaster=\"?([\w.:-]+)")
+    _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+    def _parse_ts(self, line):
+        m = self._TS.search(line[:40])
+        if not m:
+            return None
+        import datetime
+        txt = m.group(1).replace(" ", "T")
+        if "." in txt:  # python wants at most 6 fraction digits
+            a, b = txt.split(".")
+            txt = a + "." + b[:6]
+        tz = m.group(2)
+        try:
+            d = datetime.datetime.fromisoformat(txt)
+        except ValueError:
+            return None
+        if tz in (None, "Z"):
+            d = d.replace(tzinfo=datetime.timezone.utc) if tz == "Z" else d
+        else:
+            d = datetime.datetime.fromisoformat(txt + tz[:3] + ":" + tz[-2:])
+        return d.timestamp()
+
+    def poll(self):
+        """record health flips (per master) seen since the last call"""
+        t = now()
+        if self.kind == "haproxy":
+            try:
+                st = self._haproxy_stat()
+            except OSError:
+                return
+            for ip in MASTERS:
+                name = self.names.get(ip)
+                srv = [v for (b, s), v in st.items() if s == name]
+                if not srv:
+                    continue
+                state = "DOWN" if any(v.startswith(("DOWN", "MAINT")) for v in srv) else (
+                    "UP" if all(v.startswith("UP") for v in srv) else None)
+                if state and self._hastate.get(ip, "UP") != state:
+                    self.events.append((t, ip, state, " ".join(f"{b}/{s}={v}" for (b, s), v in st.items()
+                                                              if s == name)))
+                if state:
+                    self._hastate[ip] = state
+            return
+        try:
+            with open(self.logfile, "rb") as f:
+                f.seek(self._log_off)
+                data = f.read()
+        except OSError:
+            return
+        self._log_off += len(data)
+        text = self._partial + data.decode(errors="replace")
+        lines = text.split("\n")
+        self._partial = lines.pop()
+        ipof = {v: k for k, v in self.names.items()}
+        for line in lines:
+            line = self._ANSI.sub("", line)
+            m = self._FLIP.search(line)
+            if not m:
+                continue
+            ip = ipof.get(m.group(2), m.group(2))
+            ts = self._parse_ts(line)
+            # use the log's own timestamp when it has one (UTC), else when we read it
+            self.events.append((ts if ts and abs(ts - t) < 60 else t, ip, m.group(1), line.strip()[:200]))
+
+    def first_event(self, ip, state, after):
+        for t, i, s, _ in self.events:
+            if i == ip and s == state and t >= after:
+                return t
+        return None
+
+    def all_up(self):
+        if self.kind != "haproxy":
+            return True
+        try:
+            st = self._haproxy_stat()
+        except OSError:
+            return False
+        return len(st) >= 6 and all(v.startswith("UP") for v in st.values())
+
+
+class Watcher(threading.Thread):
+    """Polls every LB's health view every 0.2 s while a fault scenario runs."""
+
+    def __init__(self, lbs):
+        super().__init__(daemon=True)
+        self.lbs = lbs
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            for lb in self.lbs:
+                try:
+                    lb.poll()
+                except Exception as exc:  # pylint: disable=broad-except
+                    log(f"watcher: {lb.label}: {exc}")
+            self.halt.wait(0.2)
+
+
+# --------------------------------------------------------------------------------------------
+# the suite
+
+
+class Suite:
+    def __init__(self, a):
+        self.a = a
+        self.run = a.run
+        self.venv = a.venv
+        self.bin = os.path.join(a.venv, "bin")
+        self.py = os.path.join(self.bin, "python")
+        self.shared = os.path.join(self.run, "shared")
+        self.procs = Procs(os.path.join(self.run, "pids"))
+        self.here = os.path.dirname(os.path.abspath(__file__))
+        names = self._fixture_names(a.fixture)
+        if a.sg_bin:
+            sg = LB("sg", "saltgate", "127.0.0.1", "127.0.0.1", "saltgate", a.sg_config,
+                    os.path.join(self.run, "sg"), self.procs, names, sg_bin=a.sg_bin)
+        else:
+            sg = LB("sg", "saltgate-slot(HAProxy)", "127.0.0.1", "127.0.0.1", "haproxy", a.sg_haproxy,
+                    os.path.join(self.run, "sg"), self.procs, names)
+        ha = LB("ha", "HAProxy", "127.0.0.10", "127.0.0.10", "haproxy", a.ha_config,
+                os.path.join(self.run, "ha"), self.procs, names)
+        self.lbs = [sg, ha]
+        self.minions = sg.minions + ha.minions
+        self.results = []  # dicts, one per scenario
+        self.killed = None  # victim of scenario 2, restarted by scenario 4
+        self.master_log_off = {}
+
+    @staticmethod
+    def _fixture_names(path):
+        names = {}
+        for line in open(path):
+            m = re.match(r"\s*server\s+(\S+)\s+(127\.[\d.]+):(\d+)", line)
+            if m:
+                names[m.group(2)] = m.group(1)
+        if sorted(names) != MASTERS:
+            raise Failure(f"fixture {path} must list servers on {MASTERS}, found {names}")
+        return names
+
+    def group_of(self, minion):
+        return minion.split("-", 1)[0]
+
+    # -- cluster ------------------------------------------------------------------------
+    def mdir(self, ip):
+        return os.path.join(self.run, "m-" + ip)
+
+    def mconf(self, ip):
+        return os.path.join(self.mdir(ip), "conf", "master")
+
+    def write_master_conf(self, ip):
+        d = self.mdir(ip)
+        for sub in ("conf", "pki", "sock", "queues"):
+            os.makedirs(os.path.join(d, sub), exist_ok=True)
+        sock, cache = os.path.join(d, "sock"), os.path.join(self.shared, "cache")
+        if len(sock) > len(cache) + 10:
+            raise Failure(f"sock_dir {sock} too long: Salt would move it into the shared cachedir")
+        secret = open(os.path.join(self.shared, "cluster_secret")).read().strip()
+        peers = "".join(f"  - {p}\n" for p in MASTERS if p != ip)
+        with open(self.mconf(ip), "w") as f:
+            f.write(f"""# generated by interop/suite.py -- master {ip}
+id: {ip}
+interface: {ip}
+publish_port: {PUB_PORT}
+ret_port: {REQ_PORT}
+user: root
+cluster_id: {CLUSTER_ID}
+cluster_peers:
+{peers}cluster_pki_dir: {self.shared}/pki
+cluster_pool_port: {POOL_PORT}
+cluster_secret: "{secret}"
+cachedir: {cache}
+pki_dir: {d}/pki
+sock_dir: {sock}
+sqlite_queue_dir: {d}/queues
+pidfile: {d}/salt-master.pid
+log_file: {d}/master.log
+key_logfile: {d}/key.log
+log_level_logfile: info
+autosign_file: {d}/conf/autosign.conf
+autoreject_file: {d}/conf/autoreject.conf
+autosign_grains_dir: {d}/conf/autosign_grains
+max_open_files: 16384
+worker_threads: 3
+file_roots:
+  base:
+    - {self.shared}/srv/salt
+pillar_roots:
+  base:
+    - {self.shared}/srv/pillar
+""")
+
+    def master_log(self, ip):
+        return os.path.join(self.mdir(ip), "master.log")
+
+    def log_size(self, ip):
+        try:
+            return os.path.getsize(self.master_log(ip))
+        except OSError:
+            return 0
+
+    def log_has(self, ip, off, pat):
+        try:
+            with open(self.master_log(ip), "rb") as f:
+                f.seek(off)
+                return pat.encode() in f.read()
+        except OSError:
+            return False
+
+    def ensure_cluster_key(self):
+        """create cluster.pem before any master starts: masters started together race on it (3008.5)"""
+        pki = os.path.join(self.shared, "pki")
+        if os.path.exists(os.path.join(pki, "cluster.pem")):
+            return
+        code = ("import os,sys,salt.crypt\n"
+                "d=sys.argv[1]; priv,pub=salt.crypt.gen_keys(2048)\n"
+                "for n,data,mode in (('cluster.pem',priv,0o400),('cluster.pub',pub,0o644)):\n"
+                "    fd=os.open(os.path.join(d,n),os.O_WRONLY|os.O_CREAT|os.O_EXCL,mode)\n"
+                "    f=os.fdopen(fd,'w'); f.write(data); f.close()\n")
+        subprocess.run([self.py, "-c", code, pki], check=True)
+        log("cluster key pair created in shared cluster_pki_dir before the masters start")
+
+    def cluster_key_sum(self):
+        import hashlib
+        with open(os.path.join(self.shared, "pki", "cluster.pem"), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:16]
+
+    def start_masters(self, ips):
+        """start IPS (all masters on a fresh or fully stopped cluster, or the missing ones) and wait
+        until each logs 'opening request gate'. After a FULL restart 3008.5's Raft never re-applies
+        its config (no no-op entry at the start of a term): append one entry (the nudge)."""
+        for sub in ("pki", "cache", "srv/salt", "srv/pillar"):
+            os.makedirs(os.path.join(self.shared, sub), exist_ok=True)
+        sec = os.path.join(self.shared, "cluster_secret")
+        if not os.path.exists(sec):
+            with open(sec, "w") as f:
+                f.write(os.urandom(32).hex() + "\n")
+        running = [ip for ip in MASTERS if self.procs.alive("master-" + ip)]
+        joined = any(n.startswith(".cluster_joined") for n in os.listdir(os.path.join(self.shared, "cache")))
+        mode = "partial" if running else ("restart" if joined else "fresh")
+        if mode == "fresh":
+            self.ensure_cluster_key()
+        keysum = self.cluster_key_sum() if mode == "fresh" else None
+        log(f"starting masters {' '.join(ips)} ({mode})")
+        t0 = now()
+        for ip in ips:
+            for port in (PUB_PORT, REQ_PORT, POOL_PORT):
+                if port_open(ip, port, 0.2):
+                    raise Failure(f"{ip}:{port} already in use by something this suite did not start")
+            self.write_master_conf(ip)
+            self.master_log_off[ip] = self.log_size(ip)
+            self.procs.start("master-" + ip, [os.path.join(self.bin, "salt-master"), "-c",
+                                              os.path.dirname(self.mconf(ip)), "-l", "warning"],
+                             os.path.join(self.mdir(ip), "stdout.log"))
+        for ip in ips:
+            if not wait_for(lambda: all(port_open(ip, p) for p in (PUB_PORT, REQ_PORT, POOL_PORT)), 90):
+                raise Failure(f"master {ip} did not open its ports (see {self.master_log(ip)})")
+
+        def not_ready():
+            return [ip for ip in ips if not self.log_has(ip, self.master_log_off[ip], "opening request gate")]
+        wait_for(lambda: not not_ready(), 25 if mode == "restart" else 45, 0.5)
+        if not_ready():
+            log(f"not cluster-ready after {now() - t0:.0f} s: {not_ready()}; appending a Raft entry "
+                "(3008.5 full-restart workaround)")
+            subprocess.run([os.path.join(self.bin, "salt-run"), "-c", os.path.dirname(self.mconf(ips[0])),
+                            "cluster.route_clear", "data_type=interop_restart_nudge"],
+                           capture_output=True, timeout=60)
+            wait_for(lambda: not not_ready(), 30, 0.5)
+            if not_ready():
+                raise Failure(f"masters never became cluster-ready: {not_ready()}")
+        if keysum and self.cluster_key_sum() != keysum:
+            raise Failure("cluster.pem changed while the masters started (key race)")
+        log(f"masters {' '.join(ips)} cluster-ready in {now() - t0:.1f} s")
+        return now() - t0
+
+    # -- minions ------------------------------------------------------------------------
+    def start_minions(self):
+        for lb in self.lbs:
+            for mid in lb.minions:
+                d = os.path.join(self.run, "n", mid)
+                os.makedirs(os.path.join(d, "conf"), exist_ok=True)
+                with open(os.path.join(d, "conf", "minion"), "w") as f:
+                    f.write(f"""# generated by interop/suite.py -- minion {mid}, behind {lb.label}
+id: {mid}
+master: {lb.addr}
+master_port: {REQ_PORT}
+publish_port: {PUB_PORT}
+root_dir: {d}
+user: root
+log_level_logfile: info
+enable_fqdns_grains: False
+acceptance_wait_time: 5
+""")
+                self.procs.start("minion-" + mid, [os.path.join(self.bin, "salt-minion"), "-c",
+                                                   os.path.join(d, "conf"), "-l", "warning"],
+                                 os.path.join(d, "stdout.log"))
+        log(f"started {len(self.minions)} minions: {' '.join(self.minions)}")
+
+    def salt_key(self, ip, *args):
+        r = subprocess.run([os.path.join(self.bin, "salt-key"), "-c", os.path.dirname(self.mconf(ip)),
+                            *args], capture_output=True, text=True, timeout=60)
+        return r.stdout
+
+    def accepted(self, ip):
+        try:
+            return set(json.loads(self.salt_key(ip, "-l", "acc", "--out=json") or "{}").get("minions", []))
+        except (ValueError, subprocess.TimeoutExpired):
+            return set()
+
+    def accept_keys(self):
+        first = MASTERS[0]
+        t0 = now()
+        while True:
+            self.salt_key(first, "-A", "-y")
+            acc = self.accepted(first)
+            missing = [m for m in self.minions if m not in acc]
+            if not missing:
+                break
+            if now() - t0 > 120:
+                raise Failure(f"minion keys never arrived: {missing}")
+            time.sleep(2)
+        log(f"keys of all {len(self.minions)} minions accepted on {first} only, in {now() - t0:.1f} s")
+
+    # -- jobs ---------------------------------------------------------------------------
+    def job_once(self, ip, fun, *args, timeout=20):
+        r = subprocess.run([self.py, os.path.join(self.here, "saltjob.py"), "once", self.mconf(ip),
+                            ",".join(self.minions), fun, *args, "--timeout", str(timeout)],
+                           capture_output=True, text=True, timeout=timeout + 60)
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"error": (r.stderr or r.stdout)[-500:], "returns": {}}
+
+    def start_streams(self, tag, ips):
+        d = os.path.join(self.run, "jobs", tag)
+        os.makedirs(d, exist_ok=True)
+        stop = os.path.join(d, "STOP")
+        files = {}
+        for ip in ips:
+            out = os.path.join(d, f"{ip}.jsonl")
+            files[ip] = out
+            self.procs.start(f"pub-{tag}-{ip}", [self.py, os.path.join(self.here, "saltjob.py"), "stream",
+                                                 self.mconf(ip), ",".join(self.minions), out, stop,
+                                                 "--interval", "1", "--settle", str(SETTLE_S)],
+                             os.path.join(d, f"{ip}.err"))
+        ok = wait_for(lambda: all(self._has_pub(f) for f in files.values()), 30, 0.2)
+        if not ok:
+            raise Failure(f"publishers through {ips} did not publish within 30 s (see {d}/*.err)")
+        return {"dir": d, "stop": stop, "files": files, "tag": tag}
+
+    @staticmethod
+    def _has_pub(path):
+        try:
+            with open(path) as f:
+                return '"ev": "pub"' in f.read()
+        except OSError:
+            return False
+
+    def stop_streams(self, st):
+        open(st["stop"], "w").close()
+        names = [f"pub-{st['tag']}-{ip}" for ip in st["files"]]
+        done = wait_for(lambda: not any(self.procs.alive(n) for n in names), SETTLE_S + 90, 0.5)
+        if not done:
+            log("publishers did not finish reading the job cache in time; stopping them")
+        self.procs.stop(names)
+
+    @staticmethod
+    def read_jobs(files):
+        """jid -> {t, master, answered: {minion: lat or None}}, plus publish errors"""
+        jobs, perr = {}, []
+        for path in files.values():
+            try:
+                lines = open(path).read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                ev = r.get("ev")
+                if ev == "pub":
+                    jobs.setdefault(r["jid"], {"live": {}, "cache": set()}).update(t=r["t"], master=r["master"])
+                elif ev == "ret":
+                    jobs.setdefault(r["jid"], {"live": {}, "cache": set()})["live"][r["id"]] = r["lat"]
+                elif ev == "cache":
+                    jobs.setdefault(r["jid"], {"live": {}, "cache": set()})["cache"].update(r["ids"])
+                elif ev == "perr":
+                    perr.append(r)
+        jobs = {j: v for j, v in jobs.items() if "t" in v}
+        return jobs, perr
+
+    def analyse(self, jobs, group, t0, t_end=None, live_only=False):
+        """per-group numbers of a job stream. A minion MISSED a job if its return is neither live on the
+        publishing master's event bus nor in the shared job cache after the stream stopped."""
+        mins = [m for m in self.minions if self.group_of(m) == group]
+        order = sorted(jobs.values(), key=lambda j: j["t"])
+        if t_end is not None:
+            order = [j for j in order if j["t"] <= t_end]
+        missed = {m: 0 for m in mins}
+        lats = []
+        bad = []  # (job, [missing minions])
+        for j in order:
+            got = set(j["live"]) | (set() if live_only else j["cache"])
+            miss = [m for m in mins if m not in got]
+            for m in miss:
+                missed[m] += 1
+            if miss:
+                bad.append((j, miss))
+            lats += [v for m, v in j["live"].items() if m in mins]
+        recovery = 0.0
+        recovered = True
+        if bad:
+            last = bad[-1][0]
+            after = [j for j in order if j["t"] > last["t"]]
+            if after:
+                recovery = max(0.0, after[0]["t"] - t0)
+            else:
+                recovered, recovery = False, None
+        return {"jobs": len(order), "missed": missed, "bad": bad, "recovery": recovery,
+                "recovered": recovered, "p50": pct(lats, 50), "p95": pct(lats, 95), "n_lat": len(lats),
+                "first_bad": (bad[0][0]["t"] - t0) if bad else None}
+
+    def live_recovered(self, st, group, t0, min_jobs=5):
+        """live view while the fault lasts: the last >= min_jobs jobs older than GRACE_S were all answered"""
+        jobs, _ = self.read_jobs(st["files"])
+        cut = now() - GRACE_S
+        old = sorted((j for j in jobs.values() if t0 - PRE_S <= j["t"] <= cut), key=lambda j: j["t"])
+        mins = [m for m in self.minions if self.group_of(m) == group]
+        tail = []
+        for j in reversed(old):
+            if any(m not in j["live"] for m in mins):
+                break
+            tail.append(j)
+        return len(tail) >= min_jobs
+
+    # -- bits of reporting ---------------------------------------------------------------
+    def spread(self):
+        s = pub_sessions()
+        res = {}
+        for lb in self.lbs:
+            res[lb.key] = {ip: s.get(ip, {}).get(lb.src, 0) for ip in MASTERS}
+        return res
+
+    @staticmethod
+    def spread_txt(sp):
+        return " / ".join(str(sp[ip]) for ip in MASTERS)
+
+    def pick_victim(self, exclude=()):
+        sp = self.spread()
+        cands = [ip for ip in MASTERS if ip not in exclude]
+        # a master holding publish sessions of BOTH load balancers, most balanced first
+        cands.sort(key=lambda ip: (-min(sp["sg"][ip], sp["ha"][ip]), -(sp["sg"][ip] + sp["ha"][ip]),
+                                   MASTERS.index(ip)))
+        return cands[0], sp
+
+    def minion_events(self, t0, t1):
+        """per minion: connection-loss / ready lines from its own log between t0 and t1 (T0-relative)"""
+        import datetime
+        res = {}
+        for m in self.minions:
+            path = os.path.join(self.run, "n", m, "var", "log", "salt", "minion")
+            ev = []
+            try:
+                lines = open(path, errors="replace").read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    ts = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                except ValueError:
+                    continue
+                if not t0 - 2 <= ts <= t1:
+                    continue
+                for key, label in (("Connection to master", "lost"), ("ready to receive requests", "ready"),
+                                   ("failed to return the job", "return-failed"),
+                                   ("Trying to tune in", "tune-in")):
+                    if key in line:
+                        ev.append(f"{label}@{ts - t0:+.1f}")
+            if ev:
+                res[m] = ev
+        return res
+
+    # -- scenarios ------------------------------------------------------------------------
+    def s1_smoke(self):
+        name = "1 smoke"
+        log("== scenario 1: smoke ==")
+        res = {"id": 1, "name": "smoke", "rows": {}, "notes": []}
+        ok = True
+        for ip in MASTERS:
+            acc = self.accepted(ip)
+            miss = [m for m in self.minions if m not in acc]
+            if miss:
+                ok = False
+                res["notes"].append(f"master {ip} does not list accepted keys of {miss}")
+        # wait until every minion answers once (they authenticate after their key was accepted)
+        t0 = now()
+        while True:
+            r = self.job_once(MASTERS[0], "test.ping", timeout=10)
+            missing = [m for m in self.minions if m not in r.get("returns", {})]
+            if not missing:
+                break
+            if now() - t0 > 120:
+                ok = False
+                res["notes"].append(f"minions never answered a first test.ping: {missing}")
+                break
+            time.sleep(2)
+        log(f"all minions answer (readiness wait {now() - t0:.1f} s, not counted)")
+        runs = []
+        for ip in MASTERS:
+            for fun, args, want in (("test.ping", [], True), ("cmd.run", ["echo hi"], "hi")):
+                r = self.job_once(ip, fun, *args, timeout=20)
+                runs.append((ip, fun, r))
+                rets = r.get("returns", {})
+                bad = [m for m in self.minions if m not in rets or rets[m]["ret"] != want]
+                line = "all answered" if not bad else f"missing/wrong: {bad}"
+                if r.get("error"):
+                    line += f" (error: {r['error'][:200]})"
+                log(f"  via {ip} {fun} {' '.join(args)}: {line}")
+                if bad:
+                    ok = False
+        for lb in self.lbs:
+            missed = {m: 0 for m in lb.minions}
+            lats = []
+            for ip, fun, r in runs:
+                for m in lb.minions:
+                    want = True if fun == "test.ping" else "hi"
+                    rr = r.get("returns", {}).get(m)
+                    if rr is None or rr["ret"] != want:
+                        missed[m] += 1
+                    else:
+                        lats.append(rr["lat"])
+            res["rows"][lb.key] = {"jobs": len(runs), "missed": missed, "detect": "n/a", "recovery": "n/a",
+                                   "p50": pct(lats, 50), "p95": pct(lats, 95),
+                                   "ok": all(v == 0 for v in missed.values())}
+        res["ok"] = ok and all(r["ok"] for r in res["rows"].values())
+        res["summary"] = (f"{len(runs)} jobs (test.ping + cmd.run 'echo hi' through each of the 3 masters) "
+                          f"x {len(self.minions)} minions")
+        self.results.append(res)
+        self.result_line(name, res)
+
+    def fault(self, sid, kind):
+        """scenario 2 (kind=kill) or 3 (kind=hang)"""
+        title = {"kill": "master killed (SIGKILL)", "hang": "master hung (SIGSTOP, later SIGCONT)"}[kind]
+        log(f"== scenario {sid}: {title} ==")
+        victim, sp0 = self.pick_victim()
+        observers = [ip for ip in MASTERS if ip != victim]
+        res = {"id": sid, "name": title, "victim": victim, "spread_before": sp0, "rows": {}, "notes": []}
+        log(f"victim {victim} (publish sessions before: saltgate-slot {sp0['sg'][victim]}, "
+            f"HAProxy {sp0['ha'][victim]}); publishing test.ping every 1 s through each of {observers}")
+        for lb in self.lbs:
+            lb.poll()
+        w = Watcher(self.lbs)
+        w.start()
+        st = self.start_streams(f"s{sid}", observers)
+        time.sleep(PRE_S)
+        vname = "master-" + victim
+        t0 = now()
+        t_cont = None
+        if kind == "kill":
+            self.procs.signal(vname, signal.SIGKILL)
+            log(f"T0: SIGKILL to every process of master {victim} (pgid {self.procs.pid(vname)})")
+            min_obs, max_obs = 20, 60
+        else:
+            pids = self.procs.group_pids(vname)
+            self.procs.signal(vname, signal.SIGSTOP)
+            log(f"T0: SIGSTOP to every process of master {victim} ({len(pids)} processes)")
+            min_obs, max_obs = self.a.hang, self.a.hang
+        try:
+            # observe until both groups answer again (live) or the window closes
+            while True:
+                time.sleep(1)
+                el = now() - t0
+                if el >= max_obs:
+                    break
+                if el >= min_obs and all(self.live_recovered(st, lb.key, t0) for lb in self.lbs):
+                    break
+            sp1 = self.spread()
+            if kind == "hang":
+                self.procs.signal(vname, signal.SIGCONT)
+                t_cont = now()
+                log(f"T0+{t_cont - t0:.1f}s: SIGCONT to master {victim}")
+                while True:
+                    time.sleep(1)
+                    el = now() - t_cont
+                    if el >= self.a.after_cont:
+                        break
+                    if el >= 10 and all(self.live_recovered(st, lb.key, t0) for lb in self.lbs):
+                        break
+        finally:
+            if kind == "hang" and t_cont is None:
+                self.procs.signal(vname, signal.SIGCONT)
+        t_end = now()
+        self.stop_streams(st)
+        w.halt.set()
+        w.join(2)
+        for lb in self.lbs:
+            lb.poll()
+        if kind == "kill":
+            self.procs.forget(vname)
+            self.killed = victim
+        jobs, perr = self.read_jobs(st["files"])
+        res.update(t0=t0, t_cont=t_cont, spread_during=sp1, spread_after=self.spread(), perr=len(perr),
+                   duration=t_end - t0, minion_events=self.minion_events(t0, t_end))
+        if perr:
+            res["notes"].append(f"{len(perr)} publish calls failed (e.g. {perr[0]['error'][:150]})")
+        for lb in self.lbs:
+            a = self.analyse(jobs, lb.key, t0, t_end=t_end)
+            down = lb.first_event(victim, "DOWN", t0 - 1)
+            up = lb.first_event(victim, "UP", down) if down else None
+            n_victim = sp0[lb.key][victim]
+            hit = [m for m, n in a["missed"].items() if n]
+            row = {"jobs": a["jobs"], "missed": a["missed"], "p50": a["p50"], "p95": a["p95"],
+                   "detect_s": None if down is None else down - t0,
+                   "up_again_s": None if up is None else up - t0,
+                   "recovery_s": a["recovery"], "recovered": a["recovered"],
+                   "sessions_on_victim": n_victim, "bad": [(j["t"] - t0, j["master"], m) for j, m in a["bad"]]}
+            if down is None:
+                row["detect"] = f"not marked down ({t_end - t0:.0f} s)"
+            else:
+                row["detect"] = f"{down - t0:.1f} s"
+            if not a["recovered"]:
+                row["recovery"] = f"not recovered ({t_end - t0:.0f} s)"
+            elif not hit:
+                row["recovery"] = "no job missed"
+            else:
+                row["recovery"] = f"{a['recovery']:.1f} s"
+                if t_cont is not None and a["recovery"] > t_cont - t0:
+                    row["recovery"] += f" ({a['recovery'] - (t_cont - t0):.1f} s after SIGCONT)"
+            # saltgate's slot must: recover, and hurt no minion beyond those whose publish session was on
+            # the victim
+            row["ok"] = a["recovered"] and len(hit) <= max(n_victim, 0)
+            if len(hit) > n_victim:
+                res["notes"].append(f"{lb.label}: {len(hit)} minions missed jobs but only {n_victim} publish "
+                                    f"sessions were on the victim: {hit}")
+            res["rows"][lb.key] = row
+        res["ok"] = res["rows"]["sg"]["ok"]
+        self.results.append(res)
+        for lb in self.lbs:
+            row = res["rows"][lb.key]
+            for t, m, miss in row["bad"][:60]:
+                log(f"  {lb.label}: job published T0{t:+.1f}s via {m} missed by {', '.join(miss)}")
+        for m, ev in sorted(res["minion_events"].items()):
+            log(f"  minion log {m}: {' '.join(ev[:10])}")
+        self.result_line(f"{sid} {title}", res)
+        return victim
+
+    def s4_restart(self):
+        log("== scenario 4: master restarted ==")
+        victim = self.killed
+        res = {"id": 4, "name": "master restarted", "victim": victim, "rows": {}, "notes": []}
+        if victim is None:
+            res.update(ok=False, notes=["scenario 2 did not kill a master"])
+            self.results.append(res)
+            self.result_line("4 master restarted", res)
+            return
+        sp_down = self.spread()
+        w = Watcher(self.lbs)
+        for lb in self.lbs:
+            lb.poll()
+        w.start()
+        t0 = now()
+        ready_s = self.start_masters([victim])
+        t_ready = now()
+        time.sleep(self.a.spread_wait)
+        sp_back = self.spread()
+        runs = []
+        for ip in (victim, [m for m in MASTERS if m != victim][0]):
+            r = self.job_once(ip, "test.ping", timeout=20)
+            runs.append(r)
+            miss = [m for m in self.minions if m not in r.get("returns", {})]
+            log(f"  via {ip} test.ping: {'all answered' if not miss else f'missing {miss}'}")
+        w.halt.set()
+        w.join(2)
+        for lb in self.lbs:
+            lb.poll()
+        res.update(spread_down=sp_down, spread_back=sp_back, ready_s=ready_s)
+        for lb in self.lbs:
+            up = lb.first_event(victim, "UP", t0)
+            missed = {m: sum(1 for r in runs if m not in r.get("returns", {})) for m in lb.minions}
+            lats = [r["returns"][m]["lat"] for r in runs for m in lb.minions if m in r.get("returns", {})]
+            res["rows"][lb.key] = {
+                "jobs": len(runs), "missed": missed, "p50": pct(lats, 50), "p95": pct(lats, 95),
+                "detect": (f"UP {up - t0:.1f} s after start" if up else
+                           ("UP (no flip logged)" if lb.kind == "saltgate" else "not UP")),
+                "recovery": f"{sp_back[lb.key][victim]} session(s) back after {t_ready - t0 + self.a.spread_wait:.0f} s",
+                "ok": all(v == 0 for v in missed.values())}
+        res["ok"] = all(r["ok"] for r in res["rows"].values())
+        self.results.append(res)
+        self.result_line("4 master restarted", res)
+
+    def result_line(self, title, res):
+        parts = []
+        for lb in self.lbs:
+            r = res["rows"].get(lb.key)
+            if not r:
+                continue
+            nm = sum(r["missed"].values())
+            parts.append(f"{lb.label}: jobs={r['jobs']} missed={nm} detect={r.get('detect')} "
+                         f"recovery={r.get('recovery')} p50={fmt_s(r['p50'])} p95={fmt_s(r['p95'])}")
+        status = "PASS" if res.get("ok") else "FAIL"
+        print(f"RESULT scenario {title}: {status} | " + " | ".join(parts), flush=True)
+        for n in res.get("notes", []):
+            print(f"       note: {n}", flush=True)
+
+    # -- the table -------------------------------------------------------------------------
+    def table(self):
+        L = []
+        sg_label = self.lbs[0].label
+        L.append(f"Latest run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Salt 3008.5, "
+                 f"3 masters (127.0.0.2-4), {sg_label} on 127.0.0.1 and HAProxy on 127.0.0.10 "
+                 f"(both from `examples/haproxy/salt-master-cluster-loopback.cfg`), "
+                 f"{N_MINIONS} minions behind each. Suite wall time: {now() - self.t_start:.0f} s.")
+        L.append("")
+        L.append("| scenario | load balancer | jobs | jobs missed per minion | detection | recovery "
+                 "| latency p50 | latency p95 | result |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for res in self.results:
+            title = f"{res['id']}. {res['name']}"
+            if res.get("victim"):
+                title += f" ({res['victim']})"
+            for lb in self.lbs:
+                r = res["rows"].get(lb.key)
+                if not r:
+                    continue
+                hit = {m: n for m, n in r["missed"].items() if n}
+                missed = ", ".join(f"{m}: {n}" for m, n in sorted(hit.items())) if hit else "none"
+                if hit:
+                    missed += f" (other {len(r['missed']) - len(hit)}: 0)"
+                ok = "PASS" if r.get("ok") else "FAIL"
+                if lb.key != "sg" and res["id"] in (2, 3):
+                    ok = "(reference)"
+                L.append(f"| {title} | {lb.label} | {r['jobs']} | {missed} | {r.get('detect')} | "
+                         f"{r.get('recovery')} | {fmt_s(r['p50'])} | {fmt_s(r['p95'])} | {ok} |")
+        L.append("")
+        sp = [r for r in self.results if r["id"] in (2, 3, 4)]
+        if sp:
+            L.append("Publish sessions per master (ESTABLISHED connections on 127.0.0.2 / .3 / .4 :4505 "
+                     "from each load balancer):")
+            L.append("")
+            L.append("| moment | " + " | ".join(lb.label for lb in self.lbs) + " |")
+            L.append("|---|" + "---|" * len(self.lbs))
+            for r in sp:
+                if r["id"] in (2, 3):
+                    L.append(f"| before scenario {r['id']} (victim {r['victim']}) | " +
+                             " | ".join(self.spread_txt(r["spread_before"][lb.key]) for lb in self.lbs) + " |")
+                    L.append(f"| end of scenario {r['id']} | " +
+                             " | ".join(self.spread_txt(r["spread_after"][lb.key]) for lb in self.lbs) + " |")
+                else:
+                    if "spread_back" in r:
+                        L.append(f"| {r['victim']} restarted, +{self.a.spread_wait:.0f} s | " +
+                                 " | ".join(self.spread_txt(r["spread_back"][lb.key]) for lb in self.lbs) + " |")
+            L.append("")
+        for res in self.results:
+            if res.get("notes"):
+                for n in res["notes"]:
+                    L.append(f"- scenario {res['id']}: {n}")
+        return "\n".join(L) + "\n"
+
+    # -- main -------------------------------------------------------------------------------
+    def main(self):
+        self.t_start = now()
+        scen = self.a.scenarios.split()
+        ok = True
+        try:
+            self.start_masters(MASTERS)
+            for lb in self.lbs:
+                lb.start()
+            if not wait_for(lambda: all(lb.all_up() for lb in self.lbs), 30, 0.5):
+                log("warning: HAProxy does not show every server UP after 30 s")
+            self.start_minions()
+            self.accept_keys()
+            if "1" in scen:
+                self.s1_smoke()
+            if "2" in scen:
+                self.fault(2, "kill")
+            if "4" in scen:
+                self.s4_restart()
+            if "3" in scen:
+                self.fault(3, "hang")
+        except Failure as exc:
+            log(f"FAILED: {exc}")
+            print(f"RESULT suite: FAIL ({exc})", flush=True)
+            ok = False
+        finally:
+            self.results.sort(key=lambda r: r["id"])
+            if self.results:
+                t = self.table()
+                with open(self.a.results, "w") as f:
+                    f.write(t)
+                print("\n" + t, flush=True)
+            for lb in self.lbs:
+                self._dump_lb_log(lb)
+            log("stopping everything this suite started")
+            self.procs.stop_all()
+        ok = ok and bool(self.results) and all(r.get("ok") for r in self.results)
+        print(f"RESULT suite: {'PASS' if ok else 'FAIL'} ({len(self.results)} scenarios, "
+              f"{now() - self.t_start:.0f} s)", flush=True)
+        return 0 if ok else 1
+
+    def _dump_lb_log(self, lb):
+        if lb.kind != "saltgate":
+            return
+        try:
+            lines = open(lb.logfile, errors="replace").read().splitlines()
+        except OSError:
+            return
+        warn = [l for l in lines if re.search(r"\b(WARN|ERROR)\b", l)]
+        log(f"{lb.label} log: {len(lines)} lines, {len(warn)} WARN/ERROR ({lb.logfile})")
+        for l in warn[-15:]:
+            log(f"  {l[:300]}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--run", required=True)
+    p.add_argument("--venv", required=True)
+    p.add_argument("--fixture", required=True)
+    p.add_argument("--ha-config", required=True)
+    p.add_argument("--sg-bin")
+    p.add_argument("--sg-config")
+    p.add_argument("--sg-haproxy")
+    p.add_argument("--scenarios", default="1 2 3 4")
+    p.add_argument("--hang", type=float, default=30, help="seconds the hung master stays SIGSTOPped")
+    p.add_argument("--after-cont", type=float, default=90, help="max seconds to wait for recovery after SIGCONT")
+    p.add_argument("--spread-wait", type=float, default=20, help="seconds after the restart before counting sessions")
+    p.add_argument("--results", required=True)
+    a = p.parse_args()
+    if not (a.sg_bin and a.sg_config) and not a.sg_haproxy:
+        p.error("need --sg-bin and --sg-config, or --sg-haproxy")
+
+    def on_term(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    s = Suite(a)
+    try:
+        rc = s.main()
+    except BaseException:
+        s.procs.stop_all()
+        raise
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
