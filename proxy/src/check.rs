@@ -1,0 +1,118 @@
+//! Health checking: probers (how one port is tested) and the loop that runs them for every master
+//! port on its own schedule and feeds [`crate::health::HealthState`].
+//!
+//! Flips are logged once (warn when a master goes DOWN, info when it comes UP) with the reason, and
+//! reported as [`MasterEvent`]s so the proxy can close the sessions of a master that went DOWN.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saltgate_config::Role;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::health::{HealthState, PortState};
+use crate::master::{CheckReport, Flip, Master};
+
+/// Tests one master port. `Err` carries a short reason for the logs.
+pub trait Prober: Send + Sync + 'static {
+    fn probe(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+/// A TCP connect: the port accepts connections.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TcpConnect;
+
+impl Prober for TcpConnect {
+    fn probe(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+                Ok(Ok(_stream)) => Ok(()),
+                Ok(Err(e)) => Err(format!("connect: {e}")),
+                Err(_) => Err(format!("connect: no answer within {timeout:?}")),
+            }
+        })
+    }
+}
+
+/// A master changed state.
+#[derive(Debug, Clone)]
+pub struct MasterEvent {
+    pub master: Arc<Master>,
+    pub flip: Flip,
+}
+
+/// Runs the checks of one master port until `stop` is cancelled.
+pub async fn run_port_checks(
+    master: Arc<Master>,
+    role: Role,
+    prober: Arc<dyn Prober>,
+    events: mpsc::UnboundedSender<MasterEvent>,
+    stop: CancellationToken,
+) {
+    let settings = master.cfg.health;
+    let addr = master.addr(role);
+    let mut state = HealthState::default();
+    loop {
+        let result = tokio::select! {
+            r = prober.probe(addr, settings.timeout) => r,
+            _ = stop.cancelled() => return,
+        };
+        let ok = result.is_ok();
+        let detail = match &result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.clone(),
+        };
+        if let Ok(mut last) = master.last_check[role as usize].lock() {
+            *last = CheckReport {
+                ok,
+                detail: detail.clone(),
+            };
+        }
+        if let Some(port_state) = state.record(ok, &settings) {
+            let port_up = port_state == PortState::Up;
+            if let Some(flip) = master.set_port(role, port_up) {
+                log_flip(&master, role, flip, &state, &detail);
+                let _ = events.send(MasterEvent {
+                    master: master.clone(),
+                    flip,
+                });
+            }
+        }
+        let wait = state.next_interval(&settings);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+fn log_flip(master: &Master, role: Role, flip: Flip, state: &HealthState, detail: &str) {
+    let addr = master.addr(role);
+    match flip {
+        Flip::Down => tracing::warn!(
+            master = master.name(),
+            port = %role,
+            addr = %addr,
+            reason = %format!("{role} port {addr}: {detail} ({} consecutive failure(s))", state.failures),
+            "master marked DOWN"
+        ),
+        Flip::Up => tracing::info!(
+            master = master.name(),
+            addr = %addr,
+            reason = %format!("both ports pass ({role} port {addr}: {} consecutive success(es))", state.successes),
+            "master marked UP"
+        ),
+    }
+}

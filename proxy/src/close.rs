@@ -1,0 +1,85 @@
+//! Why a session ended. Every closed session has exactly one reason; it appears in the access log
+//! (and, with the metrics, as a label).
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum CloseReason {
+    /// The client closed its side first (FIN).
+    ClientEof = 1,
+    /// The master closed its side first (FIN).
+    MasterEof,
+    /// The client's connection failed (reset, broken pipe).
+    ClientReset,
+    /// The master's connection failed (reset, broken pipe).
+    MasterReset,
+    /// No byte moved for the listener's idle timeout.
+    IdleTimeout,
+    /// Every connect attempt to a master failed or timed out.
+    ConnectFailed,
+    /// No master was UP (or all were at maxconn) when the client connected.
+    NoMaster,
+    /// The master was marked DOWN and the listener closes its sessions.
+    MasterDown,
+    /// saltgate was stopping and the shutdown grace ran out.
+    Shutdown,
+}
+
+impl CloseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::ClientEof => "client-eof",
+            CloseReason::MasterEof => "master-eof",
+            CloseReason::ClientReset => "client-reset",
+            CloseReason::MasterReset => "master-reset",
+            CloseReason::IdleTimeout => "idle-timeout",
+            CloseReason::ConnectFailed => "connect-failed",
+            CloseReason::NoMaster => "no-master",
+            CloseReason::MasterDown => "master-down",
+            CloseReason::Shutdown => "shutdown",
+        }
+    }
+
+    pub fn from_u8(n: u8) -> Option<CloseReason> {
+        use CloseReason::*;
+        [
+            ClientEof,
+            MasterEof,
+            ClientReset,
+            MasterReset,
+            IdleTimeout,
+            ConnectFailed,
+            NoMaster,
+            MasterDown,
+            Shutdown,
+        ]
+        .into_iter()
+        .find(|r| *r as u8 == n)
+    }
+}
+
+impl fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_through_u8() {
+        for n in 0..=255u8 {
+            if let Some(r) = CloseReason::from_u8(n) {
+                assert_eq!(r as u8, n);
+            }
+        }
+        assert_eq!(
+            CloseReason::from_u8(CloseReason::Shutdown as u8),
+            Some(CloseReason::Shutdown)
+        );
+        assert_eq!(CloseReason::from_u8(0), None);
+    }
+}

@@ -1,0 +1,123 @@
+//! Listening sockets (socket2: reuseaddr, backlog) and the accept loop: a `maxconn` cap that leaves
+//! excess connections in the kernel backlog, and back-off on descriptor or memory exhaustion
+//! (EMFILE, ENFILE, ENOBUFS, ENOMEM) instead of spinning or dying.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use saltgate_config::Role;
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// TCP keepalive on both legs of every session: finds peers that vanished without a FIN
+/// (a powered-off minion, a NAT that forgot the flow) within about two minutes of idleness.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const KEEPALIVE_RETRIES: u32 = 6;
+
+/// Binds a listening socket.
+pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    TcpListener::from_std(s.into())
+}
+
+/// Sets nodelay and keepalive on a session socket. Failures are logged, not fatal.
+pub fn tune(stream: &TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "set_nodelay failed");
+    }
+    let ka = TcpKeepalive::new()
+        .with_time(KEEPALIVE_TIME)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "set_tcp_keepalive failed");
+    }
+}
+
+/// Errors that mean the process or system is out of a resource: wait before accepting again.
+fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// The permits a session holds for its whole life (listener and process-wide `maxconn`).
+pub struct Permits {
+    _listener: Option<OwnedSemaphorePermit>,
+    _global: Option<OwnedSemaphorePermit>,
+}
+
+async fn acquire(s: &Option<Arc<Semaphore>>) -> Option<OwnedSemaphorePermit> {
+    match s {
+        Some(s) => s.clone().acquire_owned().await.ok(),
+        None => None,
+    }
+}
+
+/// Accepts connections until `stop` is cancelled, handing each to `on_accept`.
+pub async fn accept_loop<F>(
+    listener: TcpListener,
+    role: Role,
+    maxconn: Option<Arc<Semaphore>>,
+    global: Option<Arc<Semaphore>>,
+    stop: CancellationToken,
+    mut on_accept: F,
+) where
+    F: FnMut(TcpStream, SocketAddr, Permits),
+{
+    let local = listener.local_addr().ok();
+    let mut backoff = Duration::from_millis(10);
+    let mut last_warn: Option<Instant> = None;
+    let mut suppressed = 0u64;
+    loop {
+        // Take the session's permits first: at maxconn, connections wait in the kernel backlog.
+        let permits = tokio::select! {
+            p = async { (acquire(&maxconn).await, acquire(&global).await) } => Permits { _listener: p.0, _global: p.1 },
+            _ = stop.cancelled() => return,
+        };
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = Duration::from_millis(10);
+                tune(&stream);
+                on_accept(stream, peer, permits);
+            }
+            Err(e) if is_exhaustion(&e) => {
+                if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    tracing::warn!(listener = %role, addr = ?local, error = %e, suppressed, backoff_ms = backoff.as_millis() as u64, "accept failed: out of resources; backing off");
+                    last_warn = Some(Instant::now());
+                    suppressed = 0;
+                } else {
+                    suppressed += 1;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => tracing::debug!(listener = %role, error = %e, "accept failed; continuing"),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! The data path: moves bytes both ways between a client and a master until the session ends.
+//!
+//! - No buffer is held while a session is idle: a buffer is taken from [`BufPool`] when a socket is
+//!   readable and given back once written out. Idle publish sessions cost two sockets and a task.
+//! - Half-close: a FIN from one side is passed on (`shutdown(Write)` on the other); the other
+//!   direction keeps flowing until it ends too.
+//! - Idle timeout: the session is idle while no byte moves in either direction; it is closed after
+//!   being idle for the listener's limit (see [`IdleLimits`]).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::close::CloseReason;
+use crate::registry::SessionCtl;
+
+/// Size of one pump buffer. Salt publishes are usually under 1 KiB; returns can be large.
+pub const BUF_SIZE: usize = 16 * 1024;
+
+/// A bounded pool of buffers shared by all sessions.
+pub struct BufPool {
+    free: ArrayQueue<Box<[u8]>>,
+}
+
+impl BufPool {
+    pub fn new(max_free: usize) -> Self {
+        Self {
+            free: ArrayQueue::new(max_free.max(1)),
+        }
+    }
+    fn get(&self) -> Box<[u8]> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
+    }
+    fn put(&self, b: Box<[u8]>) {
+        let _ = self.free.push(b);
+    }
+    /// Buffers waiting for reuse.
+    pub fn idle_buffers(&self) -> usize {
+        self.free.len()
+    }
+}
+
+/// Idle limits of one session, from its listener.
+///
+/// While both directions are open the limit is the shorter of `client` and `server` (HAProxy's
+/// `timeout client` and `timeout server`; HAProxy advises equal values in TCP mode). Once the client
+/// has half-closed, `client_fin` applies if set; once the master has, `server_fin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdleLimits {
+    pub client: Option<Duration>,
+    pub server: Option<Duration>,
+    pub client_fin: Option<Duration>,
+    pub server_fin: Option<Duration>,
+}
+
+impl IdleLimits {
+    /// The idle limit that applies given which sides have half-closed. `None`: no limit.
+    pub fn limit(&self, client_closed: bool, server_closed: bool) -> Option<Duration> {
+        let base = match (self.client, self.server) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let fin = match (client_closed, server_closed) {
+            (true, _) if self.client_fin.is_some() => self.client_fin,
+            (_, true) if self.server_fin.is_some() => self.server_fin,
+            _ => None,
+        };
+        fin.or(base)
+    }
+
+    /// Whether a session idle for `idle` is past its limit.
+    pub fn expired(&self, idle: Duration, client_closed: bool, server_closed: bool) -> bool {
+        self.limit(client_closed, server_closed)
+            .is_some_and(|l| idle >= l)
+    }
+}
+
+/// How one direction ended.
+#[derive(Debug)]
+enum DirEnd {
+    /// The reading side sent FIN; it was passed on.
+    Eof,
+    /// Reading failed.
+    ReadErr(io::Error),
+    /// Writing failed.
+    WriteErr(io::Error),
+}
+
+/// Milliseconds since `base` of the last byte moved, shared by both directions.
+struct Activity {
+    base: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+    fn last(&self) -> Instant {
+        self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+async fn copy_half(
+    r: OwnedReadHalf,
+    mut w: OwnedWriteHalf,
+    count: &AtomicU64,
+    act: &Activity,
+    pool: &BufPool,
+) -> DirEnd {
+    loop {
+        if let Err(e) = r.readable().await {
+            return DirEnd::ReadErr(e);
+        }
+        let mut buf = pool.get();
+        match r.try_read(&mut buf) {
+            Ok(0) => {
+                pool.put(buf);
+                // Pass the FIN on. A failure here means the peer is gone; the other direction
+                // will see it.
+                let _ = w.shutdown().await;
+                return DirEnd::Eof;
+            }
+            Ok(n) => {
+                act.touch();
+                if let Err(e) = w.write_all(&buf[..n]).await {
+                    return DirEnd::WriteErr(e);
+                }
+                count.fetch_add(n as u64, Ordering::Relaxed);
+                act.touch();
+                pool.put(buf);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => pool.put(buf),
+            Err(e) => return DirEnd::ReadErr(e),
+        }
+    }
+}
+
+/// Runs a session's data path until it ends; returns why.
+pub async fn pump(
+    client: TcpStream,
+    master: TcpStream,
+    limits: IdleLimits,
+    ctl: &SessionCtl,
+    pool: &BufPool,
+) -> CloseReason {
+    let act = Activity {
+        base: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    };
+    let (cr, cw) = client.into_split();
+    let (mr, mw) = master.into_split();
+    let up = copy_half(cr, mw, &ctl.bytes_in, &act, pool);
+    let down = copy_half(mr, cw, &ctl.bytes_out, &act, pool);
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (false, false);
+    let mut first_eof: Option<CloseReason> = None;
+    loop {
+        let deadline = limits.limit(up_done, down_done).map(|l| act.last() + l);
+        tokio::select! {
+            end = &mut up, if !up_done => {
+                up_done = true;
+                match end {
+                    DirEnd::Eof => { first_eof.get_or_insert(CloseReason::ClientEof); }
+                    DirEnd::ReadErr(e) => { tracing::debug!(error = %e, "client read failed"); return CloseReason::ClientReset; }
+                    DirEnd::WriteErr(e) => { tracing::debug!(error = %e, "master write failed"); return CloseReason::MasterReset; }
+                }
+            }
+            end = &mut down, if !down_done => {
+                down_done = true;
+                match end {
+                    DirEnd::Eof => { first_eof.get_or_insert(CloseReason::MasterEof); }
+                    DirEnd::ReadErr(e) => { tracing::debug!(error = %e, "master read failed"); return CloseReason::MasterReset; }
+                    DirEnd::WriteErr(e) => { tracing::debug!(error = %e, "client write failed"); return CloseReason::ClientReset; }
+                }
+            }
+            _ = sleep_until_opt(deadline) => {
+                if limits.expired(Instant::now() - act.last(), up_done, down_done) {
+                    return CloseReason::IdleTimeout;
+                }
+            }
+            _ = ctl.cancel.cancelled() => {
+                return ctl.close_reason().unwrap_or(CloseReason::Shutdown);
+            }
+        }
+        if up_done && down_done {
+            return first_eof.unwrap_or(CloseReason::ClientEof);
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(n: u64) -> Option<Duration> {
+        Some(Duration::from_secs(n))
+    }
+
+    #[test]
+    fn idle_limit_is_the_shorter_timeout_and_fin_timeouts_apply_after_half_close() {
+        let l = IdleLimits {
+            client: s(60),
+            server: s(30),
+            client_fin: s(5),
+            server_fin: None,
+        };
+        assert_eq!(l.limit(false, false), s(30));
+        assert_eq!(l.limit(true, false), s(5));
+        assert_eq!(l.limit(false, true), s(30));
+        let none = IdleLimits {
+            client: None,
+            server: None,
+            client_fin: None,
+            server_fin: None,
+        };
+        assert_eq!(none.limit(false, false), None);
+        assert!(!none.expired(Duration::from_secs(1 << 40), false, false));
+    }
+
+    #[test]
+    fn seed_fixture_limits_keep_an_hour_idle_publish_session_and_close_a_61s_idle_request_session()
+    {
+        let text = include_str!("../../examples/haproxy/salt-master-cluster.cfg");
+        let c = saltgate_config::haproxy::parse_haproxy(text, None)
+            .unwrap()
+            .config;
+        let limits = |l: &saltgate_config::ListenerConfig| IdleLimits {
+            client: l.timeout_client,
+            server: l.timeout_server,
+            client_fin: l.timeout_client_fin,
+            server_fin: l.timeout_server_fin,
+        };
+        assert!(!limits(&c.publish).expired(Duration::from_secs(3600), false, false));
+        assert!(limits(&c.publish).expired(Duration::from_secs(86_400), false, false));
+        assert!(!limits(&c.request).expired(Duration::from_secs(59), false, false));
+        assert!(limits(&c.request).expired(Duration::from_secs(61), false, false));
+    }
+}

@@ -1,0 +1,291 @@
+//! Which master a new session goes to: strategies over the snapshot's masters that return the
+//! candidates in order of preference. The session takes the first that connects.
+//!
+//! Eligibility is shared by every strategy: a master must be available (UP, not disabled), have
+//! room under its `maxconn` and a weight above 0; backup masters are used only when no other master
+//! is eligible.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use saltgate_config::{Balance, Role};
+
+use crate::master::Master;
+
+/// Picks candidates for a new session, best first.
+pub trait Selector: Send + Sync + std::fmt::Debug {
+    /// Fills `out` with indexes into `masters`, best first. Empty: no master can take the session.
+    fn order(&self, masters: &[Arc<Master>], role: Role, client: IpAddr, out: &mut Vec<usize>);
+}
+
+/// Builds the selector for a listener's `balance`.
+pub fn for_balance(b: Balance, n_masters: usize) -> Box<dyn Selector> {
+    match b {
+        Balance::RoundRobin => Box::new(RoundRobin::new(n_masters)),
+        Balance::LeastConn => Box::new(LeastConn),
+        Balance::Source => Box::new(SourceHash),
+    }
+}
+
+/// Indexes of the masters that may take a session now; backups only when nothing else is left.
+pub fn eligible(masters: &[Arc<Master>], role: Role, out: &mut Vec<usize>) {
+    out.clear();
+    let ok = |m: &Master| m.is_available() && m.has_room(role) && m.cfg.weight > 0;
+    out.extend((0..masters.len()).filter(|&i| !masters[i].cfg.backup && ok(&masters[i])));
+    if out.is_empty() {
+        out.extend((0..masters.len()).filter(|&i| masters[i].cfg.backup && ok(&masters[i])));
+    }
+}
+
+/// Smooth weighted round-robin (as nginx): over a run of sessions each eligible master gets its
+/// share by weight, interleaved rather than in bursts; masters that are not eligible are skipped
+/// without shifting the others' turns.
+#[derive(Debug)]
+pub struct RoundRobin {
+    current: Mutex<Vec<i64>>,
+}
+
+impl RoundRobin {
+    pub fn new(n: usize) -> Self {
+        Self {
+            current: Mutex::new(vec![0; n]),
+        }
+    }
+}
+
+impl Selector for RoundRobin {
+    fn order(&self, masters: &[Arc<Master>], role: Role, _client: IpAddr, out: &mut Vec<usize>) {
+        eligible(masters, role, out);
+        if out.len() < 2 {
+            return;
+        }
+        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.len() != masters.len() {
+            *cur = vec![0; masters.len()];
+        }
+        let total: i64 = out.iter().map(|&i| i64::from(masters[i].cfg.weight)).sum();
+        let mut best = out[0];
+        for &i in out.iter() {
+            cur[i] += i64::from(masters[i].cfg.weight);
+            if cur[i] > cur[best] {
+                best = i;
+            }
+        }
+        cur[best] -= total;
+        drop(cur);
+        // The chosen one first, then the others in list order after it (for retries).
+        let pos = out.iter().position(|&i| i == best).unwrap_or(0);
+        out.rotate_left(pos);
+    }
+}
+
+/// Fewest live sessions on this port relative to weight; ties go to the earlier master.
+#[derive(Debug, Default)]
+pub struct LeastConn;
+
+impl Selector for LeastConn {
+    fn order(&self, masters: &[Arc<Master>], role: Role, _client: IpAddr, out: &mut Vec<usize>) {
+        eligible(masters, role, out);
+        out.sort_by_key(|&i| {
+            let m = &masters[i];
+            (u64::from(m.session_count(role)) << 16) / u64::from(m.cfg.weight.max(1))
+        });
+    }
+}
+
+/// Weighted rendezvous hashing of the client address: the same client gets the same master on
+/// both listeners (affinity), and when a master leaves only its clients move.
+#[derive(Debug, Default)]
+pub struct SourceHash;
+
+/// A fixed-seed hasher, so the mapping is the same in every saltgate process and after restarts.
+#[derive(Clone, Copy, Default)]
+struct FixedState;
+
+impl BuildHasher for FixedState {
+    type Hasher = std::collections::hash_map::DefaultHasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        std::collections::hash_map::DefaultHasher::new()
+    }
+}
+
+pub fn rendezvous_score(client: IpAddr, master: &str, weight: u32) -> f64 {
+    let mut h = FixedState.build_hasher();
+    client.hash(&mut h);
+    master.hash(&mut h);
+    // Uniform in (0, 1]; weighted rendezvous: w / -ln(u).
+    let u = ((h.finish() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+    f64::from(weight) / -u.ln().min(-f64::MIN_POSITIVE)
+}
+
+impl Selector for SourceHash {
+    fn order(&self, masters: &[Arc<Master>], role: Role, client: IpAddr, out: &mut Vec<usize>) {
+        eligible(masters, role, out);
+        out.sort_by(|&a, &b| {
+            let sa = rendezvous_score(client, masters[a].name(), masters[a].cfg.weight);
+            let sb = rendezvous_score(client, masters[b].name(), masters[b].cfg.weight);
+            sb.total_cmp(&sa)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use saltgate_config::{HealthSettings, MasterConfig};
+    use std::net::SocketAddr;
+
+    fn master(name: &str, weight: u32, backup: bool) -> Arc<Master> {
+        let cfg = MasterConfig {
+            name: name.into(),
+            host: "127.0.0.1".into(),
+            publish_port: 1,
+            request_port: 2,
+            weight,
+            maxconn: None,
+            backup,
+            disabled: false,
+            check: true,
+            health: HealthSettings::default(),
+        };
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let m = Arc::new(Master::new(cfg, [a, a]));
+        m.set_port(Role::Publish, true);
+        m.set_port(Role::Request, true);
+        m
+    }
+
+    fn picks(sel: &dyn Selector, ms: &[Arc<Master>], n: usize) -> String {
+        let mut out = Vec::new();
+        (0..n)
+            .map(|_| {
+                sel.order(ms, Role::Publish, "10.0.0.1".parse().unwrap(), &mut out);
+                out.first()
+                    .map(|&i| ms[i].name().to_string())
+                    .unwrap_or("-".into())
+            })
+            .collect::<Vec<_>>()
+            .join("")
+    }
+
+    #[test]
+    fn round_robin_takes_masters_in_turn() {
+        let ms = [
+            master("a", 1, false),
+            master("b", 1, false),
+            master("c", 1, false),
+        ];
+        assert_eq!(picks(&RoundRobin::new(3), &ms, 6), "abcabc");
+    }
+
+    #[test]
+    fn round_robin_skips_masters_marked_down() {
+        let ms = [
+            master("a", 1, false),
+            master("b", 1, false),
+            master("c", 1, false),
+        ];
+        let rr = RoundRobin::new(3);
+        ms[1].set_port(Role::Request, false);
+        assert_eq!(picks(&rr, &ms, 4), "acac");
+        ms[1].set_port(Role::Request, true);
+        assert_eq!(picks(&rr, &ms, 3).chars().filter(|c| *c == 'b').count(), 1);
+    }
+
+    #[test]
+    fn round_robin_honours_weights_smoothly() {
+        let ms = [master("a", 3, false), master("b", 1, false)];
+        assert_eq!(picks(&RoundRobin::new(2), &ms, 8), "aabaaaba");
+    }
+
+    #[test]
+    fn candidates_after_the_first_are_the_others_in_order() {
+        let ms = [
+            master("a", 1, false),
+            master("b", 1, false),
+            master("c", 1, false),
+        ];
+        let rr = RoundRobin::new(3);
+        let mut out = Vec::new();
+        let ip = "10.0.0.1".parse().unwrap();
+        rr.order(&ms, Role::Publish, ip, &mut out);
+        rr.order(&ms, Role::Publish, ip, &mut out);
+        assert_eq!(out, [1, 2, 0]);
+    }
+
+    #[test]
+    fn backups_are_used_only_when_no_other_master_is_up() {
+        let ms = [master("a", 1, false), master("z", 1, true)];
+        let rr = RoundRobin::new(2);
+        assert_eq!(picks(&rr, &ms, 2), "aa");
+        ms[0].set_port(Role::Publish, false);
+        assert_eq!(picks(&rr, &ms, 2), "zz");
+        ms[1].set_port(Role::Publish, false);
+        assert_eq!(picks(&rr, &ms, 1), "-");
+    }
+
+    #[test]
+    fn zero_weight_and_disabled_masters_take_no_new_sessions() {
+        let mut ms = vec![master("a", 0, false), master("b", 1, false)];
+        assert_eq!(picks(&RoundRobin::new(2), &ms, 3), "bbb");
+        let mut cfg = ms[1].cfg.clone();
+        cfg.disabled = true;
+        let d = Arc::new(Master::new(cfg, ms[1].addrs));
+        d.set_port(Role::Publish, true);
+        d.set_port(Role::Request, true);
+        ms[1] = d;
+        assert_eq!(picks(&RoundRobin::new(2), &ms, 1), "-");
+    }
+
+    #[test]
+    fn least_conn_prefers_the_emptiest_master() {
+        let ms = [master("a", 1, false), master("b", 1, false)];
+        let parent = tokio_util::sync::CancellationToken::new();
+        let c: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        let _s1 = ms[0].register(Role::Publish, c, &parent);
+        assert_eq!(picks(&LeastConn, &ms, 2), "bb");
+        let _s2 = ms[1].register(Role::Publish, c, &parent);
+        let _s3 = ms[1].register(Role::Publish, c, &parent);
+        assert_eq!(picks(&LeastConn, &ms, 1), "a");
+    }
+
+    #[test]
+    fn source_hash_is_stable_and_moves_only_the_clients_of_a_lost_master() {
+        let ms = [
+            master("a", 1, false),
+            master("b", 1, false),
+            master("c", 1, false),
+        ];
+        let mut out = Vec::new();
+        let clients: Vec<IpAddr> = (0..300u32)
+            .map(|i| IpAddr::from([10, 0, (i >> 8) as u8, i as u8]))
+            .collect();
+        let pick = |out: &mut Vec<usize>, ip: IpAddr, role| {
+            SourceHash.order(&ms, role, ip, out);
+            out[0]
+        };
+        let before: Vec<usize> = clients
+            .iter()
+            .map(|&ip| pick(&mut out, ip, Role::Publish))
+            .collect();
+        let req: Vec<usize> = clients
+            .iter()
+            .map(|&ip| pick(&mut out, ip, Role::Request))
+            .collect();
+        assert_eq!(before, req, "affinity: same master on both ports");
+        for m in 0..3 {
+            let n = before.iter().filter(|&&b| b == m).count();
+            assert!((60..=140).contains(&n), "master {m} got {n} of 300");
+        }
+        ms[1].set_port(Role::Publish, false);
+        for (ip, b) in clients.iter().zip(&before) {
+            let now = pick(&mut out, *ip, Role::Publish);
+            if *b != 1 {
+                assert_eq!(now, *b, "a client of a surviving master must not move");
+            } else {
+                assert_ne!(now, 1);
+            }
+        }
+    }
+}
