@@ -1,1 +1,22 @@
-//! Salt wire protocol (being written).
+//! Salt's wire protocol, in Rust.
+//!
+//! * [`zmtp`] — ZMTP 3.1 with the NULL mechanism on tokio: the frame codec, the staged greeting,
+//!   READY, PING/PONG heartbeats, SUBSCRIBE/CANCEL, and the four socket roles Salt uses
+//!   (PUB, SUB, REQ, ROUTER).
+//! * [`probe`] — health-check helpers for the proxy: read a peer's ZMTP greeting, or do Salt's
+//!   clear `ping` on the request port.
+//! * [`envelope`] — Salt's msgpack envelopes (request, reply, publish), tolerant of str- and
+//!   bin-typed bytes alike.
+//! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
+//! * [`rsa`] and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
+//!   signatures and X9.31 private-encrypt/public-decrypt.
+//!
+//! This crate knows nothing about proxies, jobs or config files. Nothing in it panics on bytes a
+//! peer controls: every parser is bounds-checked and every frame size is limited.
+
+pub mod crypticle;
+pub mod envelope;
+pub mod pem;
+pub mod probe;
+pub mod rsa;
+pub mod zmtp;

@@ -1,0 +1,291 @@
+//! RSA as Salt uses it: 2048-bit keys, OAEP (MGF1 and hash SHA-1, or SHA-224), PKCS#1 v1.5
+//! signatures (SHA-1 or SHA-224), and OpenSSL's X9.31 "private encrypt / public decrypt".
+//!
+//! Keys read and write Salt's exact PEM text (PKCS#1 private, SPKI public; see [`crate::pem`]).
+//!
+//! **Timing side channel (RUSTSEC-2023-0071, "Marvin").** The `rsa` crate's private-key
+//! operations are not constant time. Every private-key operation here is *blinded* with a fresh
+//! random factor (`decrypt_blinded`, `sign_with_rng`, `rsa_decrypt_and_check(Some(rng))`), which
+//! decorrelates the timing from the attacker's ciphertext; the crate README explains where the
+//! remaining risk sits and why the proxy never decrypts at all.
+
+use ::rsa::hazmat::{rsa_decrypt_and_check, rsa_encrypt};
+use ::rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey, EncodeRsaPrivateKey};
+use ::rsa::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
+use ::rsa::traits::PublicKeyParts;
+use ::rsa::{BigUint, Oaep, Pkcs1v15Sign, RsaPrivateKey, RsaPublicKey};
+use rand_core_06::OsRng;
+use sha1::{Digest, Sha1};
+use sha2::Sha224;
+use thiserror::Error;
+
+use crate::pem::{self, PemError};
+
+/// Salt's key size.
+pub const KEY_BITS: usize = 2048;
+
+#[derive(Debug, Error)]
+pub enum RsaError {
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    #[error("unsupported PEM label {0:?}")]
+    UnsupportedLabel(String),
+    #[error("bad key: {0}")]
+    BadKey(String),
+    #[error("RSA operation failed: {0}")]
+    Rsa(#[from] ::rsa::Error),
+    #[error("message of {len} bytes does not fit a {key_bytes}-byte key")]
+    TooLong { len: usize, key_bytes: usize },
+    #[error("X9.31 padding check failed")]
+    BadX931Padding,
+    #[error("unknown algorithm {0:?}")]
+    UnknownAlgorithm(String),
+}
+
+/// Salt's `enc_algo` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EncAlgo {
+    #[default]
+    OaepSha1,
+    OaepSha224,
+}
+
+impl EncAlgo {
+    pub fn parse(s: &str) -> Result<Self, RsaError> {
+        match s {
+            "OAEP-SHA1" => Ok(EncAlgo::OaepSha1),
+            "OAEP-SHA224" => Ok(EncAlgo::OaepSha224),
+            _ => Err(RsaError::UnknownAlgorithm(s.to_owned())),
+        }
+    }
+
+    fn padding(self) -> Oaep {
+        match self {
+            EncAlgo::OaepSha1 => Oaep::new::<Sha1>(),
+            EncAlgo::OaepSha224 => Oaep::new::<Sha224>(),
+        }
+    }
+}
+
+/// Salt's `sig_algo` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SigAlgo {
+    #[default]
+    Pkcs1v15Sha1,
+    Pkcs1v15Sha224,
+}
+
+impl SigAlgo {
+    pub fn parse(s: &str) -> Result<Self, RsaError> {
+        match s {
+            "PKCS1v15-SHA1" => Ok(SigAlgo::Pkcs1v15Sha1),
+            "PKCS1v15-SHA224" => Ok(SigAlgo::Pkcs1v15Sha224),
+            _ => Err(RsaError::UnknownAlgorithm(s.to_owned())),
+        }
+    }
+
+    fn scheme_and_digest(self, msg: &[u8]) -> (Pkcs1v15Sign, Vec<u8>) {
+        match self {
+            SigAlgo::Pkcs1v15Sha1 => (Pkcs1v15Sign::new::<Sha1>(), Sha1::digest(msg).to_vec()),
+            SigAlgo::Pkcs1v15Sha224 => {
+                (Pkcs1v15Sign::new::<Sha224>(), Sha224::digest(msg).to_vec())
+            }
+        }
+    }
+}
+
+/// An RSA private key.
+#[derive(Clone)]
+pub struct PrivateKey(RsaPrivateKey);
+
+impl std::fmt::Debug for PrivateKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrivateKey(..)")
+    }
+}
+
+/// An RSA public key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicKey(RsaPublicKey);
+
+impl PrivateKey {
+    /// A new key with e = 65537 (Salt: `keysize` 2048).
+    pub fn generate(bits: usize) -> Result<Self, RsaError> {
+        Ok(PrivateKey(RsaPrivateKey::new(&mut OsRng, bits)?))
+    }
+
+    /// Reads `BEGIN RSA PRIVATE KEY` (PKCS#1) or unencrypted `BEGIN PRIVATE KEY` (PKCS#8).
+    pub fn from_pem(text: &str) -> Result<Self, RsaError> {
+        let (label, der) = pem::decode(text)?;
+        let key =
+            match label.as_str() {
+                "RSA PRIVATE KEY" => RsaPrivateKey::from_pkcs1_der(&der)
+                    .map_err(|e| RsaError::BadKey(e.to_string()))?,
+                "PRIVATE KEY" => RsaPrivateKey::from_pkcs8_der(&der)
+                    .map_err(|e| RsaError::BadKey(e.to_string()))?,
+                _ => return Err(RsaError::UnsupportedLabel(label)),
+            };
+        Ok(PrivateKey(key))
+    }
+
+    /// Salt's private key file text: PKCS#1, 64 columns, trailing newline.
+    pub fn to_pem(&self) -> Result<String, RsaError> {
+        let der = self
+            .0
+            .to_pkcs1_der()
+            .map_err(|e| RsaError::BadKey(e.to_string()))?;
+        Ok(pem::encode("RSA PRIVATE KEY", der.as_bytes()))
+    }
+
+    pub fn public_key(&self) -> PublicKey {
+        PublicKey(self.0.to_public_key())
+    }
+
+    /// Modulus size in bytes.
+    pub fn size(&self) -> usize {
+        self.0.size()
+    }
+
+    /// OAEP decryption, blinded.
+    pub fn decrypt(&self, algo: EncAlgo, ciphertext: &[u8]) -> Result<Vec<u8>, RsaError> {
+        Ok(self
+            .0
+            .decrypt_blinded(&mut OsRng, algo.padding(), ciphertext)?)
+    }
+
+    /// PKCS#1 v1.5 signature over `msg` (hashed here), blinded.
+    pub fn sign(&self, algo: SigAlgo, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
+        let (scheme, digest) = algo.scheme_and_digest(msg);
+        Ok(self.0.sign_with_rng(&mut OsRng, scheme, &digest)?)
+    }
+
+    /// OpenSSL `RSA_private_encrypt(RSA_X931_PADDING)`, as Salt's `PrivateKey.encrypt` (used for
+    /// the `tok` token and the `sig` of the AES key). Blinded.
+    pub fn private_encrypt_x931(&self, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
+        let k = self.0.size();
+        let em = x931_pad(msg, k)?;
+        let s = rsa_decrypt_and_check(&self.0, Some(&mut OsRng), &BigUint::from_bytes_be(&em))?;
+        let n = self.0.n();
+        let alt = n - &s;
+        let s = if alt < s { alt } else { s };
+        to_fixed(&s, k)
+    }
+}
+
+impl PublicKey {
+    /// Reads `BEGIN PUBLIC KEY` (SPKI) or `BEGIN RSA PUBLIC KEY` (PKCS#1).
+    pub fn from_pem(text: &str) -> Result<Self, RsaError> {
+        let (label, der) = pem::decode(text)?;
+        let key = match label.as_str() {
+            "PUBLIC KEY" => RsaPublicKey::from_public_key_der(&der)
+                .map_err(|e| RsaError::BadKey(e.to_string()))?,
+            "RSA PUBLIC KEY" => {
+                RsaPublicKey::from_pkcs1_der(&der).map_err(|e| RsaError::BadKey(e.to_string()))?
+            }
+            _ => return Err(RsaError::UnsupportedLabel(label)),
+        };
+        Ok(PublicKey(key))
+    }
+
+    /// Salt's public key file text: SPKI, 64 columns, trailing newline.
+    pub fn to_pem(&self) -> Result<String, RsaError> {
+        let der = self
+            .0
+            .to_public_key_der()
+            .map_err(|e| RsaError::BadKey(e.to_string()))?;
+        Ok(pem::encode("PUBLIC KEY", der.as_bytes()))
+    }
+
+    /// The text Salt sends and compares (`clean_key` of the file): no trailing newline.
+    pub fn to_clean_pem(&self) -> Result<String, RsaError> {
+        Ok(pem::clean_key(&self.to_pem()?))
+    }
+
+    pub fn size(&self) -> usize {
+        self.0.size()
+    }
+
+    /// OAEP encryption with a fresh random seed.
+    pub fn encrypt(&self, algo: EncAlgo, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
+        Ok(self.0.encrypt(&mut OsRng, algo.padding(), msg)?)
+    }
+
+    /// Verifies a PKCS#1 v1.5 signature over `msg`.
+    pub fn verify(&self, algo: SigAlgo, msg: &[u8], sig: &[u8]) -> bool {
+        let (scheme, digest) = algo.scheme_and_digest(msg);
+        self.0.verify(scheme, &digest, sig).is_ok()
+    }
+
+    /// OpenSSL `RSA_public_decrypt(RSA_X931_PADDING)`, as Salt's `PublicKey.decrypt`.
+    pub fn public_decrypt_x931(&self, sig: &[u8]) -> Result<Vec<u8>, RsaError> {
+        let k = self.0.size();
+        if sig.len() != k {
+            return Err(RsaError::BadX931Padding);
+        }
+        let s = BigUint::from_bytes_be(sig);
+        if &s >= self.0.n() {
+            return Err(RsaError::BadX931Padding);
+        }
+        let r = rsa_encrypt(&self.0, &s)?;
+        let twelve = BigUint::from(12u8);
+        let sixteen = BigUint::from(16u8);
+        let r = if &r % &sixteen != twelve {
+            self.0.n() - &r
+        } else {
+            r
+        };
+        x931_unpad(&to_fixed(&r, k)?)
+    }
+}
+
+/// `0x6B, 0xBB…, 0xBA, m, 0xCC`, or `0x6A, m, 0xCC` when only two bytes are free.
+fn x931_pad(msg: &[u8], k: usize) -> Result<Vec<u8>, RsaError> {
+    let too_long = || RsaError::TooLong {
+        len: msg.len(),
+        key_bytes: k,
+    };
+    let j = k.checked_sub(msg.len() + 2).ok_or_else(too_long)?;
+    let mut em = Vec::with_capacity(k);
+    if j == 0 {
+        em.push(0x6A);
+    } else {
+        em.push(0x6B);
+        em.resize(j, 0xBB);
+        em.push(0xBA);
+    }
+    em.extend_from_slice(msg);
+    em.push(0xCC);
+    Ok(em)
+}
+
+fn x931_unpad(em: &[u8]) -> Result<Vec<u8>, RsaError> {
+    let bad = || RsaError::BadX931Padding;
+    let (&first, rest) = em.split_first().ok_or_else(bad)?;
+    let (&last, body) = rest.split_last().ok_or_else(bad)?;
+    if last != 0xCC {
+        return Err(bad());
+    }
+    match first {
+        0x6A => Ok(body.to_vec()),
+        0x6B => {
+            let pad = body.iter().take_while(|&&b| b == 0xBB).count();
+            match body.get(pad..).and_then(<[u8]>::split_first) {
+                Some((0xBA, m)) => Ok(m.to_vec()),
+                _ => Err(bad()),
+            }
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn to_fixed(n: &BigUint, k: usize) -> Result<Vec<u8>, RsaError> {
+    let b = n.to_bytes_be();
+    let pad = k.checked_sub(b.len()).ok_or(RsaError::BadX931Padding)?;
+    let mut out = vec![0u8; pad];
+    out.extend_from_slice(&b);
+    Ok(out)
+}
+
+#[cfg(test)]
+#[path = "rsa_tests.rs"]
+mod tests;

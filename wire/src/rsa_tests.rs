@@ -1,0 +1,119 @@
+use std::sync::OnceLock;
+
+use super::*;
+
+/// One 2048-bit key for all unit tests (key generation is slow in debug builds).
+fn key() -> &'static PrivateKey {
+    static KEY: OnceLock<PrivateKey> = OnceLock::new();
+    KEY.get_or_init(|| PrivateKey::generate(KEY_BITS).expect("keygen"))
+}
+
+#[test]
+fn generated_key_is_2048_bits_and_pem_round_trips_in_salt_form() {
+    let k = key();
+    assert_eq!(k.size(), 256);
+    let pem = k.to_pem().unwrap();
+    assert!(pem.starts_with("-----BEGIN RSA PRIVATE KEY-----\n"));
+    assert!(pem.ends_with("\n-----END RSA PRIVATE KEY-----\n"));
+    assert!(pem.lines().all(|l| l.len() <= 64));
+    let back = PrivateKey::from_pem(&pem).unwrap();
+    assert_eq!(back.to_pem().unwrap(), pem);
+    let pubpem = k.public_key().to_pem().unwrap();
+    assert!(pubpem.starts_with("-----BEGIN PUBLIC KEY-----\n"));
+    assert_eq!(PublicKey::from_pem(&pubpem).unwrap(), k.public_key());
+    assert_eq!(k.public_key().to_clean_pem().unwrap(), pubpem.trim_end());
+}
+
+#[test]
+fn oaep_sha1_and_sha224_round_trip() {
+    let k = key();
+    for algo in [EncAlgo::OaepSha1, EncAlgo::OaepSha224] {
+        let ct = k.public_key().encrypt(algo, b"token").unwrap();
+        assert_eq!(ct.len(), 256);
+        assert_eq!(k.decrypt(algo, &ct).unwrap(), b"token");
+    }
+}
+
+#[test]
+fn oaep_decrypt_of_garbage_is_an_error() {
+    assert!(key().decrypt(EncAlgo::OaepSha1, &[0u8; 256]).is_err());
+    assert!(key().decrypt(EncAlgo::OaepSha1, &[1u8; 3]).is_err());
+}
+
+#[test]
+fn pkcs1v15_signature_verifies_and_rejects_tampering() {
+    let k = key();
+    for algo in [SigAlgo::Pkcs1v15Sha1, SigAlgo::Pkcs1v15Sha224] {
+        let sig = k.sign(algo, b"load bytes").unwrap();
+        assert!(k.public_key().verify(algo, b"load bytes", &sig));
+        assert!(!k.public_key().verify(algo, b"load bytez", &sig));
+    }
+}
+
+#[test]
+fn x931_private_encrypt_public_decrypt_round_trip() {
+    let k = key();
+    for msg in [&b"salt"[..], &[0xab; 64][..], &[7u8; 254][..], b""] {
+        let sig = k.private_encrypt_x931(msg).unwrap();
+        assert_eq!(sig.len(), 256);
+        assert_eq!(k.public_key().public_decrypt_x931(&sig).unwrap(), msg);
+    }
+}
+
+#[test]
+fn x931_is_deterministic_like_salts_tok() {
+    let k = key();
+    assert_eq!(
+        k.private_encrypt_x931(b"salt").unwrap(),
+        k.private_encrypt_x931(b"salt").unwrap()
+    );
+}
+
+#[test]
+fn x931_rejects_too_long_messages_and_bad_signatures() {
+    let k = key();
+    assert!(matches!(
+        k.private_encrypt_x931(&[0u8; 255]),
+        Err(RsaError::TooLong { .. })
+    ));
+    let p = k.public_key();
+    assert!(p.public_decrypt_x931(&[0u8; 10]).is_err());
+    assert!(p.public_decrypt_x931(&[0xffu8; 256]).is_err());
+    assert!(p.public_decrypt_x931(&[0x01u8; 256]).is_err());
+}
+
+#[test]
+fn x931_padding_layout_matches_openssl() {
+    assert_eq!(
+        x931_pad(b"ab", 6).unwrap(),
+        vec![0x6B, 0xBB, 0xBA, b'a', b'b', 0xCC]
+    );
+    assert_eq!(
+        x931_pad(b"ab", 5).unwrap(),
+        vec![0x6B, 0xBA, b'a', b'b', 0xCC]
+    );
+    assert_eq!(x931_pad(b"ab", 4).unwrap(), vec![0x6A, b'a', b'b', 0xCC]);
+    for k in 4..8 {
+        assert_eq!(x931_unpad(&x931_pad(b"ab", k).unwrap()).unwrap(), b"ab");
+    }
+    assert!(x931_unpad(&[0x6B, 0xBB, 0xCC]).is_err());
+    assert!(x931_unpad(&[0x6C, 0xCC]).is_err());
+    assert!(x931_unpad(&[]).is_err());
+}
+
+#[test]
+fn algorithm_names_parse_as_salt_spells_them() {
+    assert_eq!(EncAlgo::parse("OAEP-SHA1").unwrap(), EncAlgo::OaepSha1);
+    assert_eq!(
+        SigAlgo::parse("PKCS1v15-SHA224").unwrap(),
+        SigAlgo::Pkcs1v15Sha224
+    );
+    assert!(EncAlgo::parse("OAEP-SHA256").is_err());
+}
+
+#[test]
+fn pem_with_wrong_label_is_refused() {
+    let err = PublicKey::from_pem("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----")
+        .unwrap_err();
+    assert!(matches!(err, RsaError::UnsupportedLabel(_)));
+}

@@ -1,0 +1,255 @@
+//! One ZMTP connection after the handshake: greeting, READY in both directions, then framed
+//! reads and writes.
+//!
+//! Owns the handshake policy (socket-type compatibility, timeouts) and the read buffer. It does
+//! not answer PINGs by itself — [`super::peer`] does that for the socket roles — so that callers
+//! that drive a connection by hand (the probes, tests) see every frame.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::command::{Command, Properties};
+use super::frame::{encode_message, Frame, FrameDecoder, DEFAULT_MAX_FRAME_SIZE};
+use super::greeting::{self, Greeting};
+use super::{SocketType, ZmtpError};
+
+/// What we announce and enforce during the handshake.
+#[derive(Debug, Clone)]
+pub struct HandshakeConfig {
+    pub socket_type: SocketType,
+    /// Sent as the `Identity` property (REQ, DEALER, ROUTER only; empty = none).
+    pub identity: Bytes,
+    /// The as-server bit of our greeting (meaningless for NULL; libzmq sets it on the listener).
+    pub as_server: bool,
+    pub max_frame_size: usize,
+    /// Deadline for the greeting and READY exchange together.
+    pub timeout: Duration,
+}
+
+impl HandshakeConfig {
+    pub fn new(socket_type: SocketType) -> Self {
+        HandshakeConfig {
+            socket_type,
+            identity: Bytes::new(),
+            as_server: false,
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    fn ready(&self) -> Command {
+        let mut props = Properties::default().with("Socket-Type", self.socket_type.as_str());
+        if matches!(
+            self.socket_type,
+            SocketType::Req | SocketType::Dealer | SocketType::Router
+        ) {
+            props = props.with("Identity", self.identity.clone());
+        }
+        Command::Ready(props)
+    }
+}
+
+/// What we learnt about the peer during the handshake.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    pub greeting: Greeting,
+    pub socket_type: SocketType,
+    /// The peer's `Identity` property (empty if none).
+    pub identity: Bytes,
+    pub properties: Properties,
+}
+
+/// A handshaken connection.
+#[derive(Debug)]
+pub struct Connection<S = TcpStream> {
+    io: S,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    decoder: FrameDecoder,
+    peer: PeerInfo,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+    /// Runs the greeting and READY exchange within `cfg.timeout`.
+    pub async fn handshake(io: S, cfg: &HandshakeConfig) -> Result<Self, ZmtpError> {
+        tokio::time::timeout(cfg.timeout, Self::handshake_inner(io, cfg))
+            .await
+            .map_err(|_| ZmtpError::Timeout("handshake"))?
+    }
+
+    async fn handshake_inner(mut io: S, cfg: &HandshakeConfig) -> Result<Self, ZmtpError> {
+        let greeting = greeting::exchange(&mut io, &Greeting::ours(cfg.as_server)).await?;
+        let mut wbuf = BytesMut::new();
+        cfg.ready().encode_frame(&mut wbuf);
+        io.write_all(&wbuf).await?;
+        io.flush().await?;
+        wbuf.clear();
+        let mut conn = Connection {
+            io,
+            rbuf: BytesMut::with_capacity(8 * 1024),
+            wbuf,
+            decoder: FrameDecoder::new(cfg.max_frame_size),
+            peer: PeerInfo {
+                greeting,
+                socket_type: cfg.socket_type,
+                identity: Bytes::new(),
+                properties: Properties::default(),
+            },
+        };
+        let props = match conn.read_frame().await? {
+            Frame::Command(body) => match Command::parse(&body)? {
+                Command::Ready(props) => props,
+                Command::Error(reason) => {
+                    return Err(ZmtpError::PeerError(
+                        String::from_utf8_lossy(&reason).into_owned(),
+                    ))
+                }
+                other => {
+                    return Err(ZmtpError::ExpectedReady(
+                        String::from_utf8_lossy(other.name()).into_owned(),
+                    ))
+                }
+            },
+            Frame::Message { .. } => return Err(ZmtpError::ExpectedReady("a message".into())),
+        };
+        let raw_type = props.get("Socket-Type").cloned().unwrap_or_default();
+        let peer_type = SocketType::parse(&raw_type)
+            .filter(|t| cfg.socket_type.compatible_with(*t))
+            .ok_or_else(|| ZmtpError::IncompatibleSocketType {
+                ours: cfg.socket_type,
+                peer: String::from_utf8_lossy(&raw_type).into_owned(),
+            })?;
+        conn.peer.socket_type = peer_type;
+        conn.peer.identity = props.get("Identity").cloned().unwrap_or_default();
+        conn.peer.properties = props;
+        Ok(conn)
+    }
+
+    pub fn peer(&self) -> &PeerInfo {
+        &self.peer
+    }
+
+    /// Reads the next frame. Cancel-safe: bytes already read stay buffered.
+    pub async fn read_frame(&mut self) -> Result<Frame, ZmtpError> {
+        loop {
+            if let Some(frame) = self.decoder.decode(&mut self.rbuf)? {
+                return Ok(frame);
+            }
+            let n = self.io.read_buf(&mut self.rbuf).await?;
+            if n == 0 {
+                return Err(ZmtpError::Eof);
+            }
+        }
+    }
+
+    /// Writes a multi-part message and flushes.
+    pub async fn send_message<B: AsRef<[u8]>>(&mut self, parts: &[B]) -> Result<(), ZmtpError> {
+        self.wbuf.clear();
+        encode_message(&mut self.wbuf, parts);
+        self.flush_wbuf().await
+    }
+
+    /// Writes one command frame and flushes.
+    pub async fn send_command(&mut self, cmd: &Command) -> Result<(), ZmtpError> {
+        self.wbuf.clear();
+        cmd.encode_frame(&mut self.wbuf);
+        self.flush_wbuf().await
+    }
+
+    async fn flush_wbuf(&mut self) -> Result<(), ZmtpError> {
+        self.io.write_all(&self.wbuf).await?;
+        self.io.flush().await?;
+        self.wbuf.clear();
+        // Do not keep a large buffer around on idle connections.
+        if self.wbuf.capacity() > 64 * 1024 {
+            self.wbuf = BytesMut::new();
+        }
+        Ok(())
+    }
+
+    /// Shuts the write side down (best effort).
+    pub async fn shutdown(&mut self) {
+        let _ = self.io.shutdown().await;
+    }
+}
+
+impl Connection<TcpStream> {
+    /// Dials `addr` (TCP_NODELAY on) and handshakes; the whole thing is bounded by `cfg.timeout`.
+    pub async fn connect(
+        addr: std::net::SocketAddr,
+        cfg: &HandshakeConfig,
+    ) -> Result<Self, ZmtpError> {
+        let stream = tokio::time::timeout(cfg.timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| ZmtpError::Timeout("connect"))??;
+        let _ = stream.set_nodelay(true);
+        Self::handshake(stream, cfg).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn req_and_router_handshake_and_exchange_a_message() {
+        let (a, b) = tokio::io::duplex(4096);
+        let router = tokio::spawn(async move {
+            let mut cfg = HandshakeConfig::new(SocketType::Router);
+            cfg.as_server = true;
+            let mut c = Connection::handshake(b, &cfg).await.unwrap();
+            assert_eq!(c.peer().socket_type, SocketType::Req);
+            assert_eq!(&c.peer().identity[..], b"me");
+            let f = c.read_frame().await.unwrap();
+            assert_eq!(
+                f,
+                Frame::Message {
+                    body: Bytes::new(),
+                    more: true
+                }
+            );
+            c.send_message(&[&b""[..], b"pong"]).await.unwrap();
+        });
+        let mut cfg = HandshakeConfig::new(SocketType::Req);
+        cfg.identity = Bytes::from_static(b"me");
+        let mut c = Connection::handshake(a, &cfg).await.unwrap();
+        assert_eq!(c.peer().socket_type, SocketType::Router);
+        c.send_message(&[&b""[..], b"ping"]).await.unwrap();
+        router.await.unwrap();
+        let _ = c.read_frame().await.unwrap();
+        assert_eq!(
+            c.read_frame().await.unwrap(),
+            Frame::Message {
+                body: Bytes::from_static(b"pong"),
+                more: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn incompatible_socket_types_fail_the_handshake() {
+        let (a, b) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let _ = Connection::handshake(b, &HandshakeConfig::new(SocketType::Pub)).await;
+        });
+        let err = Connection::handshake(a, &HandshakeConfig::new(SocketType::Req))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ZmtpError::IncompatibleSocketType { .. }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn silent_peer_times_out_the_handshake() {
+        let (a, _b) = tokio::io::duplex(4096);
+        let mut cfg = HandshakeConfig::new(SocketType::Req);
+        cfg.timeout = Duration::from_millis(50);
+        let err = Connection::handshake(a, &cfg).await.unwrap_err();
+        assert!(matches!(err, ZmtpError::Timeout("handshake")));
+    }
+}

@@ -1,0 +1,338 @@
+//! The per-connection driver shared by every socket role.
+//!
+//! One task per connection runs [`drive`]: it reads frames, assembles messages, answers every
+//! PING with a PONG (echoing the context), optionally sends its own PINGs and closes the
+//! connection when the peer stays silent past the timeout (or past the TTL the peer announced in
+//! its PINGs), applies subscriptions (ZMTP 3.1 commands and legacy `0x01`/`0x00` frames), and
+//! writes what the role queues for it. Roles own the queues; this module owns the protocol.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::command::Command;
+use super::conn::Connection;
+use super::frame::{Frame, MessageAssembler, DEFAULT_MAX_MESSAGE_FRAMES};
+use super::ZmtpError;
+
+/// ZMTP 3.1 heartbeat settings (libzmq's `ZMQ_HEARTBEAT_IVL`, `_TIMEOUT`, `_TTL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Send a PING this often.
+    pub interval: Duration,
+    /// Close the connection when nothing at all arrived from the peer for this long.
+    pub timeout: Duration,
+    /// TTL announced in our PINGs (the peer may close if it hears nothing from us for this long).
+    pub ttl: Duration,
+}
+
+impl Heartbeat {
+    /// What a Salt 3008 master uses: PING every 10 s, drop after 30 s of silence.
+    pub fn salt_master() -> Self {
+        Heartbeat {
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(30),
+            ttl: Duration::ZERO,
+        }
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+pub enum CloseReason {
+    /// The peer closed the connection.
+    PeerEof,
+    /// Nothing arrived within the heartbeat timeout or the peer's TTL.
+    HeartbeatTimeout,
+    /// Our side dropped the queue feeding this connection.
+    LocalClosed,
+    /// I/O or protocol error.
+    Error(ZmtpError),
+}
+
+/// Something a role asks the driver to write.
+#[derive(Debug, Clone)]
+pub(crate) enum Outbound {
+    Message(Arc<[Bytes]>),
+    Subscribe(Bytes),
+    Cancel(Bytes),
+}
+
+/// A message received from a peer, tagged with the peer's routing id (ROUTER) or empty.
+#[derive(Debug)]
+pub(crate) struct Delivered {
+    pub peer: Bytes,
+    pub frames: Vec<Bytes>,
+}
+
+/// A subscription multiset with prefix matching, as libzmq keeps it per subscriber.
+#[derive(Debug, Default)]
+pub(crate) struct TopicSet {
+    topics: Vec<(Bytes, usize)>,
+}
+
+impl TopicSet {
+    pub fn subscribe(&mut self, topic: Bytes) {
+        match self.topics.iter_mut().find(|(t, _)| *t == topic) {
+            Some((_, n)) => *n += 1,
+            None => self.topics.push((topic, 1)),
+        }
+    }
+
+    pub fn cancel(&mut self, topic: &[u8]) {
+        if let Some(i) = self.topics.iter().position(|(t, _)| t == topic) {
+            let gone = match self.topics.get_mut(i) {
+                Some((_, n)) => {
+                    *n -= 1;
+                    *n == 0
+                }
+                None => false,
+            };
+            if gone {
+                self.topics.swap_remove(i);
+            }
+        }
+    }
+
+    pub fn matches(&self, first_frame: &[u8]) -> bool {
+        self.topics.iter().any(|(t, _)| first_frame.starts_with(t))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.topics.is_empty()
+    }
+}
+
+/// Where received traffic goes.
+pub(crate) enum Inbound {
+    /// Messages go to the role's channel, tagged with `peer`.
+    Channel {
+        tx: mpsc::Sender<Delivered>,
+        peer: Bytes,
+    },
+    /// A PUB's subscriber: subscriptions update `topics` (and wake `changed`); data is ignored.
+    Topics {
+        topics: Arc<Mutex<TopicSet>>,
+        changed: Arc<Notify>,
+    },
+}
+
+/// Limits and heartbeats for one connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DriverConfig {
+    pub heartbeat: Option<Heartbeat>,
+    pub max_message_frames: usize,
+    pub max_message_size: usize,
+}
+
+impl DriverConfig {
+    pub fn new(heartbeat: Option<Heartbeat>, max_frame_size: usize) -> Self {
+        DriverConfig {
+            heartbeat,
+            max_message_frames: DEFAULT_MAX_MESSAGE_FRAMES,
+            max_message_size: max_frame_size,
+        }
+    }
+}
+
+async fn tick(t: &mut Option<Interval>) {
+    match t {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs one connection until it closes; returns why.
+pub(crate) async fn drive<S>(
+    mut conn: Connection<S>,
+    mut out_rx: mpsc::Receiver<Outbound>,
+    inbound: Inbound,
+    cfg: DriverConfig,
+) -> CloseReason
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let peer_3_1 = conn.peer().greeting.supports_3_1();
+    // A ZMTP 3.0 peer (e.g. the `zeromq` crate) does not understand PING: never send it one.
+    let hb = cfg.heartbeat.filter(|_| peer_3_1);
+    let mut ping_tick = hb.map(|h| {
+        let mut t = tokio::time::interval_at(Instant::now() + h.interval, h.interval);
+        t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        t
+    });
+    let mut remote_ttl: Option<Duration> = None;
+    let mut last_rx = Instant::now();
+    let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
+
+    loop {
+        let silence_limit = match (hb.map(|h| h.timeout), remote_ttl) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let deadline = silence_limit.map(|l| last_rx + l);
+        let result = tokio::select! {
+            frame = conn.read_frame() => {
+                last_rx = Instant::now();
+                match frame {
+                    Ok(frame) => {
+                        on_frame(&mut conn, frame, &inbound, &mut assembler, &mut remote_ttl).await
+                    }
+                    Err(ZmtpError::Eof) => return CloseReason::PeerEof,
+                    Err(e) => Err(e),
+                }
+            }
+            out = out_rx.recv() => match out {
+                None => {
+                    conn.shutdown().await;
+                    return CloseReason::LocalClosed;
+                }
+                Some(out) => write_outbound(&mut conn, out, peer_3_1).await,
+            },
+            _ = tick(&mut ping_tick) => {
+                let ttl = hb.map(|h| (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16);
+                conn.send_command(&Command::Ping { ttl: ttl.unwrap_or(0), context: Bytes::new() })
+                    .await
+                    .map(|()| true)
+            }
+            _ = sleep_until(deadline) => return CloseReason::HeartbeatTimeout,
+        };
+        match result {
+            Ok(true) => {}
+            Ok(false) => return CloseReason::LocalClosed,
+            Err(e) => return CloseReason::Error(e),
+        }
+    }
+}
+
+/// Handles one received frame. `Ok(false)` means the role went away.
+async fn on_frame<S>(
+    conn: &mut Connection<S>,
+    frame: Frame,
+    inbound: &Inbound,
+    assembler: &mut MessageAssembler,
+    remote_ttl: &mut Option<Duration>,
+) -> Result<bool, ZmtpError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match frame {
+        Frame::Command(body) => match Command::parse(&body)? {
+            Command::Ping { ttl, context } => {
+                *remote_ttl = (ttl > 0).then(|| Duration::from_millis(u64::from(ttl) * 100));
+                conn.send_command(&Command::Pong { context }).await?;
+            }
+            Command::Subscribe(topic) => apply_subscription(inbound, true, topic),
+            Command::Cancel(topic) => apply_subscription(inbound, false, topic),
+            Command::Error(reason) => {
+                return Err(ZmtpError::PeerError(
+                    String::from_utf8_lossy(&reason).into_owned(),
+                ))
+            }
+            // PONG only needs to count as traffic; unknown commands are ignored (RFC 37).
+            Command::Pong { .. } | Command::Ready(_) | Command::Unknown { .. } => {}
+        },
+        Frame::Message { body, more } => {
+            let Some(frames) = assembler.push(body, more)? else {
+                return Ok(true);
+            };
+            match inbound {
+                Inbound::Channel { tx, peer } => {
+                    let delivered = Delivered {
+                        peer: peer.clone(),
+                        frames,
+                    };
+                    if tx.send(delivered).await.is_err() {
+                        return Ok(false);
+                    }
+                }
+                Inbound::Topics { .. } => {
+                    // Legacy (ZMTP 3.0) subscriptions: one frame, 0x01/0x00 + topic.
+                    if let [only] = frames.as_slice() {
+                        match only.first() {
+                            Some(1) => apply_subscription(inbound, true, only.slice(1..)),
+                            Some(0) => apply_subscription(inbound, false, only.slice(1..)),
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(true)
+}
+
+fn apply_subscription(inbound: &Inbound, subscribe: bool, topic: Bytes) {
+    if let Inbound::Topics { topics, changed } = inbound {
+        // A poisoned lock only means another task panicked mid-update; the set is still usable.
+        let mut set = topics.lock().unwrap_or_else(|p| p.into_inner());
+        if subscribe {
+            set.subscribe(topic);
+        } else {
+            set.cancel(&topic);
+        }
+        drop(set);
+        changed.notify_waiters();
+    }
+}
+
+async fn write_outbound<S>(
+    conn: &mut Connection<S>,
+    out: Outbound,
+    peer_3_1: bool,
+) -> Result<bool, ZmtpError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    match out {
+        Outbound::Message(parts) => conn.send_message(&parts).await?,
+        Outbound::Subscribe(topic) if peer_3_1 => {
+            conn.send_command(&Command::Subscribe(topic)).await?
+        }
+        Outbound::Cancel(topic) if peer_3_1 => conn.send_command(&Command::Cancel(topic)).await?,
+        Outbound::Subscribe(topic) => conn.send_message(&[legacy(1, &topic)]).await?,
+        Outbound::Cancel(topic) => conn.send_message(&[legacy(0, &topic)]).await?,
+    }
+    Ok(true)
+}
+
+fn legacy(flag: u8, topic: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(1 + topic.len());
+    b.put_u8(flag);
+    b.put_slice(topic);
+    b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_set_matches_by_prefix_and_counts_duplicates() {
+        let mut t = TopicSet::default();
+        assert!(!t.matches(b"anything"));
+        t.subscribe(Bytes::from_static(b"broad"));
+        t.subscribe(Bytes::from_static(b"broad"));
+        assert!(t.matches(b"broadcast"));
+        assert!(!t.matches(b"bro"));
+        t.cancel(b"broad");
+        assert!(t.matches(b"broadcast"));
+        t.cancel(b"broad");
+        assert!(!t.matches(b"broadcast"));
+        t.subscribe(Bytes::new());
+        assert!(t.matches(b""));
+        assert!(t.matches(b"x"));
+    }
+}

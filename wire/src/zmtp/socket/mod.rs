@@ -1,0 +1,17 @@
+//! The four socket roles Salt uses, each on top of [`super::peer::drive`]:
+//! [`publisher`] (PUB), [`subscriber`] (SUB), [`req`] (REQ) and [`router`] (ROUTER).
+//!
+//! Each role owns its queues, its accept or dial loop and its tasks; dropping the role value
+//! stops them all.
+
+pub mod publisher;
+pub mod req;
+pub mod router;
+pub mod subscriber;
+
+use tokio::net::TcpStream;
+
+/// TCP options every role applies to accepted and dialled sockets.
+pub(crate) fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+}

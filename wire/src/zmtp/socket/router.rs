@@ -1,0 +1,249 @@
+//! ROUTER: many peers, each with a routing id; replies go to the peer they name.
+//!
+//! The routing id is the peer's `Identity` property when it sent a non-empty one, otherwise a
+//! generated 5-byte id (`0x00` + 32-bit counter, libzmq's form). A second peer claiming an id in
+//! use takes it over (Salt sets `ROUTER_HANDOVER=1`). [`Router::send`] to an unknown id is an
+//! error (`ROUTER_MANDATORY` semantics) rather than a silent drop, so callers can count it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use thiserror::Error;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::zmtp::conn::{Connection, HandshakeConfig};
+use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
+use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
+use crate::zmtp::SocketType;
+
+/// ROUTER settings.
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    /// Salt 3008 pooled ROUTERs: PING every 10 s, drop after 30 s of silence.
+    pub heartbeat: Option<Heartbeat>,
+    pub max_frame_size: usize,
+    pub handshake_timeout: Duration,
+    /// Per-peer outgoing queue.
+    pub hwm: usize,
+    /// Received messages buffered before we stop reading.
+    pub queue: usize,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        RouterOptions {
+            heartbeat: Some(Heartbeat::salt_master()),
+            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            handshake_timeout: Duration::from_secs(10),
+            hwm: 1000,
+            queue: 1000,
+        }
+    }
+}
+
+/// A message from one peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterMessage {
+    /// The routing id to answer to.
+    pub peer: Bytes,
+    /// The frames as sent (for a REQ peer: `""`, then the request parts).
+    pub frames: Vec<Bytes>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RouterError {
+    #[error("no connected peer with routing id {0:?}")]
+    UnknownPeer(Bytes),
+    #[error("peer {0:?} disconnected")]
+    PeerGone(Bytes),
+}
+
+struct PeerSlot {
+    tx: mpsc::Sender<Outbound>,
+    /// Distinguishes a handed-over id's new owner from the old one when the old one closes.
+    conn_id: u64,
+}
+
+struct Shared {
+    peers: Mutex<HashMap<Bytes, PeerSlot>>,
+    next_id: AtomicU32,
+    next_conn: AtomicU64,
+}
+
+impl Shared {
+    fn peers(&self) -> std::sync::MutexGuard<'_, HashMap<Bytes, PeerSlot>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A bound ROUTER socket. Dropping it closes every connection.
+pub struct Router {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    rx: mpsc::Receiver<Delivered>,
+    accept: JoinHandle<()>,
+}
+
+impl Router {
+    pub async fn bind(addr: SocketAddr, opts: RouterOptions) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            peers: Mutex::new(HashMap::new()),
+            next_id: AtomicU32::new(rand::random()),
+            next_conn: AtomicU64::new(0),
+        });
+        let (tx, rx) = mpsc::channel(opts.queue.max(1));
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), tx, opts));
+        Ok(Router {
+            local_addr,
+            shared,
+            rx,
+            accept,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The next message from any peer.
+    pub async fn recv(&mut self) -> Option<RouterMessage> {
+        self.rx.recv().await.map(|d| RouterMessage {
+            peer: d.peer,
+            frames: d.frames,
+        })
+    }
+
+    /// Sends `frames` to the peer with routing id `peer`; waits if its queue is full.
+    pub async fn send(&self, peer: &Bytes, frames: Vec<Bytes>) -> Result<(), RouterError> {
+        let tx = self
+            .shared
+            .peers()
+            .get(peer)
+            .map(|s| s.tx.clone())
+            .ok_or_else(|| RouterError::UnknownPeer(peer.clone()))?;
+        tx.send(Outbound::Message(frames.into()))
+            .await
+            .map_err(|_| RouterError::PeerGone(peer.clone()))
+    }
+
+    /// Answers a REQ peer: `["", parts...]` to `peer`.
+    pub async fn reply(&self, peer: &Bytes, parts: Vec<Bytes>) -> Result<(), RouterError> {
+        let mut frames = Vec::with_capacity(parts.len() + 1);
+        frames.push(Bytes::new());
+        frames.extend(parts);
+        self.send(peer, frames).await
+    }
+
+    pub fn peer_count(&self) -> usize {
+        self.shared.peers().len()
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.shared.peers().clear();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Delivered>,
+    opts: RouterOptions,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                tokio::spawn(serve(
+                    stream,
+                    peer,
+                    shared.clone(),
+                    tx.clone(),
+                    opts.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "router accept failed; backing off");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+fn generated_id(n: u32) -> Bytes {
+    let mut b = BytesMut::with_capacity(5);
+    b.put_u8(0);
+    b.put_u32(n);
+    b.freeze()
+}
+
+async fn serve(
+    stream: TcpStream,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Delivered>,
+    opts: RouterOptions,
+) {
+    super::tune(&stream);
+    let mut hs = HandshakeConfig::new(SocketType::Router);
+    hs.as_server = true;
+    hs.max_frame_size = opts.max_frame_size;
+    hs.timeout = opts.handshake_timeout;
+    let conn = match Connection::handshake(stream, &hs).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(%addr, error = %e, "router handshake failed");
+            return;
+        }
+    };
+    // libzmq reserves ids starting with 0x00 for generated ones.
+    let id = match conn.peer().identity.clone() {
+        id if !id.is_empty() && id.first() != Some(&0) => id,
+        _ => generated_id(shared.next_id.fetch_add(1, Ordering::Relaxed)),
+    };
+    let conn_id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    let (out_tx, out_rx) = mpsc::channel(opts.hwm.max(1));
+    // Handover: a newcomer with the same identity replaces the old connection.
+    shared.peers().insert(
+        id.clone(),
+        PeerSlot {
+            tx: out_tx,
+            conn_id,
+        },
+    );
+    let inbound = Inbound::Channel {
+        tx,
+        peer: id.clone(),
+    };
+    let reason = drive(
+        conn,
+        out_rx,
+        inbound,
+        DriverConfig::new(opts.heartbeat, opts.max_frame_size),
+    )
+    .await;
+    tracing::debug!(%addr, ?reason, "router peer closed");
+    let mut peers = shared.peers();
+    if peers.get(&id).is_some_and(|s| s.conn_id == conn_id) {
+        peers.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_are_five_bytes_starting_with_zero() {
+        assert_eq!(&generated_id(0x0102_0304)[..], &[0, 1, 2, 3, 4]);
+    }
+}
