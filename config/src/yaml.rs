@@ -631,10 +631,7 @@ pub fn yaml_path_at(text: &str, line: u32) -> String {
             if key.is_empty() || key.contains(' ') && !key.starts_with('"') {
                 continue;
             }
-            while stack
-                .last()
-                .is_some_and(|t| t.0 >= indent)
-            {
+            while stack.last().is_some_and(|t| t.0 >= indent) {
                 stack.pop();
             }
             stack.push((indent, key.to_string(), false));

@@ -55,9 +55,12 @@ enum Cmd {
 fn init_logs(format: LogFormat, level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    // Colours only on a terminal: logs shipped to files or journald stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => b.init(),
         LogFormat::Json => b.json().flatten_event(true).with_current_span(false).init(),

@@ -144,14 +144,14 @@ fn access_log(l: &ListenerConfig, client: SocketAddr, started: Instant, o: Outco
         target: "saltgate::access",
         client = %client,
         listener = %l.role,
-        master = o.master.map(|m| m.name()).unwrap_or("-"),
+        master = %o.master.map(|m| m.name()).unwrap_or("-"),
         master_addr = %o.master.map(|m| m.addr(l.role).to_string()).unwrap_or_else(|| "-".into()),
         duration_ms = duration.as_millis() as u64,
         connect_ms = o.connect_ms.unwrap_or(0),
         attempts = o.attempts,
         bytes_in = o.bytes_in,
         bytes_out = o.bytes_out,
-        reason = o.reason.as_str(),
+        reason = %o.reason,
         "session closed"
     );
 }

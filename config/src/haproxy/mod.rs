@@ -310,6 +310,10 @@ impl Parser<'_> {
             "option" | "no" => self.option(p, l),
             "timeout" => {
                 let Some(d) = self.duration(l, 2) else { return };
+                if l.words.len() > 3 {
+                    self.extra_words(l, 3);
+                    return;
+                }
                 let at = Some(At { v: d, line: l.no });
                 match w1 {
                     "client" if k.has_frontend() => p.timeout_client = at,

@@ -1,0 +1,357 @@
+//! The `saltgate` binary as an operator uses it: the HAProxy fixture run as it stands, imported and
+//! run as YAML, checked; access-log lines; JSON logs; SIGTERM; EMFILE back-off.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_saltgate");
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
+}
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running saltgate process; its stderr lines are collected; killed on drop.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn saltgate");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (err, l2) = (child.stderr.take().unwrap(), lines.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(line);
+            }
+        });
+        Proc { child, lines }
+    }
+    fn text(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+    async fn wait_log(&self, what: &str, n: usize) {
+        let l = self.lines.clone();
+        let w = what.to_string();
+        wait_for(&format!("{n}× {what:?} in the log"), move || {
+            l.lock().unwrap().iter().filter(|x| x.contains(&w)).count() >= n
+        })
+        .await;
+    }
+    fn term(&mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        for _ in 0..1000 {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("saltgate did not exit after SIGTERM:\n{}", self.text());
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Three tagged echo masters rserve1..3 on 127.0.0.2-4 (same port numbers on each), and the
+/// loopback fixture rewritten to those ports and to free listener ports.
+struct Fixture {
+    _masters: Vec<Arc<FakeMaster>>,
+    text: String,
+    publish: SocketAddr,
+    request: SocketAddr,
+}
+
+async fn fixture() -> Fixture {
+    let (mp, mr) = (free_port("127.0.0.2"), free_port("127.0.0.2"));
+    let mut masters = Vec::new();
+    for (i, ip) in ["127.0.0.2", "127.0.0.3", "127.0.0.4"].iter().enumerate() {
+        for port in [mp, mr] {
+            masters.push(
+                FakeMaster::start_at(
+                    &format!("rserve{}", i + 1),
+                    format!("{ip}:{port}").parse().unwrap(),
+                    Behaviour::Echo,
+                )
+                .await,
+            );
+        }
+    }
+    let publish: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
+        .parse()
+        .unwrap();
+    let request: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
+        .parse()
+        .unwrap();
+    let text = std::fs::read_to_string(repo("examples/haproxy/salt-master-cluster-loopback.cfg"))
+        .unwrap()
+        .replace("bind 127.0.0.1:4505", &format!("bind {publish}"))
+        .replace("bind 127.0.0.1:4506", &format!("bind {request}"))
+        .replace(":4505 check", &format!(":{mp} check"))
+        .replace(":4506 check", &format!(":{mr} check"));
+    Fixture {
+        _masters: masters,
+        text,
+        publish,
+        request,
+    }
+}
+
+async fn three_sessions_round_robin(addr: SocketAddr) {
+    let mut names = Vec::new();
+    for _ in 0..3 {
+        let (mut s, n) = connect(addr).await;
+        assert_eq!(echo(&mut s, b"ping").await, b"ping");
+        names.push(n);
+    }
+    names.sort();
+    assert_eq!(names, ["rserve1", "rserve2", "rserve3"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_fixture_runs_as_it_stands_and_stops_cleanly_on_sigterm() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(&cfg, &f.text).unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--haproxy-config"]).arg(&cfg);
+    let mut p = Proc::spawn(cmd);
+    p.wait_log("listening", 2).await;
+    three_sessions_round_robin(f.publish).await;
+    three_sessions_round_robin(f.request).await;
+    p.wait_log("session closed", 6).await;
+    let st = p.term();
+    assert!(st.success(), "exit {st}:\n{}", p.text());
+    let log = p.text();
+    assert!(log.contains("shutdown complete"), "{log}");
+    // tcplog-like access lines: client, listener, master, duration, bytes, reason.
+    let line = log
+        .lines()
+        .find(|l| l.contains("session closed") && l.contains("listener=publish"))
+        .unwrap_or_else(|| panic!("no access line:\n{log}"));
+    for field in [
+        "client=127.0.0.1:",
+        "master=rserve",
+        "master_addr=127.0.0.",
+        "duration_ms=",
+        "bytes_in=4",
+        "bytes_out=",
+        "reason=client-eof",
+    ] {
+        assert!(line.contains(field), "{field} missing in: {line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imported_fixture_runs_as_yaml() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(&cfg, &f.text).unwrap();
+    let out = Command::new(BIN)
+        .arg("import-haproxy")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        yaml.matches("- name: rserve").count(),
+        3,
+        "three masters recognised as one set:\n{yaml}"
+    );
+    let yaml_path = dir.path().join("saltgate.yaml");
+    std::fs::write(&yaml_path, &yaml).unwrap();
+    let check = Command::new(BIN)
+        .arg("check-config")
+        .arg(&yaml_path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--log-format", "json", "--config"])
+        .arg(&yaml_path);
+    let mut p = Proc::spawn(cmd);
+    p.wait_log("listening", 2).await;
+    three_sessions_round_robin(f.request).await;
+    p.wait_log("session closed", 3).await;
+    assert!(p.term().success());
+    // --log-format json: one JSON object per line with stable field names.
+    let mut access = 0;
+    for line in p.text().lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(
+            v["timestamp"].is_string() && v["level"].is_string(),
+            "{line}"
+        );
+        if v["message"] == "session closed" {
+            access += 1;
+            assert_eq!(v["listener"], "request");
+            assert_eq!(v["reason"], "client-eof");
+            assert_eq!(v["bytes_in"], 4);
+            assert!(v["master"].as_str().unwrap().starts_with("rserve"));
+        }
+    }
+    assert_eq!(access, 3);
+}
+
+#[test]
+fn check_config_accepts_the_fixture_and_rejects_bad_files_with_file_line_and_field() {
+    let ok = Command::new(BIN)
+        .args(["check-config", "--haproxy"])
+        .arg(repo("examples/haproxy/salt-master-cluster.cfg"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.cfg");
+    let text = std::fs::read_to_string(repo("examples/haproxy/salt-master-cluster.cfg"))
+        .unwrap()
+        .replace("timeout client 1m", "timeout client 1 m");
+    std::fs::write(&bad, text).unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--haproxy"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:20", bad.display())) && err.contains("timeout client"),
+        "{err}"
+    );
+
+    let yaml = dir.path().join("bad.yaml");
+    std::fs::write(&yaml, "masters:\n  - name: a\n    host: 127.0.0.2\n    weight: 999\nlisteners:\n  publish: {}\n  request: {}\n").unwrap();
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&yaml)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:4:13: masters[0].weight", yaml.display())),
+        "{err}"
+    );
+
+    let missing = Command::new(BIN)
+        .arg("check-config")
+        .arg(dir.path().join("nope.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_backs_off_on_emfile_and_recovers() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("haproxy.cfg");
+    // raise_nofile off is not expressible in HAProxy syntax: import, then edit the YAML.
+    std::fs::write(&cfg, &f.text).unwrap();
+    let out = Command::new(BIN)
+        .arg("import-haproxy")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let yaml = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("raise_nofile: true", "raise_nofile: false");
+    let yaml_path = dir.path().join("saltgate.yaml");
+    std::fs::write(&yaml_path, yaml).unwrap();
+
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(format!(
+        "ulimit -n 48 && exec {BIN} run --config {}",
+        yaml_path.display()
+    ));
+    let mut p = Proc::spawn(cmd);
+    p.wait_log("listening", 2).await;
+    let mut held = Vec::new();
+    for _ in 0..40 {
+        if let Ok(s) = tokio::net::TcpStream::connect(f.publish).await {
+            held.push(s);
+        }
+    }
+    p.wait_log("out of resources; backing off", 1).await;
+    assert!(
+        p.child.try_wait().unwrap().is_none(),
+        "saltgate died:\n{}",
+        p.text()
+    );
+    drop(held);
+    // Descriptors come back: new sessions are served again.
+    let mut served = false;
+    for _ in 0..200 {
+        if let Ok(Ok(mut s)) = tokio::time::timeout(
+            Duration::from_millis(500),
+            tokio::net::TcpStream::connect(f.publish),
+        )
+        .await
+        {
+            let mut b = [0u8; 8];
+            if let Ok(Ok(n)) = tokio::time::timeout(
+                Duration::from_millis(500),
+                tokio::io::AsyncReadExt::read(&mut s, &mut b),
+            )
+            .await
+            {
+                if n > 0 {
+                    served = true;
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        served,
+        "not serving after descriptors were freed:\n{}",
+        p.text()
+    );
+    assert!(p.term().success());
+}

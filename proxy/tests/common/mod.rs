@@ -1,0 +1,317 @@
+//! Test harness: tagged echo masters on 127.0.0.x, a scripted prober, configs, and waits with
+//! deadlines (no sleeps where a condition can be awaited).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use saltgate_config::{
+    Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig, OnMasterDown, Role,
+};
+use saltgate_proxy::check::Prober;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+pub const T: Duration = Duration::from_secs(10);
+
+/// Awaits `cond` with a deadline, re-checking every few milliseconds.
+pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + T;
+    while !cond() {
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for: {what}");
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// How a fake master behaves on each connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Sends "<name>\n", then echoes everything.
+    Echo,
+    /// Sends "<name>\n", reads to EOF, then replies "got <n>" and closes.
+    ReplyAfterEof,
+    /// Sends "<name>\n" and half-closes; counts what it still receives.
+    CloseFirst,
+}
+
+/// A fake master port: a TCP server on a fixed address that can be stopped and started again.
+pub struct FakeMaster {
+    pub name: String,
+    pub addr: SocketAddr,
+    behaviour: Behaviour,
+    task: Mutex<Option<JoinHandle<()>>>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    pub accepted: Arc<AtomicUsize>,
+    pub received: Arc<AtomicU64>,
+}
+
+impl FakeMaster {
+    pub async fn start(name: &str, ip: &str, behaviour: Behaviour) -> Arc<FakeMaster> {
+        Self::start_at(name, SocketAddr::new(ip.parse().unwrap(), 0), behaviour).await
+    }
+
+    pub async fn start_at(name: &str, addr: SocketAddr, behaviour: Behaviour) -> Arc<FakeMaster> {
+        let l = TcpListener::bind(addr).await.expect("bind fake master");
+        let m = Arc::new(FakeMaster {
+            name: name.into(),
+            addr: l.local_addr().unwrap(),
+            behaviour,
+            task: Mutex::new(None),
+            conns: Default::default(),
+            accepted: Default::default(),
+            received: Default::default(),
+        });
+        m.serve(l);
+        m
+    }
+
+    fn serve(&self, l: TcpListener) {
+        let (name, beh, conns, accepted, received) = (
+            self.name.clone(),
+            self.behaviour,
+            self.conns.clone(),
+            self.accepted.clone(),
+            self.received.clone(),
+        );
+        let t = tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let name = name.clone();
+                let received = received.clone();
+                conns.lock().unwrap().push(tokio::spawn(async move {
+                    if s.write_all(format!("{name}\n").as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let mut buf = vec![0u8; 65536];
+                    match beh {
+                        Behaviour::Echo => loop {
+                            match s.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => {
+                                    received.fetch_add(n as u64, Ordering::SeqCst);
+                                    if s.write_all(&buf[..n]).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                        },
+                        Behaviour::ReplyAfterEof => {
+                            let mut total = 0;
+                            while let Ok(n) = s.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                total += n;
+                            }
+                            let _ = s.write_all(format!("got {total}").as_bytes()).await;
+                        }
+                        Behaviour::CloseFirst => {
+                            let _ = s.shutdown().await;
+                            while let Ok(n) = s.read(&mut buf).await {
+                                if n == 0 {
+                                    break;
+                                }
+                                received.fetch_add(n as u64, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                }));
+            }
+        });
+        *self.task.lock().unwrap() = Some(t);
+    }
+
+    /// Stops listening and drops every connection (the peer sees FIN/RST).
+    pub fn stop(&self) {
+        if let Some(t) = self.task.lock().unwrap().take() {
+            t.abort();
+        }
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    /// Listens again on the same address.
+    pub async fn restart(&self) {
+        let mut tries = 0;
+        let l = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(e) if tries < 200 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("rebind {}: {e}", self.addr),
+            }
+        };
+        self.serve(l);
+    }
+}
+
+/// A master with both ports (publish, request).
+pub struct FakeCluster {
+    pub masters: Vec<(Arc<FakeMaster>, Arc<FakeMaster>)>,
+}
+
+impl FakeCluster {
+    /// Masters named a, b, c... on 127.0.0.2, .3, .4...
+    pub async fn start(n: usize, behaviour: Behaviour) -> FakeCluster {
+        let mut masters = Vec::new();
+        for i in 0..n {
+            let name = ((b'a' + i as u8) as char).to_string();
+            let ip = format!("127.0.0.{}", i + 2);
+            masters.push((
+                FakeMaster::start(&name, &ip, behaviour).await,
+                FakeMaster::start(&name, &ip, behaviour).await,
+            ));
+        }
+        FakeCluster { masters }
+    }
+
+    pub fn port(&self, i: usize, role: Role) -> &Arc<FakeMaster> {
+        match role {
+            Role::Publish => &self.masters[i].0,
+            Role::Request => &self.masters[i].1,
+        }
+    }
+
+    /// A saltgate config for these masters, listeners on 127.0.0.1:0, fast checks.
+    pub fn config(&self) -> Config {
+        let health = HealthSettings {
+            interval: Duration::from_millis(20),
+            fastinter: Duration::from_millis(20),
+            downinter: Duration::from_millis(20),
+            rise: 2,
+            fall: 2,
+            timeout: Duration::from_millis(500),
+        };
+        let masters = self
+            .masters
+            .iter()
+            .map(|(p, r)| MasterConfig {
+                name: p.name.clone(),
+                host: p.addr.ip().to_string(),
+                publish_port: p.addr.port(),
+                request_port: r.addr.port(),
+                weight: 1,
+                maxconn: None,
+                backup: false,
+                disabled: false,
+                check: true,
+                health,
+            })
+            .collect();
+        let listener = |role| ListenerConfig {
+            bind: vec!["127.0.0.1:0".parse().unwrap()],
+            balance: Balance::RoundRobin,
+            timeout_connect: Duration::from_secs(2),
+            on_master_down: OnMasterDown::Close,
+            close_rate: 0,
+            ..ListenerConfig::defaults_for(role)
+        };
+        Config {
+            global: Global {
+                shutdown_grace: Duration::from_secs(5),
+                raise_nofile: false,
+                maxconn: None,
+            },
+            health,
+            masters,
+            publish: listener(Role::Publish),
+            request: listener(Role::Request),
+        }
+    }
+}
+
+/// A prober whose answers the test sets per address; counts probes per address.
+#[derive(Default)]
+pub struct ScriptedProber {
+    pub down: Mutex<HashMap<SocketAddr, bool>>,
+    pub probes: Mutex<HashMap<SocketAddr, u64>>,
+    pub all_down: AtomicBool,
+}
+
+impl ScriptedProber {
+    pub fn set_down(&self, addr: SocketAddr, down: bool) {
+        self.down.lock().unwrap().insert(addr, down);
+    }
+    pub fn probes(&self, addr: SocketAddr) -> u64 {
+        *self.probes.lock().unwrap().get(&addr).unwrap_or(&0)
+    }
+}
+
+impl Prober for ScriptedProber {
+    fn probe(
+        &self,
+        addr: SocketAddr,
+        _timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        *self.probes.lock().unwrap().entry(addr).or_default() += 1;
+        let down = self.all_down.load(Ordering::SeqCst)
+            || *self.down.lock().unwrap().get(&addr).unwrap_or(&false);
+        Box::pin(async move {
+            if down {
+                Err("scripted failure".into())
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+/// Connects to the proxy and reads the master's name banner.
+pub async fn connect(addr: SocketAddr) -> (TcpStream, String) {
+    let mut s = tokio::time::timeout(T, TcpStream::connect(addr))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    let name = read_line(&mut s).await;
+    (s, name)
+}
+
+pub async fn read_line(s: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        match tokio::time::timeout(T, s.read(&mut b))
+            .await
+            .expect("read timed out")
+        {
+            Ok(0) => break,
+            Ok(_) if b[0] == b'\n' => break,
+            Ok(_) => out.push(b[0]),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Writes `data` and reads the same number of bytes back.
+pub async fn echo(s: &mut TcpStream, data: &[u8]) -> Vec<u8> {
+    s.write_all(data).await.expect("write");
+    let mut back = vec![0u8; data.len()];
+    tokio::time::timeout(T, s.read_exact(&mut back))
+        .await
+        .expect("echo timed out")
+        .expect("echo read");
+    back
+}
+
+/// True when the peer has closed: read returns EOF or an error within the deadline.
+pub async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 64];
+    matches!(
+        tokio::time::timeout(T, s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
