@@ -10,7 +10,8 @@
 //! Decoding is bounded (nesting depth, no trailing bytes) and never panics. Owns no crypto:
 //! `load` stays opaque bytes here; see [`crate::crypticle`].
 
-use rmpv::{Utf8String, Value};
+use rmpv::Utf8String;
+pub use rmpv::Value;
 use thiserror::Error;
 
 /// Deepest nesting we decode. Salt payloads are shallow; this bounds recursion on hostile input.

@@ -1,0 +1,235 @@
+//! Against a real `salt-master` 3008.5 started here on 127.0.0.61 (loopback only), with its
+//! ZMTP heartbeats shortened to 500 ms / 1500 ms so that "stays connected past the drop time"
+//! takes seconds instead of Salt's 10 s / 30 s (drop at ~40 s). The master runs in its own
+//! process group in a temp dir and is killed by a guard whatever the test outcome.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{python, ProcGuard};
+use saltgate_wire::envelope::{self, map, text, Reply, RequestEnvelope};
+use saltgate_wire::probe::{self, ProbeError};
+use saltgate_wire::zmtp::{
+    Command as ZCommand, Connection, Frame, HandshakeConfig, ReqOptions, ReqSocket, SocketType,
+    SubOptions, Subscriber, ZmtpError,
+};
+
+const IP: &str = "127.0.0.61";
+const HB_IVL_MS: u64 = 500;
+const HB_TIMEOUT_MS: u64 = 1500;
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind((IP, 0)).expect("bind probe port on 127.0.0.61");
+    l.local_addr().expect("addr").port()
+}
+
+fn write_config(dir: &Path, pub_port: u16, ret_port: u16) {
+    let d = dir.display();
+    let conf = format!(
+        "id: saltgate-wire-test\n\
+         interface: {IP}\n\
+         publish_port: {pub_port}\n\
+         ret_port: {ret_port}\n\
+         user: root\n\
+         pki_dir: {d}/pki\n\
+         cachedir: {d}/cache\n\
+         sock_dir: {d}/sock\n\
+         sqlite_queue_dir: {d}/queues\n\
+         pidfile: {d}/master.pid\n\
+         log_file: {d}/master.log\n\
+         key_logfile: {d}/key.log\n\
+         log_level_logfile: info\n\
+         max_open_files: 16384\n\
+         worker_threads: 2\n\
+         zmq_heartbeat_ivl: {HB_IVL_MS}\n\
+         zmq_heartbeat_timeout: {HB_TIMEOUT_MS}\n\
+         file_roots: {{base: [{d}/srv/salt]}}\n\
+         pillar_roots: {{base: [{d}/srv/pillar]}}\n"
+    );
+    std::fs::create_dir_all(dir.join("conf")).expect("conf dir");
+    std::fs::write(dir.join("conf/master"), conf).expect("write master config");
+}
+
+fn start_master(dir: &Path) -> ProcGuard {
+    let salt_master = python().with_file_name("salt-master");
+    let mut cmd = Command::new(salt_master);
+    cmd.arg("-c")
+        .arg(dir.join("conf"))
+        .args(["-l", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(
+            std::fs::File::create(dir.join("stdout.log")).expect("stdout log"),
+        ))
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.join("stderr.log")).expect("stderr log"),
+        ));
+    ProcGuard::spawn("salt-master", cmd)
+}
+
+fn logs(dir: &Path) -> String {
+    let mut s = String::new();
+    for f in ["stderr.log", "master.log"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        s.push_str(&format!(
+            "--- {f} (last lines, newest first)\n{}\n",
+            tail.join("\n")
+        ));
+    }
+    s
+}
+
+/// Waits until the request port answers the clear ping.
+async fn wait_ready(req: SocketAddr, master: &mut ProcGuard, dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match probe::salt_ping(req, Duration::from_secs(2)).await {
+            Ok(_) => return,
+            Err(e) => {
+                if let Ok(Some(status)) = master.child.try_wait() {
+                    panic!("salt-master exited early ({status}): {e}\n{}", logs(dir));
+                }
+                if Instant::now() > deadline {
+                    panic!("salt-master request port not ready: {e}\n{}", logs(dir));
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_salt_master_answers_probes_req_ping_and_keeps_our_sockets_connected() {
+    let dir = tempfile::Builder::new()
+        .prefix("sgw")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let (pub_port, ret_port) = (free_port(), free_port());
+    write_config(dir.path(), pub_port, ret_port);
+    let mut master = start_master(dir.path());
+    let pub_addr: SocketAddr = format!("{IP}:{pub_port}").parse().unwrap();
+    let req_addr: SocketAddr = format!("{IP}:{ret_port}").parse().unwrap();
+    wait_ready(req_addr, &mut master, dir.path()).await;
+
+    // 1. The greeting probe sees ZMTP 3.1 NULL on both ports.
+    for addr in [pub_addr, req_addr] {
+        let g = probe::zmtp_greeting(addr, Duration::from_secs(2))
+            .await
+            .unwrap_or_else(|e| panic!("greeting probe on {addr}: {e}"));
+        assert_eq!((g.major, g.minor, g.mechanism.as_str()), (3, 1, "NULL"));
+    }
+
+    // 2. The ping probe gets the echoed load.
+    let pong = probe::salt_ping(req_addr, Duration::from_secs(5))
+        .await
+        .expect("salt_ping");
+    let Reply::Plain(load) = &pong.reply else {
+        panic!("unexpected ping reply {:?}", pong.reply);
+    };
+    assert_eq!(
+        envelope::get(load, "cmd").and_then(envelope::as_str),
+        Some("ping")
+    );
+
+    // 3. Our REQ: a clear ping, then an old-version envelope the master refuses with "bad load",
+    //    then -- after idling past the heartbeat timeout -- another ping on the same connection.
+    let mut req = ReqSocket::new(req_addr, ReqOptions::default());
+    let reply = req
+        .request(
+            vec![Bytes::from(RequestEnvelope::ping().encode())],
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("REQ ping");
+    let reply = Reply::decode(&reply[0]).expect("msgpack reply");
+    assert!(
+        matches!(&reply, Reply::Plain(v) if envelope::get(v, "cmd").is_some()),
+        "{reply:?}"
+    );
+    let mut old = RequestEnvelope::clear(map(vec![("cmd", text("ping"))]));
+    old.version = Some(2);
+    let reply = req
+        .request(vec![Bytes::from(old.encode())], Duration::from_secs(10))
+        .await
+        .expect("REQ v2");
+    assert_eq!(
+        Reply::decode(&reply[0]).unwrap(),
+        Reply::Text("bad load".into())
+    );
+
+    // 4. Our SUB on the publish port answers the master's PINGs and stays connected well past
+    //    the point where a silent peer is dropped (ivl + timeout = 2 s here, 40 s with defaults).
+    let mut sub_opts = SubOptions::default();
+    sub_opts.reconnect.recon_default = Duration::from_millis(100);
+    sub_opts.reconnect.recon_max = Duration::from_millis(100);
+    let sub = Subscriber::connect(pub_addr, sub_opts);
+    sub.subscribe(Bytes::new());
+    assert!(sub.wait_connects(1, Duration::from_secs(10)).await);
+
+    // Negative control: a SUB that never answers PING is dropped by the master.
+    let silent_dropped_after = silent_sub_is_dropped(pub_addr).await;
+    assert!(
+        silent_dropped_after < Duration::from_millis(4 * (HB_IVL_MS + HB_TIMEOUT_MS)),
+        "silent SUB dropped only after {silent_dropped_after:?}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(3 * (HB_IVL_MS + HB_TIMEOUT_MS))).await;
+    assert!(sub.is_connected(), "our SUB was dropped");
+    assert_eq!(sub.connect_count(), 1, "our SUB had to reconnect");
+
+    // The REQ connection idled through several PING rounds and still works without a re-dial.
+    let reply = req
+        .request(
+            vec![Bytes::from(RequestEnvelope::ping().encode())],
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("REQ ping after idling");
+    assert!(matches!(Reply::decode(&reply[0]).unwrap(), Reply::Plain(_)));
+    assert_eq!(req.dial_count(), 1, "REQ connection was lost while idle");
+
+    drop(sub);
+    drop(req);
+    drop(master);
+}
+
+/// Handshakes as SUB, answers nothing, and returns how long until the master closes us.
+/// Also checks that what the master sends first is a ZMTP 3.1 PING command.
+async fn silent_sub_is_dropped(addr: SocketAddr) -> Duration {
+    let mut conn = Connection::connect(addr, &HandshakeConfig::new(SocketType::Sub))
+        .await
+        .expect("silent sub connect");
+    let start = Instant::now();
+    let mut saw_ping = false;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), conn.read_frame()).await {
+            Err(_) => panic!("master never dropped a silent SUB"),
+            Ok(Ok(Frame::Command(body))) => {
+                if matches!(ZCommand::parse(&body), Ok(ZCommand::Ping { .. })) {
+                    saw_ping = true;
+                }
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(ZmtpError::Eof)) | Ok(Err(ZmtpError::Io(_))) => break,
+            Ok(Err(e)) => panic!("unexpected error from master: {e}"),
+        }
+    }
+    assert!(saw_ping, "master closed us without PINGing first");
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn ping_probe_on_a_closed_port_is_a_connect_error_not_not_ready() {
+    let port = free_port();
+    let addr: SocketAddr = format!("{IP}:{port}").parse().unwrap();
+    let err = probe::salt_ping(addr, Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ProbeError::Connect(_)), "{err}");
+    assert!(!err.is_not_ready());
+}
