@@ -94,7 +94,7 @@ fi
 set +e
 "$VENV/bin/python" "$HERE/suite.py" --run "$RUN" --venv "$VENV" --fixture "$FIXTURE" \
   --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" \
-  --scenarios "${SCENARIOS:-1 2 3 4}" --hang "${HANG_S:-30}" --pool-sink "${POOL_SINK:-1}" \
+  --scenarios "${SCENARIOS:-1 2 3 4}" --hang "${HANG_S:-30}" \
   --results "$RUN/results.md"
 rc=$?
 set -e

@@ -15,10 +15,12 @@ reads once more after it stops.
 
   saltjob.py stream MASTER_CONF TGT_LIST OUT_JSONL STOP_FILE [--interval S] [--settle S]
       publishes test.ping every S seconds WITHOUT waiting for returns (a dead
-      minion cannot stall the loop) until STOP_FILE exists, keeps listening
+      minion cannot stall the loop) until STOP_FILE exists. Publishes are aligned to
+      multiples of S on the wall clock, so streams through several masters publish in the
+      same "round" ("tick": the aligned time). Then it keeps listening
       --settle seconds more, then reads the job cache for every job.
       Writes JSON lines as things happen:
-        {"ev": "pub",   "jid", "t", "dt", "master", "expected": [...]}   (dt: publish call time)
+        {"ev": "pub",   "jid", "t", "tick", "dt", "master", "expected": [...]}   (dt: publish call time)
         {"ev": "perr",  "t", "master", "error"}                           (publish failed)
         {"ev": "ret",   "jid", "id", "t", "lat"}                          (lat: s after publish)
         {"ev": "cache", "jid", "ids": [...]}                              (after the stop)
@@ -28,6 +30,7 @@ TGT_LIST is a comma-separated list of minion ids (tgt_type=list).
 """
 import argparse
 import json
+import math
 import os
 import sys
 import threading
@@ -142,8 +145,10 @@ def cmd_stream(a):
     time.sleep(0.3)
     jids = []
     with salt.client.LocalClient(mopts=opts) as lc:
-        nxt = time.time()
+        nxt = math.ceil(time.time() / a.interval) * a.interval
         while not os.path.exists(a.stop):
+            time.sleep(max(0.0, nxt - time.time()))
+            tick = nxt
             t0 = time.time()
             try:
                 pub = lc.run_job(tgt, "test.ping", tgt_type="list", timeout=5, listen=False)
@@ -160,16 +165,15 @@ def cmd_stream(a):
                     pubs[jid] = t0
                     late = [e for e in early if e[0] == jid]
                     early[:] = [e for e in early if e[0] != jid]
-                write({"ev": "pub", "jid": jid, "t": t0, "dt": round(t1 - t0, 3), "master": opts["id"],
+                write({"ev": "pub", "jid": jid, "t": t0, "tick": tick, "dt": round(t1 - t0, 3), "master": opts["id"],
                        "expected": sorted(pub.get("minions") or [])})
                 for _, mid, t in late:
                     write({"ev": "ret", "jid": jid, "id": mid, "t": t, "lat": round(t - t0, 3)})
             else:
-                write({"ev": "perr", "t": t0, "master": opts["id"], "error": err[:300]})
+                write({"ev": "perr", "t": t0, "tick": tick, "master": opts["id"], "error": err[:300]})
             nxt += a.interval
-            time.sleep(max(0.0, nxt - time.time()))
-            if time.time() - nxt > a.interval:  # fell behind (slow publish): do not burst
-                nxt = time.time()
+            while nxt < time.time():  # fell behind (slow publish): skip rounds, do not burst
+                nxt += a.interval
         time.sleep(a.settle)
         lst.stop.set()
         for jid in jids:
