@@ -130,8 +130,11 @@ impl Crypticle {
     }
 
     fn mac(&self, data: &[u8]) -> HmacSha256 {
-        let mut mac = <HmacSha256 as Mac>::new_from_slice(&self.key.hmac)
-            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+        // HMAC zero-pads keys shorter than the 64-byte SHA-256 block, so padding here is the
+        // same key and avoids the fallible `new_from_slice`.
+        let mut block = [0u8; 64];
+        block[..HMAC_KEY_LEN].copy_from_slice(&self.key.hmac);
+        let mut mac = <HmacSha256 as hmac::digest::KeyInit>::new(&block.into());
         mac.update(data);
         mac
     }

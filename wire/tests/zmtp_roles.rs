@@ -399,3 +399,33 @@ async fn handshake_with_an_incompatible_socket_type_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn pub_accepts_legacy_0x01_and_0x00_subscription_frames() {
+    let publisher = Publisher::bind(any(), PubOptions::default()).await.unwrap();
+    let mut c = raw(publisher.local_addr(), SocketType::Sub, b"").await;
+    c.send_message(&[&b"\x01abc"[..]]).await.unwrap();
+    assert!(publisher.wait_for_subscribed(1, T).await);
+    assert_eq!(
+        publisher.publish(vec![Bytes::from_static(b"abcd")]).queued,
+        1
+    );
+    assert_eq!(
+        publisher.publish(vec![Bytes::from_static(b"xyz")]).queued,
+        0
+    );
+    let f = c.read_frame().await.unwrap();
+    assert_eq!(
+        f,
+        Frame::Message {
+            body: Bytes::from_static(b"abcd"),
+            more: false
+        }
+    );
+    c.send_message(&[&b"\x00abc"[..]]).await.unwrap();
+    let deadline = Instant::now() + T;
+    while publisher.subscribed_count() != 0 {
+        assert!(Instant::now() < deadline, "legacy cancel never applied");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
