@@ -40,6 +40,7 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         format_duration(c.global.shutdown_grace)
     )?;
     writeln!(o, "  raise_nofile: {}", c.global.raise_nofile)?;
+    writeln!(o, "  drain_timeout: {}        # a drained or removed master's sessions are closed after this", format_duration(c.global.drain_timeout))?;
     writeln!(o)?;
     writeln!(
         o,
@@ -78,6 +79,15 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
     writeln!(o, "listeners:")?;
     write_listener(o, &c.publish)?;
     write_listener(o, &c.request)?;
+    writeln!(o)?;
+    writeln!(o, "# Admin API and /metrics (keep it on loopback, or set a token_file).")?;
+    writeln!(o, "admin:")?;
+    writeln!(o, "  enabled: {}", c.admin.enabled)?;
+    writeln!(o, "  bind: \"{}\"", c.admin.bind)?;
+    match &c.admin.token_file {
+        Some(p) => writeln!(o, "  token_file: {}", p.display())?,
+        None => writeln!(o, "  # token_file: /etc/saltgate/admin.token")?,
+    }
     Ok(())
 }
 

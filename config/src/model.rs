@@ -15,6 +15,7 @@ pub struct Config {
     pub masters: Vec<MasterConfig>,
     pub publish: ListenerConfig,
     pub request: ListenerConfig,
+    pub admin: AdminConfig,
 }
 
 impl Config {
@@ -38,6 +39,8 @@ pub struct Global {
     pub shutdown_grace: Duration,
     /// Raise the open-file limit to the hard limit at start (one session costs two descriptors).
     pub raise_nofile: bool,
+    /// How long a drained (or removed) master's live sessions may continue before they are closed.
+    pub drain_timeout: Duration,
 }
 
 impl Default for Global {
@@ -46,6 +49,27 @@ impl Default for Global {
             maxconn: None,
             shutdown_grace: defaults::SHUTDOWN_GRACE,
             raise_nofile: true,
+            drain_timeout: defaults::DRAIN_TIMEOUT,
+        }
+    }
+}
+
+/// The admin listener: health endpoints, `/metrics`, and the control API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminConfig {
+    pub enabled: bool,
+    /// Loopback by default: the API can drain masters.
+    pub bind: SocketAddr,
+    /// A file holding a bearer token; when set, every route but `/healthz` and `/readyz` needs it.
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            bind: SocketAddr::from(([127, 0, 0, 1], defaults::ADMIN_PORT)),
+            token_file: None,
         }
     }
 }
@@ -249,4 +273,6 @@ pub mod defaults {
     pub const CLOSE_RATE: u32 = 500;
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     pub const WEIGHT: u32 = 1;
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const ADMIN_PORT: u16 = 9505;
 }

@@ -13,7 +13,7 @@ use crate::addr::parse_bind;
 use crate::duration::{parse_duration, BareNumber};
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
-    Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig, OnMasterDown, Role,
+    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig, OnMasterDown, Role,
 };
 
 /// A duration as written in YAML: a string such as `10s`, or a bare number (refused with a hint).
@@ -84,6 +84,16 @@ struct RawConfig {
     health: Option<RawHealth>,
     masters: Sp<Vec<RawMaster>>,
     listeners: RawListeners,
+    #[serde(default)]
+    admin: Option<RawAdmin>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    enabled: Option<bool>,
+    bind: Option<Sp<String>>,
+    token_file: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -92,6 +102,7 @@ struct RawGlobal {
     maxconn: Option<Sp<u32>>,
     shutdown_grace: Option<Sp<DurationText>>,
     raise_nofile: Option<bool>,
+    drain_timeout: Option<Sp<DurationText>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -417,6 +428,28 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         if let Some(v) = g.raise_nofile {
             global.raise_nofile = v;
         }
+        if let Some(v) = &g.drain_timeout {
+            global.drain_timeout = c.duration(v, "global.drain_timeout").unwrap_or(global.drain_timeout);
+        }
+    }
+    let mut admin = AdminConfig::default();
+    if let Some(a) = &raw.admin {
+        if let Some(v) = a.enabled {
+            admin.enabled = v;
+        }
+        if let Some(b) = &a.bind {
+            match parse_bind(&b.value) {
+                Ok(addr) => admin.bind = addr,
+                Err(m) => c.err(b, "admin.bind", m, "write IP:PORT, e.g. 127.0.0.1:9505"),
+            }
+        }
+        if let Some(t) = &a.token_file {
+            if t.value.trim().is_empty() {
+                c.err(t, "admin.token_file", "empty path", "name a file that holds the bearer token, or remove the key");
+            } else {
+                admin.token_file = Some(t.value.clone().into());
+            }
+        }
     }
     let health = c.health(
         raw.health.as_ref().unwrap_or(&RawHealth::default()),
@@ -523,6 +556,14 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
 
     let publish = c.listener(&raw.listeners.publish, Role::Publish);
     let request = c.listener(&raw.listeners.request, Role::Request);
+    if admin.enabled && publish.bind.iter().chain(&request.bind).any(|a| *a == admin.bind) {
+        c.errors.push(ConfigError::new(
+            Position::new(file, 0, 0),
+            "admin.bind",
+            format!("{} is also a Salt listener address", admin.bind),
+            "give the admin listener its own port",
+        ));
+    }
     for a in &publish.bind {
         if request.bind.contains(a) {
             c.errors.push(ConfigError::new(
@@ -543,6 +584,7 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         masters,
         publish,
         request,
+        admin,
     })
 }
 

@@ -8,14 +8,14 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use saltgate_config::Role;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use crate::health::{HealthState, PortState};
 use crate::master::{CheckReport, Flip, Master};
+use crate::metrics::Metrics;
 
 /// Tests one master port. `Err` carries a short reason for the logs.
 pub trait Prober: Send + Sync + 'static {
@@ -53,23 +53,38 @@ pub struct MasterEvent {
     pub flip: Flip,
 }
 
-/// Runs the checks of one master port until `stop` is cancelled.
+/// Runs the checks of one master port until the master's `checks_stop` is cancelled. Settings are
+/// read before every check, so a reload that changes them applies at the next one.
 pub async fn run_port_checks(
     master: Arc<Master>,
     role: Role,
     prober: Arc<dyn Prober>,
     events: mpsc::UnboundedSender<MasterEvent>,
-    stop: CancellationToken,
+    metrics: Arc<Metrics>,
 ) {
-    let settings = master.cfg.health;
     let addr = master.addr(role);
+    let name = master.name();
+    let duration = metrics
+        .check_duration
+        .with_label_values(&[name.as_str(), role.as_str()]);
+    let failures = metrics
+        .check_failures
+        .with_label_values(&[name.as_str(), role.as_str()]);
+    let stop = master.checks_stop.clone();
     let mut state = HealthState::default();
     loop {
+        let settings = master.cfg().health;
+        let t0 = Instant::now();
         let result = tokio::select! {
             r = prober.probe(addr, settings.timeout) => r,
             _ = stop.cancelled() => return,
         };
+        let took = t0.elapsed();
+        duration.observe(took.as_secs_f64());
         let ok = result.is_ok();
+        if !ok {
+            failures.inc();
+        }
         let detail = match &result {
             Ok(()) => "ok".to_string(),
             Err(e) => e.clone(),
@@ -78,12 +93,17 @@ pub async fn run_port_checks(
             *last = CheckReport {
                 ok,
                 detail: detail.clone(),
+                duration_ms: took.as_millis() as u64,
             };
         }
         if let Some(port_state) = state.record(ok, &settings) {
-            let port_up = port_state == PortState::Up;
-            if let Some(flip) = master.set_port(role, port_up) {
+            if let Some(flip) = master.set_port(role, port_state == PortState::Up) {
                 log_flip(&master, role, flip, &state, &detail);
+                let to = if flip == Flip::Up { "up" } else { "down" };
+                metrics
+                    .state_changes
+                    .with_label_values(&[name.as_str(), to])
+                    .inc();
                 let _ = events.send(MasterEvent {
                     master: master.clone(),
                     flip,
@@ -100,16 +120,17 @@ pub async fn run_port_checks(
 
 fn log_flip(master: &Master, role: Role, flip: Flip, state: &HealthState, detail: &str) {
     let addr = master.addr(role);
+    let name = master.name();
     match flip {
         Flip::Down => tracing::warn!(
-            master = master.name(),
+            master = %name,
             port = %role,
             addr = %addr,
             reason = %format!("{role} port {addr}: {detail} ({} consecutive failure(s))", state.failures),
             "master marked DOWN"
         ),
         Flip::Up => tracing::info!(
-            master = master.name(),
+            master = %name,
             addr = %addr,
             reason = %format!("both ports pass ({role} port {addr}: {} consecutive success(es))", state.successes),
             "master marked UP"

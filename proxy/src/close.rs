@@ -24,9 +24,27 @@ pub enum CloseReason {
     MasterDown,
     /// saltgate was stopping and the shutdown grace ran out.
     Shutdown,
+    /// The master was drained (admin API) or removed by a reload, and `drain_timeout` ran out.
+    Drained,
+    /// The master was disabled through the admin API.
+    Disabled,
 }
 
 impl CloseReason {
+    pub const ALL: [CloseReason; 11] = [
+        CloseReason::ClientEof,
+        CloseReason::MasterEof,
+        CloseReason::ClientReset,
+        CloseReason::MasterReset,
+        CloseReason::IdleTimeout,
+        CloseReason::ConnectFailed,
+        CloseReason::NoMaster,
+        CloseReason::MasterDown,
+        CloseReason::Shutdown,
+        CloseReason::Drained,
+        CloseReason::Disabled,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             CloseReason::ClientEof => "client-eof",
@@ -38,24 +56,13 @@ impl CloseReason {
             CloseReason::NoMaster => "no-master",
             CloseReason::MasterDown => "master-down",
             CloseReason::Shutdown => "shutdown",
+            CloseReason::Drained => "drained",
+            CloseReason::Disabled => "disabled",
         }
     }
 
     pub fn from_u8(n: u8) -> Option<CloseReason> {
-        use CloseReason::*;
-        [
-            ClientEof,
-            MasterEof,
-            ClientReset,
-            MasterReset,
-            IdleTimeout,
-            ConnectFailed,
-            NoMaster,
-            MasterDown,
-            Shutdown,
-        ]
-        .into_iter()
-        .find(|r| *r as u8 == n)
+        Self::ALL.into_iter().find(|r| *r as u8 == n)
     }
 }
 

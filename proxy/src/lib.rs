@@ -7,11 +7,15 @@
 //! the probers and feeds [`health`]; a master that goes DOWN has its sessions closed at a bounded
 //! pace.
 
+pub mod admin;
 pub mod check;
 pub mod close;
+pub mod ctl;
 pub mod health;
 pub mod listener;
 pub mod master;
+pub mod metrics;
+pub mod notify;
 pub mod pump;
 pub mod registry;
 pub mod selection;
@@ -19,4 +23,6 @@ pub mod server;
 mod session;
 pub mod snapshot;
 
-pub use server::{start, Options, Running, StartError};
+pub use server::{
+    start, AdminError, ApplyError, ConfigOverride, ConfigSource, Options, Running, StartError,
+};

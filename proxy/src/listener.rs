@@ -5,6 +5,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use saltgate_config::Role;
@@ -59,25 +61,41 @@ fn is_exhaustion(e: &io::Error) -> bool {
     )
 }
 
+/// A session cap that a reload can replace (sessions keep the permits they hold).
+#[derive(Debug, Default)]
+pub struct Limit {
+    pub max: Option<u32>,
+    sem: Option<Arc<Semaphore>>,
+}
+
+impl Limit {
+    pub fn new(max: Option<u32>) -> Self {
+        Self {
+            max,
+            sem: max.map(|n| Arc::new(Semaphore::new(n as usize))),
+        }
+    }
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.sem {
+            Some(s) => s.clone().acquire_owned().await.ok(),
+            None => None,
+        }
+    }
+}
+
 /// The permits a session holds for its whole life (listener and process-wide `maxconn`).
 pub struct Permits {
     _listener: Option<OwnedSemaphorePermit>,
     _global: Option<OwnedSemaphorePermit>,
 }
 
-async fn acquire(s: &Option<Arc<Semaphore>>) -> Option<OwnedSemaphorePermit> {
-    match s {
-        Some(s) => s.clone().acquire_owned().await.ok(),
-        None => None,
-    }
-}
-
 /// Accepts connections until `stop` is cancelled, handing each to `on_accept`.
 pub async fn accept_loop<F>(
     listener: TcpListener,
     role: Role,
-    maxconn: Option<Arc<Semaphore>>,
-    global: Option<Arc<Semaphore>>,
+    limit: Arc<ArcSwap<Limit>>,
+    global: Arc<ArcSwap<Limit>>,
+    errors: prometheus::IntCounter,
     stop: CancellationToken,
     mut on_accept: F,
 ) where
@@ -89,8 +107,9 @@ pub async fn accept_loop<F>(
     let mut suppressed = 0u64;
     loop {
         // Take the session's permits first: at maxconn, connections wait in the kernel backlog.
+        let (l, g) = (limit.load_full(), global.load_full());
         let permits = tokio::select! {
-            p = async { (acquire(&maxconn).await, acquire(&global).await) } => Permits { _listener: p.0, _global: p.1 },
+            p = async { (l.acquire().await, g.acquire().await) } => Permits { _listener: p.0, _global: p.1 },
             _ = stop.cancelled() => return,
         };
         let accepted = tokio::select! {
@@ -104,6 +123,7 @@ pub async fn accept_loop<F>(
                 on_accept(stream, peer, permits);
             }
             Err(e) if is_exhaustion(&e) => {
+                errors.inc();
                 if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                     tracing::warn!(listener = %role, addr = ?local, error = %e, suppressed, backoff_ms = backoff.as_millis() as u64, "accept failed: out of resources; backing off");
                     last_warn = Some(Instant::now());
@@ -117,7 +137,10 @@ pub async fn accept_loop<F>(
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
-            Err(e) => tracing::debug!(listener = %role, error = %e, "accept failed; continuing"),
+            Err(e) => {
+                errors.inc();
+                tracing::debug!(listener = %role, error = %e, "accept failed; continuing");
+            }
         }
     }
 }

@@ -5,7 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use std::sync::Arc;
+
 use saltgate_config::{emit, ConfigErrors, Format, Loaded};
+use saltgate_proxy::ConfigSource;
 
 #[derive(Parser)]
 #[command(
@@ -40,6 +43,10 @@ enum Cmd {
         /// An HAProxy configuration, used as it stands (drop-in).
         #[arg(long)]
         haproxy_config: Option<PathBuf>,
+        /// Admin API address, overriding the file's admin.bind (`off` disables the API). Useful
+        /// with --haproxy-config, which has no admin section.
+        #[arg(long)]
+        admin_bind: Option<String>,
     },
     /// Validate a configuration without starting (exit 0 valid, 1 invalid), like `haproxy -c`.
     CheckConfig {
@@ -50,6 +57,31 @@ enum Cmd {
     },
     /// Convert an HAProxy configuration into saltgate YAML on standard output.
     ImportHaproxy { file: PathBuf },
+    /// Talk to a running saltgate's admin API.
+    Ctl {
+        /// Admin API address.
+        #[arg(long, default_value = "127.0.0.1:9505")]
+        admin: std::net::SocketAddr,
+        /// File holding the admin bearer token.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        #[command(subcommand)]
+        action: CtlAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum CtlAction {
+    /// Masters, their state, sessions and last check.
+    Status,
+    /// No new sessions to NAME; its sessions close at drain_timeout.
+    Drain { name: String },
+    /// No new sessions to NAME; its sessions close now.
+    Disable { name: String },
+    /// NAME takes new sessions again (when UP).
+    Enable { name: String },
+    /// Reload the configuration file.
+    Reload,
 }
 
 fn init_logs(format: LogFormat, level: &str) {
@@ -126,15 +158,31 @@ fn main() -> ExitCode {
             }
             None => ExitCode::FAILURE,
         },
+        Cmd::Ctl {
+            admin,
+            token_file,
+            action,
+        } => ctl(admin, token_file, action),
         Cmd::Run {
             config,
             haproxy_config,
+            admin_bind,
         } => {
             init_logs(cli.log_format, &cli.log_level);
-            let loaded = match (config, haproxy_config) {
-                (Some(p), _) => saltgate_config::load(&p, Format::Yaml),
-                (None, Some(p)) => saltgate_config::load(&p, Format::Haproxy),
-                (None, None) => {
+            let source = match (config, haproxy_config) {
+                (Some(path), _) => Some(ConfigSource {
+                    path,
+                    format: Format::Yaml,
+                }),
+                (None, Some(path)) => Some(ConfigSource {
+                    path,
+                    format: Format::Haproxy,
+                }),
+                (None, None) => None,
+            };
+            let loaded = match &source {
+                Some(src) => saltgate_config::load(&src.path, src.format),
+                None => {
                     tracing::info!(
                         "no --config given: running the embedded default (examples/saltgate.yaml)"
                     );
@@ -157,7 +205,22 @@ fn main() -> ExitCode {
             for w in &loaded.warnings {
                 tracing::warn!("{w}");
             }
-            match run(loaded) {
+            let mut loaded = loaded;
+            let admin_override = match admin_bind.as_deref() {
+                None => None,
+                Some("off") => Some(None),
+                Some(a) => match saltgate_config::addr::parse_bind(a) {
+                    Ok(addr) => Some(Some(addr)),
+                    Err(e) => {
+                        tracing::error!("--admin-bind: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+            };
+            if let Some(o) = admin_override {
+                apply_admin_override(&mut loaded.config, o);
+            }
+            match run(loaded, source, admin_override) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -168,7 +231,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(loaded: Loaded) -> Result<()> {
+/// How often the configuration file is polled for changes.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `--admin-bind`: `None` turns the admin API off, `Some(addr)` moves it.
+fn apply_admin_override(c: &mut saltgate_config::Config, o: Option<std::net::SocketAddr>) {
+    match o {
+        None => c.admin.enabled = false,
+        Some(a) => {
+            c.admin.enabled = true;
+            c.admin.bind = a;
+        }
+    }
+}
+
+fn run(
+    loaded: Loaded,
+    source: Option<ConfigSource>,
+    admin_override: Option<Option<std::net::SocketAddr>>,
+) -> Result<()> {
     if loaded.config.global.raise_nofile {
         match rlimit::increase_nofile_limit(u64::MAX) {
             Ok(n) => tracing::info!(nofile = n, "open-file limit raised to the hard limit"),
@@ -180,33 +261,103 @@ fn run(loaded: Loaded) -> Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async {
-        let shutdown = shutdown_signal().context("installing signal handlers")?;
-        let running =
-            saltgate_proxy::start(loaded.config, saltgate_proxy::Options::default(), shutdown)
-                .await?;
+        let (shutdown, mut hup) = signals().context("installing signal handlers")?;
+        let opts = saltgate_proxy::Options {
+            source,
+            watch: Some(WATCH_EVERY),
+            override_config: admin_override.map(|o| {
+                Arc::new(move |c: &mut saltgate_config::Config| apply_admin_override(c, o))
+                    as saltgate_proxy::ConfigOverride
+            }),
+            ..Default::default()
+        };
+        let running = Arc::new(saltgate_proxy::start(loaded.config, opts, shutdown).await?);
+        saltgate_proxy::notify::sd_notify("READY=1");
+        let r = running.clone();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = r.reload_from_source("SIGHUP").await;
+            }
+        });
         running.wait().await;
         Ok(())
     })
 }
 
-/// Completes on SIGTERM or SIGINT. SIGHUP is logged and ignored until hot reload exists, so a stray
-/// HUP does not kill the proxy.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+/// A future that completes on SIGTERM or SIGINT, and the SIGHUP stream (reload).
+fn signals() -> std::io::Result<(
+    impl std::future::Future<Output = ()> + Send + 'static,
+    tokio::signal::unix::Signal,
+)> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            tracing::warn!(
-                "SIGHUP received: configuration reload is not available in this version; ignoring"
-            );
-        }
-    });
-    Ok(async move {
+    let hup = signal(SignalKind::hangup())?;
+    let shutdown = async move {
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM received"),
             _ = int.recv() => tracing::info!("SIGINT received"),
         }
-    })
+    };
+    Ok((shutdown, hup))
+}
+
+fn ctl(admin: std::net::SocketAddr, token_file: Option<PathBuf>, action: CtlAction) -> ExitCode {
+    let token = match token_file
+        .map(|p| {
+            std::fs::read_to_string(&p)
+                .map(|t| t.trim().to_string())
+                .map_err(|e| (p, e))
+        })
+        .transpose()
+    {
+        Ok(t) => t,
+        Err((p, e)) => {
+            eprintln!("error: cannot read the token file {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let (method, path) = match &action {
+        CtlAction::Status => ("GET", "/api/v1/masters".to_string()),
+        CtlAction::Drain { name } => ("POST", format!("/api/v1/masters/{name}/drain")),
+        CtlAction::Disable { name } => ("POST", format!("/api/v1/masters/{name}/disable")),
+        CtlAction::Enable { name } => ("POST", format!("/api/v1/masters/{name}/enable")),
+        CtlAction::Reload => ("POST", "/api/v1/reload".to_string()),
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(saltgate_proxy::ctl::call(
+        admin,
+        method,
+        &path,
+        token.as_deref(),
+    )) {
+        Ok(v) => {
+            match action {
+                CtlAction::Status => print!("{}", saltgate_proxy::ctl::status_table(&v)),
+                CtlAction::Reload => {
+                    println!("reloaded: configuration generation {}", v["generation"])
+                }
+                _ => println!(
+                    "{} {}: now {}",
+                    v["action"].as_str().unwrap_or("?"),
+                    v["master"].as_str().unwrap_or("?"),
+                    v["state"].as_str().unwrap_or("?")
+                ),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,43 +1,90 @@
-//! A master at run time: its resolved addresses, health per port, administrative state, session
-//! counters and registry. Shared (`Arc`) by the snapshot, the health checkers and the sessions.
+//! A master at run time: its resolved addresses, health per port, administrative state (enabled,
+//! draining, disabled), session counters and registry. Shared (`Arc`) by snapshots, health checkers
+//! and sessions; kept across reloads while its name and addresses do not change, so its health and
+//! sessions carry over.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use saltgate_config::{MasterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::registry::{Registration, SessionCtl, SessionRegistry};
 
-/// The last check of one port, kept for logs and (later) the admin API.
-#[derive(Debug, Clone, Default)]
+/// The last check of one port, for the logs and the admin API.
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CheckReport {
     pub ok: bool,
     pub detail: String,
+    /// Milliseconds the check took.
+    pub duration_ms: u64,
+}
+
+/// What an operator asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Admin {
+    Enabled = 0,
+    /// No new sessions; live ones end by themselves or at the drain deadline.
+    Draining = 1,
+    /// No new sessions; live ones were closed.
+    Disabled = 2,
+}
+
+/// A master's state as operators see it (admin API, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MasterState {
+    Up,
+    Down,
+    Draining,
+    Disabled,
+}
+
+impl MasterState {
+    pub const ALL: [MasterState; 4] = [
+        MasterState::Up,
+        MasterState::Down,
+        MasterState::Draining,
+        MasterState::Disabled,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MasterState::Up => "up",
+            MasterState::Down => "down",
+            MasterState::Draining => "draining",
+            MasterState::Disabled => "disabled",
+        }
+    }
 }
 
 #[derive(Debug)]
 pub struct Master {
-    pub cfg: MasterConfig,
+    cfg: ArcSwap<MasterConfig>,
     /// Resolved publish and request addresses, indexed by `Role as usize`.
     pub addrs: [SocketAddr; 2],
-    /// Whether each port's checks say UP.
     port_up: [AtomicBool; 2],
-    /// Whether each port has completed its first check.
     port_checked: [AtomicBool; 2],
-    /// Overall state: 0 not known yet, 1 UP (both ports), 2 DOWN (a port is down).
+    /// Overall health: 0 not known yet, 1 UP (both ports), 2 DOWN (a port is down).
     up: AtomicU8,
     /// Serialises the aggregation of the two ports into `up`.
     flip: Mutex<()>,
+    admin: AtomicU8,
+    /// Bumped by every drain/disable/enable, so a stale drain deadline does nothing.
+    admin_epoch: AtomicU64,
     /// Live sessions per role.
     pub sessions: [AtomicU32; 2],
     pub registry: SessionRegistry,
     pub last_check: [Mutex<CheckReport>; 2],
     next_session: AtomicU64,
+    /// Stops this master's health checkers (on removal or shutdown).
+    pub checks_stop: CancellationToken,
 }
 
-/// A change of a master's overall state.
+/// A change of a master's overall health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flip {
     Up,
@@ -45,25 +92,55 @@ pub enum Flip {
 }
 
 impl Master {
-    pub fn new(cfg: MasterConfig, addrs: [SocketAddr; 2]) -> Self {
+    pub fn new(
+        cfg: MasterConfig,
+        addrs: [SocketAddr; 2],
+        checks_parent: &CancellationToken,
+    ) -> Self {
         // A master without checks is UP from the start, as in HAProxy.
         let unchecked = !cfg.check;
+        let admin = if cfg.disabled {
+            Admin::Disabled
+        } else {
+            Admin::Enabled
+        };
         Self {
-            cfg,
+            cfg: ArcSwap::from_pointee(cfg),
             addrs,
             port_up: [AtomicBool::new(unchecked), AtomicBool::new(unchecked)],
             port_checked: [AtomicBool::new(unchecked), AtomicBool::new(unchecked)],
             up: AtomicU8::new(if unchecked { 1 } else { 0 }),
             flip: Mutex::new(()),
+            admin: AtomicU8::new(admin as u8),
+            admin_epoch: AtomicU64::new(0),
             sessions: [AtomicU32::new(0), AtomicU32::new(0)],
             registry: SessionRegistry::default(),
             last_check: Default::default(),
             next_session: AtomicU64::new(1),
+            checks_stop: checks_parent.child_token(),
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.cfg.name
+    /// The current configuration of this master (replaced by a reload that keeps the master).
+    pub fn cfg(&self) -> Guard<Arc<MasterConfig>> {
+        self.cfg.load()
+    }
+
+    /// Applies a reloaded configuration with the same name and addresses. A change of the
+    /// `disabled` key applies; otherwise the operator's admin state stays.
+    pub fn update_cfg(&self, new: MasterConfig) {
+        let old = self.cfg.swap(Arc::new(new.clone()));
+        if old.disabled != new.disabled {
+            self.set_admin(if new.disabled {
+                Admin::Disabled
+            } else {
+                Admin::Enabled
+            });
+        }
+    }
+
+    pub fn name(&self) -> String {
+        self.cfg().name.clone()
     }
 
     pub fn addr(&self, role: Role) -> SocketAddr {
@@ -75,9 +152,36 @@ impl Master {
         self.up.load(Ordering::Acquire) == 1
     }
 
-    /// May take new sessions: UP and not administratively disabled.
+    pub fn admin(&self) -> Admin {
+        match self.admin.load(Ordering::Acquire) {
+            1 => Admin::Draining,
+            2 => Admin::Disabled,
+            _ => Admin::Enabled,
+        }
+    }
+
+    /// Sets the admin state; returns the new epoch (see [`Master::admin_epoch`]).
+    pub fn set_admin(&self, a: Admin) -> u64 {
+        self.admin.store(a as u8, Ordering::Release);
+        self.admin_epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    pub fn admin_epoch(&self) -> u64 {
+        self.admin_epoch.load(Ordering::Acquire)
+    }
+
+    pub fn state(&self) -> MasterState {
+        match (self.admin(), self.is_up()) {
+            (Admin::Disabled, _) => MasterState::Disabled,
+            (Admin::Draining, _) => MasterState::Draining,
+            (Admin::Enabled, true) => MasterState::Up,
+            (Admin::Enabled, false) => MasterState::Down,
+        }
+    }
+
+    /// May take new sessions: UP and enabled.
     pub fn is_available(&self) -> bool {
-        self.is_up() && !self.cfg.disabled
+        self.is_up() && self.admin() == Admin::Enabled
     }
 
     /// Both ports have completed at least one check.
@@ -87,7 +191,7 @@ impl Master {
 
     /// Below its per-port session cap on `role`.
     pub fn has_room(&self, role: Role) -> bool {
-        self.cfg
+        self.cfg()
             .maxconn
             .is_none_or(|m| self.sessions[role as usize].load(Ordering::Acquire) < m)
     }
@@ -96,7 +200,7 @@ impl Master {
         self.sessions[role as usize].load(Ordering::Acquire)
     }
 
-    /// Records a port's state; returns the master's flip if its overall state changed.
+    /// Records a port's state; returns the master's flip if its overall health changed.
     pub fn set_port(&self, role: Role, up: bool) -> Option<Flip> {
         let _g = self.flip.lock().unwrap_or_else(|p| p.into_inner());
         self.port_up[role as usize].store(up, Ordering::Release);
@@ -122,6 +226,13 @@ impl Master {
         self.port_up[role as usize].load(Ordering::Acquire)
     }
 
+    pub fn last_check(&self, role: Role) -> CheckReport {
+        self.last_check[role as usize]
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_default()
+    }
+
     /// Registers a new session on this master; the returned guard unregisters it.
     pub fn register(
         self: &Arc<Self>,
@@ -137,5 +248,34 @@ impl Master {
             master: self.clone(),
             ctl,
         }
+    }
+
+    /// Closes this master's sessions of both roles after `grace` (at `rates[role]` per second),
+    /// unless its admin state changed in between (epoch). Used by drain, disable and removal.
+    pub fn close_sessions_after(
+        self: &Arc<Self>,
+        grace: Duration,
+        rates: [u32; 2],
+        reason: crate::close::CloseReason,
+    ) {
+        let epoch = self.admin_epoch();
+        let m = self.clone();
+        tokio::spawn(async move {
+            if !grace.is_zero() {
+                tokio::time::sleep(grace).await;
+            }
+            if m.admin_epoch() != epoch {
+                return;
+            }
+            let n = m.registry.len();
+            if n > 0 {
+                tracing::info!(master = %m.name(), sessions = n, reason = %reason, "closing the master's remaining sessions");
+            }
+            let (a, b) = (
+                m.registry.close_paced(Role::Publish, rates[0], reason),
+                m.registry.close_paced(Role::Request, rates[1], reason),
+            );
+            tokio::join!(a, b);
+        });
     }
 }

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
+use prometheus::IntCounter;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -114,6 +115,7 @@ async fn copy_half(
     r: OwnedReadHalf,
     mut w: OwnedWriteHalf,
     count: &AtomicU64,
+    metric: &IntCounter,
     act: &Activity,
     pool: &BufPool,
 ) -> DirEnd {
@@ -136,6 +138,7 @@ async fn copy_half(
                     return DirEnd::WriteErr(e);
                 }
                 count.fetch_add(n as u64, Ordering::Relaxed);
+                metric.inc_by(n as u64);
                 act.touch();
                 pool.put(buf);
             }
@@ -145,13 +148,15 @@ async fn copy_half(
     }
 }
 
-/// Runs a session's data path until it ends; returns why.
+/// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
+/// counters, client → master and master → client.
 pub async fn pump(
     client: TcpStream,
     master: TcpStream,
     limits: IdleLimits,
     ctl: &SessionCtl,
     pool: &BufPool,
+    bytes: &[IntCounter; 2],
 ) -> CloseReason {
     let act = Activity {
         base: Instant::now(),
@@ -159,8 +164,8 @@ pub async fn pump(
     };
     let (cr, cw) = client.into_split();
     let (mr, mw) = master.into_split();
-    let up = copy_half(cr, mw, &ctl.bytes_in, &act, pool);
-    let down = copy_half(mr, cw, &ctl.bytes_out, &act, pool);
+    let up = copy_half(cr, mw, &ctl.bytes_in, &bytes[0], &act, pool);
+    let down = copy_half(mr, cw, &ctl.bytes_out, &bytes[1], &act, pool);
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let mut first_eof: Option<CloseReason> = None;

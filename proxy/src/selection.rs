@@ -31,10 +31,10 @@ pub fn for_balance(b: Balance, n_masters: usize) -> Box<dyn Selector> {
 /// Indexes of the masters that may take a session now; backups only when nothing else is left.
 pub fn eligible(masters: &[Arc<Master>], role: Role, out: &mut Vec<usize>) {
     out.clear();
-    let ok = |m: &Master| m.is_available() && m.has_room(role) && m.cfg.weight > 0;
-    out.extend((0..masters.len()).filter(|&i| !masters[i].cfg.backup && ok(&masters[i])));
+    let ok = |m: &Master| m.is_available() && m.has_room(role) && m.cfg().weight > 0;
+    out.extend((0..masters.len()).filter(|&i| !masters[i].cfg().backup && ok(&masters[i])));
     if out.is_empty() {
-        out.extend((0..masters.len()).filter(|&i| masters[i].cfg.backup && ok(&masters[i])));
+        out.extend((0..masters.len()).filter(|&i| masters[i].cfg().backup && ok(&masters[i])));
     }
 }
 
@@ -64,10 +64,13 @@ impl Selector for RoundRobin {
         if cur.len() != masters.len() {
             *cur = vec![0; masters.len()];
         }
-        let total: i64 = out.iter().map(|&i| i64::from(masters[i].cfg.weight)).sum();
+        let total: i64 = out
+            .iter()
+            .map(|&i| i64::from(masters[i].cfg().weight))
+            .sum();
         let mut best = out[0];
         for &i in out.iter() {
-            cur[i] += i64::from(masters[i].cfg.weight);
+            cur[i] += i64::from(masters[i].cfg().weight);
             if cur[i] > cur[best] {
                 best = i;
             }
@@ -89,7 +92,7 @@ impl Selector for LeastConn {
         eligible(masters, role, out);
         out.sort_by_key(|&i| {
             let m = &masters[i];
-            (u64::from(m.session_count(role)) << 16) / u64::from(m.cfg.weight.max(1))
+            (u64::from(m.session_count(role)) << 16) / u64::from(m.cfg().weight.max(1))
         });
     }
 }
@@ -123,8 +126,8 @@ impl Selector for SourceHash {
     fn order(&self, masters: &[Arc<Master>], role: Role, client: IpAddr, out: &mut Vec<usize>) {
         eligible(masters, role, out);
         out.sort_by(|&a, &b| {
-            let sa = rendezvous_score(client, masters[a].name(), masters[a].cfg.weight);
-            let sb = rendezvous_score(client, masters[b].name(), masters[b].cfg.weight);
+            let sa = rendezvous_score(client, &masters[a].cfg().name, masters[a].cfg().weight);
+            let sb = rendezvous_score(client, &masters[b].cfg().name, masters[b].cfg().weight);
             sb.total_cmp(&sa)
         });
     }
@@ -150,7 +153,11 @@ mod tests {
             health: HealthSettings::default(),
         };
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
-        let m = Arc::new(Master::new(cfg, [a, a]));
+        let m = Arc::new(Master::new(
+            cfg,
+            [a, a],
+            &tokio_util::sync::CancellationToken::new(),
+        ));
         m.set_port(Role::Publish, true);
         m.set_port(Role::Request, true);
         m
@@ -229,9 +236,13 @@ mod tests {
     fn zero_weight_and_disabled_masters_take_no_new_sessions() {
         let mut ms = vec![master("a", 0, false), master("b", 1, false)];
         assert_eq!(picks(&RoundRobin::new(2), &ms, 3), "bbb");
-        let mut cfg = ms[1].cfg.clone();
+        let mut cfg = (**ms[1].cfg()).clone();
         cfg.disabled = true;
-        let d = Arc::new(Master::new(cfg, ms[1].addrs));
+        let d = Arc::new(Master::new(
+            cfg,
+            ms[1].addrs,
+            &tokio_util::sync::CancellationToken::new(),
+        ));
         d.set_port(Role::Publish, true);
         d.set_port(Role::Request, true);
         ms[1] = d;

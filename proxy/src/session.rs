@@ -1,9 +1,10 @@
 //! One client connection: choose a master, connect (timeout, retries on the next candidate),
-//! register with the master, run the data path, write the access-log line.
+//! register with the master, run the data path, count it, write the access-log line.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use saltgate_config::{ListenerConfig, Role};
 use tokio::net::TcpStream;
@@ -20,8 +21,17 @@ struct Outcome<'a> {
     reason: CloseReason,
     bytes_in: u64,
     bytes_out: u64,
-    connect_ms: Option<u64>,
+    connect_ms: u64,
     attempts: u32,
+}
+
+/// Decrements the listener's live-session gauge when the session ends, however it ends.
+struct Live(prometheus::IntGauge);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Handles a client connection from accept to close.
@@ -33,6 +43,11 @@ pub(crate) async fn handle(
     _permits: Permits,
 ) {
     let started = Instant::now();
+    let m = &shared.metrics;
+    let lname = role.as_str();
+    m.sessions_total.with_label_values(&[lname]).inc();
+    let live = Live(m.sessions_current.with_label_values(&[lname]));
+    live.0.inc();
     let snap = shared.snapshot.load_full();
     let listener = snap.config.listener(role);
     let mut order = Vec::with_capacity(snap.masters.len());
@@ -41,6 +56,9 @@ pub(crate) async fn handle(
 
     if order.is_empty() {
         tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
+        m.refused
+            .with_label_values(&[lname, CloseReason::NoMaster.as_str()])
+            .inc();
         access_log(
             listener,
             peer,
@@ -50,7 +68,7 @@ pub(crate) async fn handle(
                 reason: CloseReason::NoMaster,
                 bytes_in: 0,
                 bytes_out: 0,
-                connect_ms: None,
+                connect_ms: 0,
                 attempts: 0,
             },
         );
@@ -68,26 +86,28 @@ pub(crate) async fn handle(
         }
         attempts += 1;
         let addr = master.addr(role);
-        match tokio::time::timeout(listener.timeout_connect, TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
-                connected = Some((stream, master));
-                break;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(client = %peer, listener = %role, master = master.name(), addr = %addr, error = %e, "connect to master failed")
-            }
-            Err(_) => {
-                tracing::warn!(client = %peer, listener = %role, master = master.name(), addr = %addr, timeout_ms = listener.timeout_connect.as_millis() as u64, "connect to master timed out")
-            }
-        }
+        let failure =
+            match tokio::time::timeout(listener.timeout_connect, TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    connected = Some((stream, master));
+                    break;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {:?}", listener.timeout_connect),
+            };
+        m.connect_errors
+            .with_label_values(&[master.name().as_str(), lname])
+            .inc();
+        tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
     }
-    let connect_ms = Some(connect_start.elapsed().as_millis() as u64);
+    let connect_ms = connect_start.elapsed().as_millis() as u64;
     let Some((master_stream, master)) = connected else {
         let reason = if attempts == 0 {
             CloseReason::NoMaster
         } else {
             CloseReason::ConnectFailed
         };
+        m.refused.with_label_values(&[lname, reason.as_str()]).inc();
         access_log(
             listener,
             peer,
@@ -112,12 +132,27 @@ pub(crate) async fn handle(
         client_fin: listener.timeout_client_fin,
         server_fin: listener.timeout_server_fin,
     };
-    let reason = pump::pump(client, master_stream, limits, &reg.ctl, &shared.pool).await;
+    let bytes = [
+        m.bytes.with_label_values(&[lname, "in"]),
+        m.bytes.with_label_values(&[lname, "out"]),
+    ];
+    let reason = pump::pump(
+        client,
+        master_stream,
+        limits,
+        &reg.ctl,
+        &shared.pool,
+        &bytes,
+    )
+    .await;
     let (bytes_in, bytes_out) = (
-        reg.ctl.bytes_in.load(std::sync::atomic::Ordering::Relaxed),
-        reg.ctl.bytes_out.load(std::sync::atomic::Ordering::Relaxed),
+        reg.ctl.bytes_in.load(Ordering::Relaxed),
+        reg.ctl.bytes_out.load(Ordering::Relaxed),
     );
     drop(reg);
+    m.sessions_closed
+        .with_label_values(&[master.name().as_str(), lname, reason.as_str()])
+        .inc();
     access_log(
         listener,
         peer,
@@ -139,15 +174,14 @@ fn access_log(l: &ListenerConfig, client: SocketAddr, started: Instant, o: Outco
     if !l.access_log {
         return;
     }
-    let duration: Duration = started.elapsed();
     tracing::info!(
         target: "saltgate::access",
         client = %client,
         listener = %l.role,
-        master = %o.master.map(|m| m.name()).unwrap_or("-"),
+        master = %o.master.map(|m| m.name()).unwrap_or_else(|| "-".into()),
         master_addr = %o.master.map(|m| m.addr(l.role).to_string()).unwrap_or_else(|| "-".into()),
-        duration_ms = duration.as_millis() as u64,
-        connect_ms = o.connect_ms.unwrap_or(0),
+        duration_ms = started.elapsed().as_millis() as u64,
+        connect_ms = o.connect_ms,
         attempts = o.attempts,
         bytes_in = o.bytes_in,
         bytes_out = o.bytes_out,

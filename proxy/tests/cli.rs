@@ -140,7 +140,8 @@ async fn haproxy_fixture_runs_as_it_stands_and_stops_cleanly_on_sigterm() {
     let cfg = dir.path().join("haproxy.cfg");
     std::fs::write(&cfg, &f.text).unwrap();
     let mut cmd = Command::new(BIN);
-    cmd.args(["run", "--haproxy-config"]).arg(&cfg);
+    cmd.args(["run", "--admin-bind", "off", "--haproxy-config"])
+        .arg(&cfg);
     let mut p = Proc::spawn(cmd);
     p.wait_log("listening", 2).await;
     three_sessions_round_robin(f.publish).await;
@@ -306,7 +307,7 @@ async fn accept_backs_off_on_emfile_and_recovers() {
 
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(format!(
-        "ulimit -n 48 && exec {BIN} run --config {}",
+        "ulimit -n 48 && exec {BIN} run --admin-bind off --config {}",
         yaml_path.display()
     ));
     let mut p = Proc::spawn(cmd);

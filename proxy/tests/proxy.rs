@@ -18,7 +18,10 @@ async fn run(
 ) -> (Running, oneshot::Sender<()>) {
     let (tx, rx) = oneshot::channel::<()>();
     let opts = match prober {
-        Some(p) => Options { prober: p },
+        Some(p) => Options {
+            prober: p,
+            ..Default::default()
+        },
         None => Options::default(),
     };
     let r = start(cfg, opts, async move {

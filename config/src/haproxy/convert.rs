@@ -134,6 +134,7 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
         masters,
         publish: publish_l,
         request: request_l,
+        admin: Default::default(),
     })
 }
 

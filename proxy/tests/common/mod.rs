@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use saltgate_config::{
-    Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig, OnMasterDown, Role,
+    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
+    OnMasterDown, Role,
 };
 use saltgate_proxy::check::Prober;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -224,11 +225,17 @@ impl FakeCluster {
                 shutdown_grace: Duration::from_secs(5),
                 raise_nofile: false,
                 maxconn: None,
+                drain_timeout: Duration::from_secs(300),
             },
             health,
             masters,
             publish: listener(Role::Publish),
             request: listener(Role::Request),
+            admin: AdminConfig {
+                enabled: true,
+                bind: "127.0.0.1:0".parse().unwrap(),
+                token_file: None,
+            },
         }
     }
 }

@@ -1,0 +1,267 @@
+//! The admin HTTP API (axum on hyper, with tower layers for auth, a request timeout and a
+//! concurrency limit): health endpoints, `/metrics`, master state, sessions, drain, disable, enable
+//! and reload. Every error is JSON naming the problem.
+//!
+//! | route | |
+//! |---|---|
+//! | `GET /healthz` | the process is alive (no token needed) |
+//! | `GET /readyz` | 200 when every listener has a master UP, else 503 (no token needed) |
+//! | `GET /metrics` | Prometheus text format |
+//! | `GET /api/v1/masters` | state, sessions per port, last check of every master |
+//! | `GET /api/v1/sessions?master=&listener=` | live sessions, filtered |
+//! | `POST /api/v1/masters/{name}/drain\|disable\|enable` | admin actions |
+//! | `POST /api/v1/reload` | reload the configuration file |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use saltgate_config::Role;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::master::{CheckReport, MasterState};
+use crate::server::{AdminError, ApplyError, Shared};
+
+/// Longest an admin request may take (a reload resolves names and binds sockets).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Admin requests served at once; more wait.
+pub const MAX_CONCURRENT: usize = 16;
+
+type St = State<Arc<Shared>>;
+
+fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": msg.into() }))).into_response()
+}
+
+/// Serves the API on `sock` until `stop` is cancelled.
+pub(crate) async fn serve(sock: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let app = router(shared);
+    if let Err(e) = axum::serve(sock, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    {
+        tracing::error!(error = %e, "admin API stopped");
+    }
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let api = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/api/v1/masters", get(masters))
+        .route("/api/v1/sessions", get(sessions))
+        .route("/api/v1/masters/{name}/{action}", post(master_action))
+        .route("/api/v1/reload", post(reload))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({ "status": "alive" })) }))
+        .route("/readyz", get(readyz))
+        .merge(api)
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /metrics, /healthz, /readyz") })
+        .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route (actions and reload are POST, the rest GET)") })
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT))
+        .with_state(shared)
+}
+
+/// Constant-time comparison, so the token cannot be guessed byte by byte from response times.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(State(s): St, req: Request, next: Next) -> Response {
+    let token = s.token.load_full();
+    if let Some(want) = token.as_ref() {
+        let got = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !got.is_some_and(|g| same(g.as_bytes(), want.as_bytes())) {
+            return error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token (send 'Authorization: Bearer <token from admin.token_file>')");
+        }
+    }
+    next.run(req).await
+}
+
+async fn readyz(State(s): St) -> Response {
+    let snap = s.snapshot.load();
+    let up: Vec<String> = snap
+        .masters
+        .iter()
+        .filter(|m| m.is_available())
+        .map(|m| m.name())
+        .collect();
+    let listening = Role::ALL.iter().all(|&r| !s.local_addrs(r).is_empty());
+    let body =
+        json!({ "ready": !up.is_empty() && listening, "masters_up": up, "listening": listening });
+    let code = if !up.is_empty() && listening {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn metrics(State(s): St) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Serialize)]
+struct PortView {
+    addr: String,
+    up: bool,
+    sessions: u32,
+    last_check: CheckReport,
+}
+
+#[derive(Serialize)]
+pub(crate) struct MasterView {
+    name: String,
+    host: String,
+    state: MasterState,
+    weight: u32,
+    backup: bool,
+    publish: PortView,
+    request: PortView,
+}
+
+fn view(m: &crate::master::Master) -> MasterView {
+    let port = |r: Role| PortView {
+        addr: m.addr(r).to_string(),
+        up: m.port_is_up(r),
+        sessions: m.session_count(r),
+        last_check: m.last_check(r),
+    };
+    let cfg = m.cfg();
+    MasterView {
+        name: cfg.name.clone(),
+        host: cfg.host.clone(),
+        state: m.state(),
+        weight: cfg.weight,
+        backup: cfg.backup,
+        publish: port(Role::Publish),
+        request: port(Role::Request),
+    }
+}
+
+async fn masters(State(s): St) -> Response {
+    let snap = s.snapshot.load();
+    let list: Vec<MasterView> = snap.masters.iter().map(|m| view(m)).collect();
+    Json(json!({ "generation": snap.generation, "masters": list })).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionFilter {
+    master: Option<String>,
+    listener: Option<String>,
+}
+
+async fn sessions(
+    State(s): St,
+    q: Result<Query<SessionFilter>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(f) = match q {
+        Ok(q) => q,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("{e}; the filters are master=<name> and listener=publish|request"),
+            )
+        }
+    };
+    let role = match f.listener.as_deref() {
+        None => None,
+        Some("publish") => Some(Role::Publish),
+        Some("request") => Some(Role::Request),
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("unknown listener {other:?}; use publish or request"),
+            )
+        }
+    };
+    let snap = s.snapshot.load();
+    if let Some(name) = &f.master {
+        if snap.master(name).is_none() {
+            return error(StatusCode::NOT_FOUND, format!("no master named {name:?}"));
+        }
+    }
+    let mut out = Vec::new();
+    for m in snap
+        .masters
+        .iter()
+        .filter(|m| f.master.as_ref().is_none_or(|n| *n == m.cfg().name))
+    {
+        for role in Role::ALL
+            .into_iter()
+            .filter(|r| role.is_none_or(|x| x == *r))
+        {
+            for c in m.registry.of_role(role) {
+                out.push(json!({
+                    "id": c.id,
+                    "master": m.name(),
+                    "listener": role.as_str(),
+                    "client": c.client.to_string(),
+                    "age_s": c.started.elapsed().as_secs(),
+                    "bytes_in": c.bytes_in.load(std::sync::atomic::Ordering::Relaxed),
+                    "bytes_out": c.bytes_out.load(std::sync::atomic::Ordering::Relaxed),
+                }));
+            }
+        }
+    }
+    Json(json!({ "count": out.len(), "sessions": out })).into_response()
+}
+
+async fn master_action(State(s): St, Path((name, action)): Path<(String, String)>) -> Response {
+    let r = match action.as_str() {
+        "drain" => s.drain(&name),
+        "disable" => s.disable(&name),
+        "enable" => s.enable(&name),
+        other => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("unknown action {other:?}; use drain, disable or enable"),
+            )
+        }
+    };
+    match r {
+        Ok(state) => {
+            Json(json!({ "master": name, "action": action, "state": state })).into_response()
+        }
+        Err(AdminError::NoSuchMaster(n)) => {
+            let names: Vec<String> = s.snapshot.load().masters.iter().map(|m| m.name()).collect();
+            (
+                StatusCode::NOT_FOUND,
+                Json(json!({ "error": format!("no master named {n:?}"), "masters": names })),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn reload(State(s): St) -> Response {
+    match s.reload_from_source("admin API").await {
+        Ok(g) => Json(json!({ "result": "ok", "generation": g })).into_response(),
+        Err(e @ ApplyError::NoSource) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ ApplyError::Invalid(_)) | Err(e @ ApplyError::Token { .. }) => {
+            error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}

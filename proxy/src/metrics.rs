@@ -1,0 +1,260 @@
+//! Every Prometheus metric saltgate exports, declared here and listed in the README. The registry
+//! is created here and passed around (never the global one).
+//!
+//! Counters and histograms are updated where things happen; per-master state and live-session
+//! gauges are read from the current snapshot at scrape time ([`MasterCollector`]), so a removed
+//! master disappears from them and nothing goes stale.
+
+use std::sync::{Arc, Weak};
+
+use arc_swap::ArcSwap;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+use saltgate_config::Role;
+
+use crate::master::MasterState;
+use crate::snapshot::Snapshot;
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// `saltgate_listener_sessions_total{listener}`: client connections accepted.
+    pub sessions_total: IntCounterVec,
+    /// `saltgate_listener_sessions_current{listener}`: live client connections.
+    pub sessions_current: IntGaugeVec,
+    /// `saltgate_listener_bytes_total{listener,direction}`: `in` = client → master.
+    pub bytes: IntCounterVec,
+    /// `saltgate_listener_accept_errors_total{listener}`.
+    pub accept_errors: IntCounterVec,
+    /// `saltgate_listener_sessions_refused_total{listener,reason}`: `no-master` or `connect-failed`.
+    pub refused: IntCounterVec,
+    /// `saltgate_master_check_duration_seconds{master,port}`.
+    pub check_duration: HistogramVec,
+    /// `saltgate_master_check_failures_total{master,port}`.
+    pub check_failures: IntCounterVec,
+    /// `saltgate_master_state_changes_total{master,to}`: health flips, `to` = up or down.
+    pub state_changes: IntCounterVec,
+    /// `saltgate_master_connect_errors_total{master,port}`: session connects that failed.
+    pub connect_errors: IntCounterVec,
+    /// `saltgate_master_sessions_closed_total{master,port,reason}`.
+    pub sessions_closed: IntCounterVec,
+    /// `saltgate_reloads_total{result}`: ok, invalid (refused config), error (could not apply).
+    pub reloads: IntCounterVec,
+    /// `saltgate_config_generation`: the configuration generation in force (1 at start).
+    pub generation: IntGauge,
+}
+
+fn reg<C: Collector + Clone + 'static>(r: &Registry, c: C) -> C {
+    // Names are fixed and distinct: registering cannot fail.
+    let _ = r.register(Box::new(c.clone()));
+    c
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Metrics> {
+        let r = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                &r,
+                IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"),
+            )
+        };
+        let m = Metrics {
+            sessions_total: counter(
+                "saltgate_listener_sessions_total",
+                "Client connections accepted.",
+                &["listener"],
+            ),
+            sessions_current: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "saltgate_listener_sessions_current",
+                        "Live client connections.",
+                    ),
+                    &["listener"],
+                )
+                .expect("valid metric"),
+            ),
+            bytes: counter(
+                "saltgate_listener_bytes_total",
+                "Bytes forwarded; direction in = client to master, out = master to client.",
+                &["listener", "direction"],
+            ),
+            accept_errors: counter(
+                "saltgate_listener_accept_errors_total",
+                "accept() failures.",
+                &["listener"],
+            ),
+            refused: counter(
+                "saltgate_listener_sessions_refused_total",
+                "Client connections closed without a master (no-master, connect-failed).",
+                &["listener", "reason"],
+            ),
+            check_duration: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "saltgate_master_check_duration_seconds",
+                        "Health check duration.",
+                    )
+                    .buckets(vec![
+                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0,
+                    ]),
+                    &["master", "port"],
+                )
+                .expect("valid metric"),
+            ),
+            check_failures: counter(
+                "saltgate_master_check_failures_total",
+                "Failed health checks.",
+                &["master", "port"],
+            ),
+            state_changes: counter(
+                "saltgate_master_state_changes_total",
+                "Health flips of a master (to = up or down).",
+                &["master", "to"],
+            ),
+            connect_errors: counter(
+                "saltgate_master_connect_errors_total",
+                "Failed connects to a master for a session.",
+                &["master", "port"],
+            ),
+            sessions_closed: counter(
+                "saltgate_master_sessions_closed_total",
+                "Sessions closed, by master, port and close reason.",
+                &["master", "port", "reason"],
+            ),
+            reloads: counter(
+                "saltgate_reloads_total",
+                "Configuration reloads by result (ok, invalid, error).",
+                &["result"],
+            ),
+            generation: reg(
+                &r,
+                IntGauge::new(
+                    "saltgate_config_generation",
+                    "Configuration generation in force.",
+                )
+                .expect("valid metric"),
+            ),
+            registry: r,
+        };
+        let build = IntGaugeVec::new(
+            Opts::new("saltgate_build_info", "Build information."),
+            &["version"],
+        )
+        .expect("valid metric");
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let _ = m.registry.register(Box::new(build));
+        for role in Role::ALL {
+            m.sessions_current.with_label_values(&[role.as_str()]);
+            m.sessions_total.with_label_values(&[role.as_str()]);
+            for d in ["in", "out"] {
+                m.bytes.with_label_values(&[role.as_str(), d]);
+            }
+        }
+        for r in ["ok", "invalid", "error"] {
+            m.reloads.with_label_values(&[r]);
+        }
+        Arc::new(m)
+    }
+
+    /// Adds the collector of per-master gauges that reads the live snapshot.
+    pub fn watch_snapshot(&self, snapshot: Weak<ArcSwap<Snapshot>>) {
+        let _ = self
+            .registry
+            .register(Box::new(MasterCollector::new(snapshot)));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// `saltgate_master_state{master,state}` (1 for the current state of up, down, draining, disabled),
+/// `saltgate_master_port_up{master,port}`, `saltgate_master_sessions_current{master,port}`,
+/// read from the snapshot at scrape time.
+pub struct MasterCollector {
+    snapshot: Weak<ArcSwap<Snapshot>>,
+    descs: Vec<Desc>,
+}
+
+impl MasterCollector {
+    fn new(snapshot: Weak<ArcSwap<Snapshot>>) -> Self {
+        let descs = Self::vecs()
+            .iter()
+            .flat_map(|v| v.desc().into_iter().cloned())
+            .collect();
+        Self { snapshot, descs }
+    }
+
+    fn vecs() -> [IntGaugeVec; 3] {
+        [
+            IntGaugeVec::new(
+                Opts::new(
+                    "saltgate_master_state",
+                    "1 for the master's current state (up, down, draining, disabled).",
+                ),
+                &["master", "state"],
+            )
+            .expect("valid metric"),
+            IntGaugeVec::new(
+                Opts::new(
+                    "saltgate_master_port_up",
+                    "1 when the port's health checks say UP.",
+                ),
+                &["master", "port"],
+            )
+            .expect("valid metric"),
+            IntGaugeVec::new(
+                Opts::new(
+                    "saltgate_master_sessions_current",
+                    "Live sessions on a master port.",
+                ),
+                &["master", "port"],
+            )
+            .expect("valid metric"),
+        ]
+    }
+}
+
+impl Collector for MasterCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let [state, port_up, sessions] = Self::vecs();
+        if let Some(snap) = self.snapshot.upgrade() {
+            for m in &snap.load().masters {
+                let name = m.name();
+                let now = m.state();
+                for s in MasterState::ALL {
+                    state
+                        .with_label_values(&[name.as_str(), s.as_str()])
+                        .set(i64::from(s == now));
+                }
+                for role in Role::ALL {
+                    port_up
+                        .with_label_values(&[name.as_str(), role.as_str()])
+                        .set(i64::from(m.port_is_up(role)));
+                    sessions
+                        .with_label_values(&[name.as_str(), role.as_str()])
+                        .set(i64::from(m.session_count(role)));
+                }
+            }
+        }
+        [state, port_up, sessions]
+            .iter()
+            .flat_map(|v| v.collect())
+            .collect()
+    }
+}
