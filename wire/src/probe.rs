@@ -102,9 +102,12 @@ pub async fn zmtp_greeting(
 /// `timeout`. PINGs from the master during the wait are answered.
 pub async fn salt_ping(addr: SocketAddr, timeout: Duration) -> Result<SaltPingReply, ProbeError> {
     let start = Instant::now();
-    let reply = tokio::time::timeout(timeout, ping_inner(addr, timeout))
-        .await
-        .map_err(|_| ProbeError::Timeout(timeout))??;
+    let reply = match tokio::time::timeout(timeout, ping_inner(addr, timeout)).await {
+        Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) => {
+            return Err(ProbeError::Timeout(timeout))
+        }
+        Ok(r) => r?,
+    };
     if reply.is_cluster_retry() {
         return Err(ProbeError::NotReady);
     }
