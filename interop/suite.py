@@ -676,11 +676,12 @@ acceptance_wait_time: 5
         bad = []  # (tick, [masters], [missing minions])
         late_jobs = 0  # single jobs some minion missed although it answered that round (forwarding)
         for tk, js in rounds:
-            got = {}
+            got = {}  # minion -> fastest live latency of the round (None: only in the job cache)
             for j in js:
                 for m in mins:
                     if m in j["live"]:
-                        got[m] = min(got.get(m, 1e9), j["live"][m])
+                        prev = got.get(m)
+                        got[m] = j["live"][m] if prev is None else min(prev, j["live"][m])
                     elif not live_only and m in j["cache"]:
                         got.setdefault(m, None)
                 late_jobs += sum(1 for m in mins if m not in j["live"] and m not in j["cache"])
@@ -821,23 +822,37 @@ acceptance_wait_time: 5
         self.results.append(res)
         self.result_line(name, res)
 
-    def wait_healthy(self, why, timeout=90):
-        """every minion answers a test.ping through every running master (not counted in any result)"""
-        t0 = now()
+    def job_round(self, fun="test.ping", timeout=15):
+        """one job through every running master at the same time; minion -> fastest return"""
         masters = [ip for ip in MASTERS if self.procs.alive("master-" + ip)]
-        pending = list(masters)
-        while pending and now() - t0 < timeout:
-            ip = pending[0]
-            r = self.job_once(ip, "test.ping", timeout=15)
-            if all(m in r.get("returns", {}) for m in self.minions):
-                pending.pop(0)
-            else:
-                time.sleep(1)
-        if pending:
-            log(f"cluster not healthy {why} after {now() - t0:.0f} s: jobs through {pending} miss minions")
-            return False
-        log(f"cluster healthy {why}: every minion answers through {' '.join(masters)} ({now() - t0:.1f} s)")
-        return True
+        ps = [subprocess.Popen([self.py, os.path.join(self.here, "saltjob.py"), "once", self.mconf(ip),
+                                ",".join(self.minions), fun, "--timeout", str(timeout)],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for ip in masters]
+        got = {}
+        for p in ps:
+            try:
+                out, _ = p.communicate(timeout=timeout + 60)
+                r = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError, subprocess.TimeoutExpired):
+                p.kill()
+                continue
+            for m, v in r.get("returns", {}).items():
+                got[m] = min(got.get(m, 1e9), v["lat"])
+        return got
+
+    def wait_healthy(self, why, timeout=90):
+        """every minion answers a round of test.ping (one job through each running master); not counted"""
+        t0 = now()
+        while True:
+            got = self.job_round()
+            miss = [m for m in self.minions if m not in got]
+            if not miss:
+                log(f"every minion answers ({why}; {now() - t0:.1f} s)")
+                return True
+            if now() - t0 > timeout:
+                log(f"minions still not answering {why} after {now() - t0:.0f} s: {miss}")
+                return False
+            time.sleep(1)
 
     def fault(self, sid, kind):
         """scenario 2 (kind=kill) or 3 (kind=hang)"""
@@ -926,19 +941,30 @@ acceptance_wait_time: 5
             if not a["recovered"]:
                 row["recovery"] = f"not recovered ({t_end - t0:.0f} s)"
             elif not hit:
-                row["recovery"] = "no job missed"
+                row["recovery"] = "no round missed"
             else:
                 row["recovery"] = f"{a['recovery']:.1f} s"
                 if t_cont is not None and a["recovery"] > t_cont - t0:
                     row["recovery"] += f" ({a['recovery'] - (t_cont - t0):.1f} s after SIGCONT)"
-            # saltgate's slot must: recover, and hurt no minion beyond those whose publish session was on
-            # the victim
-            row["ok"] = a["recovered"] and len(hit) <= max(n_victim, 0)
-            if len(hit) > n_victim:
-                res["notes"].append(f"{lb.label}: {len(hit)} minions missed jobs but only {n_victim} publish "
-                                    f"sessions were on the victim: {hit}")
+            row["n_missed"] = sum(a["missed"].values())
             res["rows"][lb.key] = row
-        res["ok"] = res["rows"]["sg"]["ok"]
+        # Pass/fail is relative: the same fault hits both load balancers at the same moment, so saltgate's
+        # minions must do no worse than HAProxy's. Allowed: 1.5 x HAProxy's missed rounds, scaled by how many
+        # publish sessions each had on the victim, + 10 rounds of slack; and for a killed master, saltgate's
+        # minions must all answer again before the window closes whenever HAProxy's do.
+        sg, ha = res["rows"]["sg"], res["rows"]["ha"]
+        scale = max(1, sg["sessions_on_victim"]) / max(1, ha["sessions_on_victim"])
+        allowed = 1.5 * ha["n_missed"] * scale + 10
+        ok = sg["n_missed"] <= allowed
+        if not ok:
+            res["notes"].append(f"{self.lbs[0].label} minions missed {sg['n_missed']} rounds, more than the "
+                                f"{allowed:.0f} allowed next to HAProxy's {ha['n_missed']}")
+        if kind == "kill" and ha["recovered"] and not sg["recovered"]:
+            ok = False
+            res["notes"].append(f"{self.lbs[0].label} minions did not all answer again within "
+                                f"{t_end - t0:.0f} s; HAProxy's did")
+        sg["ok"] = ok
+        res["ok"] = ok
         self.results.append(res)
         for lb in self.lbs:
             row = res["rows"][lb.key]
@@ -1089,13 +1115,14 @@ acceptance_wait_time: 5
             self.accept_keys()
             if "1" in scen:
                 self.s1_smoke()
-            # the hang first: a killed master leaves Salt's peer forwarding degraded until it is back
-            if "3" in scen:
-                self.fault(3, "hang")
+            # the hang last: after SIGCONT, Salt 3008.5 does not serve the hung master's minions again
+            # for minutes (see README), which would spoil whatever runs after it
             if "2" in scen:
                 self.fault(2, "kill")
             if "4" in scen:
                 self.s4_restart()
+            if "3" in scen:
+                self.fault(3, "hang")
         except Failure as exc:
             log(f"FAILED: {exc}")
             print(f"RESULT suite: FAIL ({exc})", flush=True)
@@ -1140,7 +1167,7 @@ def main():
     p.add_argument("--sg-haproxy")
     p.add_argument("--scenarios", default="1 2 3 4")
     p.add_argument("--hang", type=float, default=30, help="seconds the hung master stays SIGSTOPped")
-    p.add_argument("--after-cont", type=float, default=90, help="max seconds to wait for recovery after SIGCONT")
+    p.add_argument("--after-cont", type=float, default=45, help="max seconds to wait for recovery after SIGCONT")
     p.add_argument("--spread-wait", type=float, default=20, help="seconds after the restart before counting sessions")
     p.add_argument("--results", required=True)
     a = p.parse_args()
