@@ -76,6 +76,13 @@ struct ListenerHandle {
     limit: Arc<ArcSwap<Limit>>,
 }
 
+impl ListenerHandle {
+    /// Whether this listener serves `addr`: as configured, or as bound (port 0 resolved).
+    fn serves(&self, addr: SocketAddr) -> bool {
+        self.bind == addr || self.local == addr
+    }
+}
+
 /// The running admin HTTP server.
 struct AdminHandle {
     bind: SocketAddr,
@@ -250,10 +257,10 @@ impl Shared {
         {
             let running = lock(&self.listeners);
             for &(role, addr) in &wanted {
-                if running.iter().any(|h| h.bind == addr && h.role == role) {
+                if running.iter().any(|h| h.serves(addr) && h.role == role) {
                     continue;
                 }
-                if running.iter().any(|h| h.bind == addr) {
+                if running.iter().any(|h| h.serves(addr)) {
                     // Same address, other role: freed and rebound after the swap.
                     continue;
                 }
@@ -365,11 +372,11 @@ impl Shared {
         // Stop what is no longer wanted (sessions it accepted carry on).
         let mut rebind = Vec::new();
         running.retain(|h| {
-            let keep = wanted.contains(&(h.role, h.bind));
+            let keep = wanted.iter().any(|&(r, a)| r == h.role && h.serves(a));
             if !keep {
                 tracing::info!(listener = %h.role, addr = %h.local, "listener removed by reload");
                 h.stop.cancel();
-                if let Some(&(role, addr)) = wanted.iter().find(|(_, a)| *a == h.bind) {
+                if let Some(&(role, addr)) = wanted.iter().find(|(_, a)| h.serves(*a)) {
                     rebind.push((role, addr));
                 }
             }
