@@ -356,3 +356,172 @@ async fn accept_backs_off_on_emfile_and_recovers() {
     );
     assert!(p.term().success());
 }
+
+/// A YAML configuration for the fixture's masters with the admin API on a free port.
+async fn yaml_with_admin(f: &Fixture, dir: &Path) -> (PathBuf, SocketAddr, String) {
+    let cfg = dir.join("haproxy.cfg");
+    std::fs::write(&cfg, &f.text).unwrap();
+    let out = Command::new(BIN)
+        .arg("import-haproxy")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
+        .parse()
+        .unwrap();
+    let yaml = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace("bind: \"127.0.0.1:9505\"", &format!("bind: \"{admin}\""));
+    assert!(yaml.contains(&admin.to_string()));
+    let path = dir.join("saltgate.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    (path, admin, yaml)
+}
+
+fn ctl(admin: SocketAddr, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(["ctl", "--admin", &admin.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_drives_a_live_proxy_and_fails_clearly() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, admin, _) = yaml_with_admin(&f, dir.path()).await;
+    let mut cmd = Command::new(BIN);
+    cmd.args(["run", "--config"]).arg(&path);
+    let mut p = Proc::spawn(cmd);
+    p.wait_log("admin API listening", 1).await;
+
+    let (ok, out, err) = ctl(admin, &["status"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("MASTER") && lines[0].contains("STATE"),
+        "{out}"
+    );
+    for n in ["rserve1", "rserve2", "rserve3"] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(n) && l.contains(" up ")),
+            "{n} up in:\n{out}"
+        );
+    }
+    let (ok, out, _) = ctl(admin, &["drain", "rserve2"]);
+    assert!(ok && out.contains("drain rserve2: now draining"), "{out}");
+    assert!(ctl(admin, &["status"])
+        .1
+        .lines()
+        .any(|l| l.starts_with("rserve2") && l.contains("draining")));
+    for _ in 0..3 {
+        assert_ne!(
+            connect(f.publish).await.1,
+            "rserve2",
+            "a draining master gets no new sessions"
+        );
+    }
+    let (ok, out, _) = ctl(admin, &["enable", "rserve2"]);
+    assert!(ok && out.contains("now up"), "{out}");
+    let (ok, out, _) = ctl(admin, &["disable", "rserve3"]);
+    assert!(ok && out.contains("now disabled"), "{out}");
+    let (ok, out, err) = ctl(admin, &["reload"]);
+    assert!(ok && out.contains("generation 2"), "{out}{err}");
+
+    let (ok, _, err) = ctl(admin, &["drain", "nosuch"]);
+    assert!(
+        !ok && err.contains("HTTP 404") && err.contains("no master named \"nosuch\""),
+        "{err}"
+    );
+    let closed_port: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
+        .parse()
+        .unwrap();
+    let (ok, _, err) = ctl(closed_port, &["status"]);
+    assert!(!ok && err.contains("cannot reach the admin API"), "{err}");
+    assert!(p.term().success());
+}
+
+/// Receives sd_notify datagrams on a socket we own.
+fn notify_socket(dir: &Path) -> (PathBuf, std::os::unix::net::UnixDatagram) {
+    let path = dir.join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    (path, sock)
+}
+
+fn next_state(sock: &std::os::unix::net::UnixDatagram) -> String {
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("a notification within 10 s");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_and_file_changes_reload_and_systemd_is_told() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, admin, yaml) = yaml_with_admin(&f, dir.path()).await;
+    let (sock_path, sock) = notify_socket(dir.path());
+    let mut cmd = Command::new(BIN);
+    cmd.env("NOTIFY_SOCKET", &sock_path)
+        .args(["run", "--config"])
+        .arg(&path);
+    let mut p = Proc::spawn(cmd);
+    assert_eq!(next_state(&sock), "READY=1");
+    assert!(
+        p.text().contains("listening"),
+        "READY after the listeners are bound"
+    );
+
+    // SIGHUP with a changed file: RELOADING, then READY; generation 2.
+    std::fs::write(&path, yaml.replace("weight: 1", "weight: 2")).unwrap();
+    unsafe { libc::kill(p.child.id() as i32, libc::SIGHUP) };
+    let s = next_state(&sock);
+    assert!(s.starts_with("RELOADING=1\nMONOTONIC_USEC="), "{s}");
+    assert_eq!(next_state(&sock), "READY=1");
+    p.wait_log("trigger=\"SIGHUP\"", 1).await;
+
+    // An invalid file is refused; the proxy keeps serving.
+    std::fs::write(&path, "masters: [\n").unwrap();
+    unsafe { libc::kill(p.child.id() as i32, libc::SIGHUP) };
+    p.wait_log("reload refused", 1).await;
+    assert_eq!(connect(f.publish).await.1.len(), 7, "still serving");
+
+    // A valid change on disk is picked up by the watcher without any signal.
+    let generation = || {
+        let (ok, out, err) = ctl(admin, &["status"]);
+        assert!(ok, "{err}");
+        out.lines()
+            .last()
+            .and_then(|l| l.strip_prefix("config generation "))
+            .and_then(|g| g.parse::<u64>().ok())
+            .unwrap()
+    };
+    let before = generation();
+    std::fs::write(&path, yaml.replace("weight: 1", "weight: 3")).unwrap();
+    wait_for("the watcher reloads the changed file", || {
+        generation() == before + 1
+    })
+    .await;
+    assert!(ctl(admin, &["status"]).1.contains("rserve1"));
+
+    let st = p.term();
+    assert!(st.success());
+    let mut last = String::new();
+    while let Ok(s) = {
+        sock.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 512];
+        sock.recv(&mut buf)
+            .map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+    } {
+        last = s;
+    }
+    assert_eq!(last, "STOPPING=1");
+}
