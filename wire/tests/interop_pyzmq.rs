@@ -79,12 +79,12 @@ async fn our_pub_fans_out_to_a_pyzmq_sub_honouring_its_subscription() {
 
 /// pyzmq PUB with `HEARTBEAT_IVL=200 ms`, `HEARTBEAT_TIMEOUT=1000 ms` is Salt 3008's master
 /// setting (10 s / 30 s) scaled by 1/50 (timeout relative to interval is even stricter here),
-/// so libzmq drops a peer that never answers PING after ~1.2 s instead of ~40 s. Over 4 s (the
-/// equivalent of ~3 minutes at Salt's rates) our SUB must keep its first connection, while a
+/// so libzmq drops a peer that never answers PING after ~1.2 s instead of ~40 s. Over 5 s (the
+/// equivalent of ~4 minutes at Salt's rates) our SUB must keep its first connection, while a
 /// silent peer connected alongside it is dropped — proving the heartbeats were really on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_sub_answers_pyzmq_pub_heartbeats_and_stays_connected() {
-    let (_guard, lines) = peer(&["pub_hb", "200", "1000", "4"]);
+    let (_guard, lines) = peer(&["pub_hb", "200", "1000", "6"]);
     let (j, lines) = next_json(lines).await;
     let addr: SocketAddr = format!("127.0.0.1:{}", port_of(&j)).parse().unwrap();
 
@@ -110,7 +110,7 @@ async fn our_sub_answers_pyzmq_pub_heartbeats_and_stays_connected() {
     });
 
     let mut received = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(5000);
     while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.recv()).await {
         assert!(msg[0].starts_with(b"tick "));
         received += 1;
@@ -118,10 +118,10 @@ async fn our_sub_answers_pyzmq_pub_heartbeats_and_stays_connected() {
     let (silent_after, silent_pings) = silent.await.unwrap();
     assert!(silent_pings >= 1, "the silent peer was never PINGed");
     assert!(
-        silent_after < Duration::from_millis(2500),
+        silent_after < Duration::from_millis(4500),
         "libzmq took {silent_after:?} to drop the silent peer"
     );
-    assert!(received > 30, "only {received} ticks in 3.5 s");
+    assert!(received > 30, "only {received} ticks in 5 s");
     assert_eq!(sub.connect_count(), 1, "our SUB reconnected");
     assert!(sub.is_connected());
     let (counts, _) = next_json(lines).await;

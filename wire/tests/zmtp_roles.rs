@@ -113,23 +113,32 @@ async fn pub_drops_and_counts_for_a_stalled_subscriber_without_slowing_the_other
 
     let payload = Bytes::from(vec![7u8; 256 * 1024]);
     let n = 200;
+    // The fast subscriber reports each message; the publisher paces itself on those reports,
+    // so the fast queue never fills however loaded the machine is, while the stalled one does.
+    let (got_tx, mut got_rx) = tokio::sync::watch::channel(0usize);
     let reader = tokio::spawn(async move {
         let mut got = 0;
         while got < n {
             match tokio::time::timeout(T, fast.recv()).await {
-                Ok(Some(_)) => got += 1,
+                Ok(Some(_)) => {
+                    got += 1;
+                    let _ = got_tx.send(got);
+                }
                 _ => break,
             }
         }
         got
     });
     let mut slowest_publish = Duration::ZERO;
-    for _ in 0..n {
+    for i in 0..n {
         let start = Instant::now();
         let r = publisher.publish(vec![payload.clone()]);
         slowest_publish = slowest_publish.max(start.elapsed());
         assert_eq!(r.queued + r.dropped, 2);
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        tokio::time::timeout(T, got_rx.wait_for(|&g| g > i))
+            .await
+            .expect("fast subscriber stalled")
+            .expect("reader alive");
     }
     assert_eq!(
         reader.await.unwrap(),
@@ -141,7 +150,7 @@ async fn pub_drops_and_counts_for_a_stalled_subscriber_without_slowing_the_other
         "the stalled subscriber never hit its HWM"
     );
     assert!(
-        slowest_publish < Duration::from_millis(200),
+        slowest_publish < Duration::from_secs(1),
         "publish blocked for {slowest_publish:?}"
     );
     drop(stalled);
@@ -192,7 +201,7 @@ async fn pub_heartbeat_drops_a_subscriber_that_never_answers_ping_but_keeps_ours
     sub.subscribe(Bytes::new());
     let mut silent = raw(publisher.local_addr(), SocketType::Sub, b"").await;
     let took = until_closed(&mut silent).await;
-    assert!(took < Duration::from_secs(2), "dropped only after {took:?}");
+    assert!(took < Duration::from_secs(5), "dropped only after {took:?}");
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(publisher.subscriber_count(), 1);
     assert_eq!(sub.connect_count(), 1);
@@ -253,7 +262,7 @@ async fn a_peers_ping_ttl_makes_us_close_when_it_then_goes_silent() {
     .unwrap();
     let took = until_closed(&mut c).await;
     assert!(
-        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        took >= Duration::from_millis(250) && took < Duration::from_secs(5),
         "{took:?}"
     );
 }

@@ -22,20 +22,22 @@ pub enum CommandError {
     PropertyTruncated(String),
 }
 
-/// Metadata properties of a READY command, in wire order. Names compare case-insensitively.
+/// Metadata properties of a READY command, in wire order. Names are kept as the raw bytes the
+/// peer sent (so parsing and re-encoding is exact) and compare ASCII-case-insensitively.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Properties(pub Vec<(String, Bytes)>);
+pub struct Properties(pub Vec<(Bytes, Bytes)>);
 
 impl Properties {
     pub fn get(&self, name: &str) -> Option<&Bytes> {
         self.0
             .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
             .map(|(_, v)| v)
     }
 
     pub fn with(mut self, name: &str, value: impl Into<Bytes>) -> Self {
-        self.0.push((name.to_owned(), value.into()));
+        self.0
+            .push((Bytes::copy_from_slice(name.as_bytes()), value.into()));
         self
     }
 }
@@ -128,7 +130,6 @@ impl Command {
         match self {
             Command::Ready(props) => {
                 for (k, v) in &props.0 {
-                    let k = k.as_bytes();
                     let k = k.get(..255).unwrap_or(k);
                     out.put_u8(k.len() as u8);
                     out.put_slice(k);
@@ -164,12 +165,12 @@ fn parse_properties(mut body: &[u8]) -> Result<Properties, CommandError> {
         let truncated = |name: &str| CommandError::PropertyTruncated(name.to_owned());
         let (name, rest) =
             split_at_checked(rest, usize::from(nlen)).ok_or_else(|| truncated(""))?;
-        let name = String::from_utf8_lossy(name).into_owned();
-        let (vlen, rest) = split_at_checked(rest, 4).ok_or_else(|| truncated(&name))?;
-        let vlen: [u8; 4] = vlen.try_into().map_err(|_| truncated(&name))?;
+        let shown = String::from_utf8_lossy(name).into_owned();
+        let (vlen, rest) = split_at_checked(rest, 4).ok_or_else(|| truncated(&shown))?;
+        let vlen: [u8; 4] = vlen.try_into().map_err(|_| truncated(&shown))?;
         let vlen = u32::from_be_bytes(vlen) as usize;
-        let (value, rest) = split_at_checked(rest, vlen).ok_or_else(|| truncated(&name))?;
-        props.push((name, Bytes::copy_from_slice(value)));
+        let (value, rest) = split_at_checked(rest, vlen).ok_or_else(|| truncated(&shown))?;
+        props.push((Bytes::copy_from_slice(name), Bytes::copy_from_slice(value)));
         body = rest;
     }
     Ok(Properties(props))
@@ -264,6 +265,17 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn ready_with_non_utf8_property_names_round_trips_exactly() {
+        // Found while writing the fuzz target's parse -> encode -> parse property: names used to
+        // be decoded lossily, so 200 invalid bytes grew past the 255-byte limit on re-encode.
+        let mut body = b"\x05READY\xc8".to_vec();
+        body.extend_from_slice(&[0xff; 200]);
+        body.extend_from_slice(b"\x00\x00\x00\x01v");
+        let cmd = Command::parse(&Bytes::from(body.clone())).unwrap();
+        assert_eq!(&cmd.encode_body()[..], &body[..]);
     }
 
     #[test]
