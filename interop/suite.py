@@ -502,6 +502,14 @@ pillar_roots:
         mode = "partial" if running else ("restart" if joined else "fresh")
         if mode == "fresh":
             self.ensure_cluster_key()
+            # masters started together race on creating these in the shared dirs ("Failed to create
+            # directory path .../shared/pki/minions - [Errno 17] File exists", and that master exits)
+            for sub in ("minions", "minions_pre", "minions_rejected", "minions_denied", "minions_autosign",
+                        "peers"):
+                os.makedirs(os.path.join(self.shared, "pki", sub), mode=0o755, exist_ok=True)
+            for sub in ("jobs", "proc", "pillar", "sessions", "health", "roots", "syndics", "grains", "tokens",
+                        "cluster"):
+                os.makedirs(os.path.join(self.shared, "cache", sub), mode=0o755, exist_ok=True)
         keysum = self.cluster_key_sum() if mode == "fresh" else None
         log(f"starting masters {' '.join(ips)} ({mode})")
         t0 = now()
@@ -515,7 +523,8 @@ pillar_roots:
                                               os.path.dirname(self.mconf(ip)), "-l", "warning"],
                              os.path.join(self.mdir(ip), "stdout.log"))
         for ip in ips:
-            if not wait_for(lambda: all(port_open(ip, p) for p in (PUB_PORT, REQ_PORT, POOL_PORT)), 90):
+            if not wait_for(lambda: all(port_open(ip, p) for p in (PUB_PORT, REQ_PORT, POOL_PORT))
+                            or not self.procs.alive("master-" + ip), 90) or not self.procs.alive("master-" + ip):
                 raise Failure(f"master {ip} did not open its ports (see {self.master_log(ip)})")
 
         def not_ready():
