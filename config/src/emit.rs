@@ -97,7 +97,8 @@ fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Resu
     writeln!(o, "{ind}downinter: {}", format_duration(h.downinter))?;
     writeln!(o, "{ind}timeout: {}", format_duration(h.timeout))?;
     writeln!(o, "{ind}rise: {}", h.rise)?;
-    writeln!(o, "{ind}fall: {}", h.fall)
+    writeln!(o, "{ind}fall: {}", h.fall)?;
+    writeln!(o, "{ind}probe: {}             # salt | zmtp | tcp", h.probe.as_str())
 }
 
 fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {

@@ -89,6 +89,38 @@ pub struct HealthSettings {
     pub fall: u32,
     /// How long one check may take (connect included) before it counts as a failure.
     pub timeout: Duration,
+    /// What a check does.
+    pub probe: Probe,
+}
+
+/// How a master port is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Publish port: the ZMTP greeting arrives. Request port: a ZMTP REQ handshake and Salt's clear
+    /// `ping`, answered (a 3008 cluster member answering `cluster_retry` is not ready: DOWN).
+    Salt,
+    /// Both ports: the peer's ZMTP greeting arrives.
+    Zmtp,
+    /// Both ports: a TCP connect succeeds (HAProxy's `check`).
+    Tcp,
+}
+
+impl Probe {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Probe::Salt => "salt",
+            Probe::Zmtp => "zmtp",
+            Probe::Tcp => "tcp",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Probe> {
+        match s {
+            "salt" => Some(Probe::Salt),
+            "zmtp" => Some(Probe::Zmtp),
+            "tcp" => Some(Probe::Tcp),
+            _ => None,
+        }
+    }
 }
 
 impl Default for HealthSettings {
@@ -100,6 +132,7 @@ impl Default for HealthSettings {
             rise: defaults::RISE,
             fall: defaults::FALL,
             timeout: defaults::CHECK_INTERVAL,
+            probe: Probe::Salt,
         }
     }
 }

@@ -114,6 +114,7 @@ struct RawHealth {
     timeout: Option<Sp<DurationText>>,
     rise: Option<Sp<u32>>,
     fall: Option<Sp<u32>>,
+    probe: Option<Sp<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -273,6 +274,12 @@ impl Checker<'_> {
             h.fall = self
                 .positive(v, &format!("{prefix}.fall"), 1000)
                 .unwrap_or(h.fall);
+        }
+        if let Some(v) = &raw.probe {
+            match crate::model::Probe::parse(&v.value) {
+                Some(p) => h.probe = p,
+                None => self.err(v, &format!("{prefix}.probe"), format!("unknown probe {:?}", v.value), "use salt (ZMTP greeting on publish, clear ping on request), zmtp or tcp"),
+            }
         }
         h
     }

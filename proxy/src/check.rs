@@ -10,37 +10,61 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use saltgate_config::Role;
+use saltgate_config::{Probe, Role};
+use saltgate_wire::probe;
 use tokio::sync::mpsc;
 
 use crate::health::{HealthState, PortState};
 use crate::master::{CheckReport, Flip, Master};
 use crate::metrics::Metrics;
 
-/// Tests one master port. `Err` carries a short reason for the logs.
+/// Tests one master port. `Err` carries a short reason for the logs and the admin API.
 pub trait Prober: Send + Sync + 'static {
     fn probe(
         &self,
         addr: SocketAddr,
+        role: Role,
+        kind: Probe,
         timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
 }
 
-/// A TCP connect: the port accepts connections.
+/// The real probes: TCP connect, the ZMTP greeting, and Salt's clear `ping` (see [`Probe`]).
 #[derive(Debug, Default, Clone, Copy)]
-pub struct TcpConnect;
+pub struct SaltProbes;
 
-impl Prober for TcpConnect {
+impl Prober for SaltProbes {
     fn probe(
         &self,
         addr: SocketAddr,
+        role: Role,
+        kind: Probe,
         timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         Box::pin(async move {
-            match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
-                Ok(Ok(_stream)) => Ok(()),
-                Ok(Err(e)) => Err(format!("connect: {e}")),
-                Err(_) => Err(format!("connect: no answer within {timeout:?}")),
+            match (kind, role) {
+                (Probe::Tcp, _) => {
+                    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
+                    {
+                        Ok(Ok(_stream)) => Ok(()),
+                        Ok(Err(e)) => Err(format!("connect: {e}")),
+                        Err(_) => Err(format!("connect: no answer within {timeout:?}")),
+                    }
+                }
+                (Probe::Zmtp, _) | (Probe::Salt, Role::Publish) => {
+                    probe::zmtp_greeting(addr, timeout)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| format!("ZMTP greeting: {e}"))
+                }
+                (Probe::Salt, Role::Request) => match probe::salt_ping(addr, timeout).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.is_not_ready() => Err(
+                        "salt ping: not ready (cluster_retry: not yet a cluster member)"
+                            .to_string(),
+                    ),
+                    Err(e) => Err(format!("salt ping: {e}")),
+                },
             }
         })
     }
@@ -76,7 +100,7 @@ pub async fn run_port_checks(
         let settings = master.cfg().health;
         let t0 = Instant::now();
         let result = tokio::select! {
-            r = prober.probe(addr, settings.timeout) => r,
+            r = prober.probe(addr, role, settings.probe, settings.timeout) => r,
             _ = stop.cancelled() => return,
         };
         let took = t0.elapsed();

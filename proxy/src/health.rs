@@ -85,6 +85,7 @@ mod tests {
             rise: 2,
             fall: 3,
             timeout: Duration::from_secs(1),
+            probe: saltgate_config::Probe::Tcp,
         }
     }
 

@@ -47,6 +47,10 @@ enum Cmd {
         /// with --haproxy-config, which has no admin section.
         #[arg(long)]
         admin_bind: Option<String>,
+        /// Health probe for every master, overriding the file: salt (default), zmtp or tcp
+        /// (tcp for backends that are not Salt masters, e.g. in tests).
+        #[arg(long)]
+        probe: Option<String>,
     },
     /// Validate a configuration without starting (exit 0 valid, 1 invalid), like `haproxy -c`.
     CheckConfig {
@@ -167,6 +171,7 @@ fn main() -> ExitCode {
             config,
             haproxy_config,
             admin_bind,
+            probe,
         } => {
             init_logs(cli.log_format, &cli.log_level);
             let source = match (config, haproxy_config) {
@@ -206,21 +211,29 @@ fn main() -> ExitCode {
                 tracing::warn!("{w}");
             }
             let mut loaded = loaded;
-            let admin_override = match admin_bind.as_deref() {
-                None => None,
-                Some("off") => Some(None),
+            let mut ov = Overrides::default();
+            match admin_bind.as_deref() {
+                None => {}
+                Some("off") => ov.admin = Some(None),
                 Some(a) => match saltgate_config::addr::parse_bind(a) {
-                    Ok(addr) => Some(Some(addr)),
+                    Ok(addr) => ov.admin = Some(Some(addr)),
                     Err(e) => {
                         tracing::error!("--admin-bind: {e}");
                         return ExitCode::FAILURE;
                     }
                 },
-            };
-            if let Some(o) = admin_override {
-                apply_admin_override(&mut loaded.config, o);
             }
-            match run(loaded, source, admin_override) {
+            if let Some(p) = probe.as_deref() {
+                match saltgate_config::Probe::parse(p) {
+                    Some(p) => ov.probe = Some(p),
+                    None => {
+                        tracing::error!("--probe: unknown probe {p:?}; use salt, zmtp or tcp");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            ov.apply(&mut loaded.config);
+            match run(loaded, source, ov) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e:#}");
@@ -234,22 +247,35 @@ fn main() -> ExitCode {
 /// How often the configuration file is polled for changes.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// `--admin-bind`: `None` turns the admin API off, `Some(addr)` moves it.
-fn apply_admin_override(c: &mut saltgate_config::Config, o: Option<std::net::SocketAddr>) {
-    match o {
-        None => c.admin.enabled = false,
-        Some(a) => {
-            c.admin.enabled = true;
-            c.admin.bind = a;
+/// Command-line settings that win over the file, at start and at every reload.
+#[derive(Default, Clone, Copy)]
+struct Overrides {
+    /// `--admin-bind`: `Some(None)` turns the admin API off, `Some(Some(addr))` moves it.
+    admin: Option<Option<std::net::SocketAddr>>,
+    /// `--probe`.
+    probe: Option<saltgate_config::Probe>,
+}
+
+impl Overrides {
+    fn apply(&self, c: &mut saltgate_config::Config) {
+        match self.admin {
+            None => {}
+            Some(None) => c.admin.enabled = false,
+            Some(Some(a)) => {
+                c.admin.enabled = true;
+                c.admin.bind = a;
+            }
+        }
+        if let Some(p) = self.probe {
+            c.health.probe = p;
+            for m in &mut c.masters {
+                m.health.probe = p;
+            }
         }
     }
 }
 
-fn run(
-    loaded: Loaded,
-    source: Option<ConfigSource>,
-    admin_override: Option<Option<std::net::SocketAddr>>,
-) -> Result<()> {
+fn run(loaded: Loaded, source: Option<ConfigSource>, overrides: Overrides) -> Result<()> {
     if loaded.config.global.raise_nofile {
         match rlimit::increase_nofile_limit(u64::MAX) {
             Ok(n) => tracing::info!(nofile = n, "open-file limit raised to the hard limit"),
@@ -265,10 +291,9 @@ fn run(
         let opts = saltgate_proxy::Options {
             source,
             watch: Some(WATCH_EVERY),
-            override_config: admin_override.map(|o| {
-                Arc::new(move |c: &mut saltgate_config::Config| apply_admin_override(c, o))
-                    as saltgate_proxy::ConfigOverride
-            }),
+            override_config: Some(Arc::new(move |c: &mut saltgate_config::Config| {
+                overrides.apply(c)
+            })),
             ..Default::default()
         };
         let running = Arc::new(saltgate_proxy::start(loaded.config, opts, shutdown).await?);

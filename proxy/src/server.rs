@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::check::{self, MasterEvent, Prober, TcpConnect};
+use crate::check::{self, MasterEvent, Prober, SaltProbes};
 use crate::close::CloseReason;
 use crate::listener::{self, Limit};
 use crate::master::{Admin, Flip, Master, MasterState};
@@ -107,6 +107,9 @@ pub(crate) struct Shared {
     listeners: Mutex<Vec<ListenerHandle>>,
     admin: Mutex<Option<AdminHandle>>,
     reload_lock: tokio::sync::Mutex<()>,
+    /// Serialises reloads from the file (so systemd sees RELOADING/READY pairs) and holds the
+    /// content last read, so the watcher does not reload what a SIGHUP already did.
+    source_seen: tokio::sync::Mutex<Option<Vec<u8>>>,
     source: Option<ConfigSource>,
     override_config: Option<ConfigOverride>,
     accept_stop: CancellationToken,
@@ -132,7 +135,7 @@ pub type ConfigOverride = Arc<dyn Fn(&mut Config) + Send + Sync>;
 impl Default for Options {
     fn default() -> Self {
         Self {
-            prober: Arc::new(TcpConnect),
+            prober: Arc::new(SaltProbes),
             source: None,
             watch: None,
             override_config: None,
@@ -185,6 +188,11 @@ pub async fn start(
         listeners: Mutex::new(Vec::new()),
         admin: Mutex::new(None),
         reload_lock: tokio::sync::Mutex::new(()),
+        source_seen: tokio::sync::Mutex::new(
+            opts.source
+                .as_ref()
+                .and_then(|s| std::fs::read(&s.path).ok()),
+        ),
         source: opts.source,
         override_config: opts.override_config,
         accept_stop: CancellationToken::new(),
@@ -323,14 +331,16 @@ impl Shared {
                 CloseReason::Drained,
             );
         }
+        if first {
+            // Before accepting: the first client must find the masters that are UP. (The sockets
+            // are bound already; early connections wait in the backlog.)
+            self.first_round(&snap).await;
+        }
         self.global_limit
             .store(Arc::new(Limit::new(cfg.global.maxconn)));
         self.sync_listeners(cfg, &wanted, fresh);
         self.sync_admin(cfg, admin_sock);
 
-        if first {
-            self.first_round(&snap).await;
-        }
         tracing::info!(
             generation,
             masters = snap.masters.len(),
@@ -459,10 +469,11 @@ impl Shared {
         self: &Arc<Self>,
         trigger: &str,
     ) -> Result<u64, ApplyError> {
+        let mut seen = self.source_seen.lock().await;
         crate::notify::sd_notify_reloading();
         let result = match &self.source {
             None => Err(ApplyError::NoSource),
-            Some(src) => match saltgate_config::load(&src.path, src.format) {
+            Some(src) => match read_source(src, &mut seen) {
                 Err(e) => Err(ApplyError::Invalid(e)),
                 Ok(mut l) => {
                     for w in &l.warnings {
@@ -544,6 +555,24 @@ impl Shared {
     pub(crate) fn admin_addr(&self) -> Option<SocketAddr> {
         lock(&self.admin).as_ref().map(|h| h.local)
     }
+}
+
+/// Reads and validates the source file, remembering the bytes read.
+fn read_source(
+    src: &ConfigSource,
+    seen: &mut Option<Vec<u8>>,
+) -> Result<saltgate_config::Loaded, ConfigErrors> {
+    let bytes = std::fs::read(&src.path).map_err(|e| {
+        ConfigErrors::one(saltgate_config::ConfigError::new(
+            saltgate_config::Position::new(Some(&src.path), 0, 0),
+            "",
+            format!("cannot read the file: {e}"),
+            "check the path and its permissions",
+        ))
+    })?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    *seen = Some(bytes);
+    saltgate_config::parse(&text, Some(&src.path), src.format)
 }
 
 fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
@@ -655,7 +684,6 @@ async fn handle_events(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Mast
 /// Reloads when the configuration file's content changes (polled: robust to editors that replace
 /// the file, and to files on network filesystems where inotify is unreliable).
 async fn watch_file(shared: Arc<Shared>, path: PathBuf, every: Duration) {
-    let mut last = std::fs::read(&path).ok();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -663,9 +691,14 @@ async fn watch_file(shared: Arc<Shared>, path: PathBuf, every: Duration) {
             _ = tick.tick() => {}
             _ = shared.accept_stop.cancelled() => return,
         }
-        let now = std::fs::read(&path).ok();
-        if now.is_some() && now != last {
-            last = now;
+        let Ok(now) = std::fs::read(&path) else {
+            continue;
+        };
+        let changed = match shared.source_seen.try_lock() {
+            Ok(seen) => seen.as_deref() != Some(now.as_slice()),
+            Err(_) => false, // a reload is running; look again next tick
+        };
+        if changed {
             let _ = shared.reload_from_source("file change").await;
         }
     }

@@ -73,6 +73,9 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- saltgate log ---\n{}", self.text());
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -140,8 +143,15 @@ async fn haproxy_fixture_runs_as_it_stands_and_stops_cleanly_on_sigterm() {
     let cfg = dir.path().join("haproxy.cfg");
     std::fs::write(&cfg, &f.text).unwrap();
     let mut cmd = Command::new(BIN);
-    cmd.args(["run", "--admin-bind", "off", "--haproxy-config"])
-        .arg(&cfg);
+    cmd.args([
+        "run",
+        "--probe",
+        "tcp",
+        "--admin-bind",
+        "off",
+        "--haproxy-config",
+    ])
+    .arg(&cfg);
     let mut p = Proc::spawn(cmd);
     p.wait_log("listening", 2).await;
     three_sessions_round_robin(f.publish).await;
@@ -205,8 +215,17 @@ async fn imported_fixture_runs_as_yaml() {
     );
 
     let mut cmd = Command::new(BIN);
-    cmd.args(["run", "--log-format", "json", "--config"])
-        .arg(&yaml_path);
+    cmd.args([
+        "run",
+        "--probe",
+        "tcp",
+        "--admin-bind",
+        "off",
+        "--log-format",
+        "json",
+        "--config",
+    ])
+    .arg(&yaml_path);
     let mut p = Proc::spawn(cmd);
     p.wait_log("listening", 2).await;
     three_sessions_round_robin(f.request).await;
@@ -307,7 +326,7 @@ async fn accept_backs_off_on_emfile_and_recovers() {
 
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(format!(
-        "ulimit -n 48 && exec {BIN} run --admin-bind off --config {}",
+        "ulimit -n 48 && exec {BIN} run --probe tcp --admin-bind off --config {}",
         yaml_path.display()
     ));
     let mut p = Proc::spawn(cmd);
@@ -397,7 +416,7 @@ async fn ctl_drives_a_live_proxy_and_fails_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let (path, admin, _) = yaml_with_admin(&f, dir.path()).await;
     let mut cmd = Command::new(BIN);
-    cmd.args(["run", "--config"]).arg(&path);
+    cmd.args(["run", "--probe", "tcp", "--config"]).arg(&path);
     let mut p = Proc::spawn(cmd);
     p.wait_log("admin API listening", 1).await;
 
@@ -470,7 +489,7 @@ async fn sighup_and_file_changes_reload_and_systemd_is_told() {
     let (sock_path, sock) = notify_socket(dir.path());
     let mut cmd = Command::new(BIN);
     cmd.env("NOTIFY_SOCKET", &sock_path)
-        .args(["run", "--config"])
+        .args(["run", "--probe", "tcp", "--config"])
         .arg(&path);
     let mut p = Proc::spawn(cmd);
     assert_eq!(next_state(&sock), "READY=1");

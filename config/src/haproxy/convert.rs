@@ -291,6 +291,8 @@ fn masters(
             rise: o.rise.unwrap_or(defaults::RISE),
             fall: o.fall.unwrap_or(defaults::FALL),
             timeout: pb.timeout_check.map(|t| t.v).unwrap_or(inter),
+            // HAProxy's `check` becomes saltgate's Salt-aware check: that is the point of the switch.
+            probe: crate::model::Probe::Salt,
         };
         let port_of = |s: &Server, l: &ListenerConfig| {
             s.port.unwrap_or_else(|| {

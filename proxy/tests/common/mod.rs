@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use saltgate_config::{
     AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
-    OnMasterDown, Role,
+    OnMasterDown, Probe, Role,
 };
 use saltgate_proxy::check::Prober;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -195,6 +195,7 @@ impl FakeCluster {
             rise: 2,
             fall: 2,
             timeout: Duration::from_millis(500),
+            probe: Probe::Tcp,
         };
         let masters = self
             .masters
@@ -261,6 +262,8 @@ impl Prober for ScriptedProber {
     fn probe(
         &self,
         addr: SocketAddr,
+        _role: Role,
+        _kind: Probe,
         _timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         *self.probes.lock().unwrap().entry(addr).or_default() += 1;
