@@ -483,9 +483,15 @@ pillar_roots:
         log("cluster key pair created in shared cluster_pki_dir before the masters start")
 
     def cluster_key_sum(self):
-        import hashlib
-        with open(os.path.join(self.shared, "pki", "cluster.pem"), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()[:16]
+        """identity of the shared cluster key: a hash of its public modulus (join-replies rewrite cluster.pem
+        in another PEM encoding, so the file's bytes may change while the key stays the same)"""
+        code = ("import hashlib,sys\n"
+                "from cryptography.hazmat.primitives.serialization import load_pem_private_key\n"
+                "k=load_pem_private_key(open(sys.argv[1],'rb').read(),None)\n"
+                "print(hashlib.sha256(str(k.public_key().public_numbers().n).encode()).hexdigest()[:16])\n")
+        r = subprocess.run([self.py, "-c", code, os.path.join(self.shared, "pki", "cluster.pem")],
+                           capture_output=True, text=True)
+        return r.stdout.strip() or r.stderr.strip()[-200:]
 
     def start_masters(self, ips):
         """start IPS (all masters on a fresh or fully stopped cluster, or the missing ones) and wait
