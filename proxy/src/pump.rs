@@ -27,25 +27,63 @@ pub const BUF_SIZE: usize = 16 * 1024;
 /// A bounded pool of buffers shared by all sessions.
 pub struct BufPool {
     free: ArrayQueue<Box<[u8]>>,
+    in_use: AtomicU64,
 }
 
 impl BufPool {
     pub fn new(max_free: usize) -> Self {
         Self {
             free: ArrayQueue::new(max_free.max(1)),
+            in_use: AtomicU64::new(0),
         }
     }
-    fn get(&self) -> Box<[u8]> {
-        self.free
+    /// A buffer, returned to the pool when dropped.
+    fn get(&self) -> PooledBuf<'_> {
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        let buf = self
+            .free
             .pop()
-            .unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice())
-    }
-    fn put(&self, b: Box<[u8]>) {
-        let _ = self.free.push(b);
+            .unwrap_or_else(|| vec![0u8; BUF_SIZE].into_boxed_slice());
+        PooledBuf {
+            buf: Some(buf),
+            pool: self,
+        }
     }
     /// Buffers waiting for reuse.
     pub fn idle_buffers(&self) -> usize {
         self.free.len()
+    }
+    /// Buffers held by sessions right now (0 when every session is idle).
+    pub fn in_use(&self) -> u64 {
+        self.in_use.load(Ordering::Relaxed)
+    }
+}
+
+/// A pool buffer; goes back to the pool (or is freed when the pool is full) on drop.
+struct PooledBuf<'a> {
+    buf: Option<Box<[u8]>>,
+    pool: &'a BufPool,
+}
+
+impl std::ops::Deref for PooledBuf<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_deref().unwrap_or(&[])
+    }
+}
+
+impl std::ops::DerefMut for PooledBuf<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.buf.as_deref_mut().unwrap_or(&mut [])
+    }
+}
+
+impl Drop for PooledBuf<'_> {
+    fn drop(&mut self) {
+        self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
+        if let Some(b) = self.buf.take() {
+            let _ = self.pool.free.push(b);
+        }
     }
 }
 
@@ -126,7 +164,7 @@ async fn copy_half(
         let mut buf = pool.get();
         match r.try_read(&mut buf) {
             Ok(0) => {
-                pool.put(buf);
+                drop(buf);
                 // Pass the FIN on. A failure here means the peer is gone; the other direction
                 // will see it.
                 let _ = w.shutdown().await;
@@ -140,9 +178,8 @@ async fn copy_half(
                 count.fetch_add(n as u64, Ordering::Relaxed);
                 metric.inc_by(n as u64);
                 act.touch();
-                pool.put(buf);
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => pool.put(buf),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return DirEnd::ReadErr(e),
         }
     }

@@ -620,6 +620,11 @@ impl Running {
         self.shared.tracker.len()
     }
 
+    /// Pump buffers held by sessions right now (sessions hold none while idle).
+    pub fn buffers_in_use(&self) -> u64 {
+        self.shared.pool.in_use()
+    }
+
     /// Puts `config` in force (as a reload would). Counted in `saltgate_reloads_total`.
     pub async fn reload(&self, config: Config) -> Result<u64, ApplyError> {
         let r = self.shared.apply(config, false).await;

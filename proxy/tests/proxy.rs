@@ -420,3 +420,22 @@ async fn source_balance_keeps_a_client_on_one_master_for_both_ports() {
         assert_eq!(connect(addr(&r, Role::Request)).await.1, p1);
     }
 }
+
+#[tokio::test]
+async fn idle_sessions_hold_no_buffers() {
+    let c = FakeCluster::start(2, Behaviour::Echo).await;
+    let (r, _stop) = run(c.config(), Some(Arc::new(ScriptedProber::default()))).await;
+    let mut sessions = Vec::new();
+    for i in 0..100 {
+        let role = if i % 2 == 0 {
+            Role::Publish
+        } else {
+            Role::Request
+        };
+        let (mut s, _) = connect(addr(&r, role)).await;
+        assert_eq!(echo(&mut s, &[i as u8; 3000]).await, vec![i as u8; 3000]);
+        sessions.push(s);
+    }
+    assert_eq!(r.live_sessions(), 100);
+    wait_for("every buffer back in the pool", || r.buffers_in_use() == 0).await;
+}
