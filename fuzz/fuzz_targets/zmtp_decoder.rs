@@ -8,7 +8,11 @@ use saltgate_wire::zmtp::frame::{Frame, FrameDecoder, MessageAssembler};
 
 fuzz_target!(|data: &[u8]| {
     // Feed in two chunks to exercise partial-input paths too.
-    let split = data.first().map(|b| usize::from(*b)).unwrap_or(0).min(data.len());
+    let split = data
+        .first()
+        .map(|b| usize::from(*b))
+        .unwrap_or(0)
+        .min(data.len());
     let (a, b) = data.split_at(split);
     let dec = FrameDecoder::new(4096);
     let mut asm = MessageAssembler::new(16, 8192);
