@@ -1,3 +1,5 @@
+//! Unit tests of the envelope codecs (split out to keep envelope.rs short).
+
 use super::*;
 
 #[test]

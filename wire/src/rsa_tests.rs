@@ -1,3 +1,5 @@
+//! Unit tests of RSA, OAEP, PKCS#1 v1.5, X9.31 and PEM (split out to keep rsa.rs short).
+
 use std::sync::OnceLock;
 
 use super::*;

@@ -1,6 +1,6 @@
 //! The per-connection driver shared by every socket role.
 //!
-//! One task per connection runs [`drive`]: it reads frames, assembles messages, answers every
+//! One task per connection runs `drive`: it reads frames, assembles messages, answers every
 //! PING with a PONG (echoing the context), optionally sends its own PINGs and closes the
 //! connection when the peer stays silent past the timeout (or past the TTL the peer announced in
 //! its PINGs), applies subscriptions (ZMTP 3.1 commands and legacy `0x01`/`0x00` frames), and
