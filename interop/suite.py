@@ -958,6 +958,8 @@ acceptance_wait_time: 5
                 row["recovery"] = f"not recovered ({t_end - t0:.0f} s)"
             elif not hit:
                 row["recovery"] = "no round missed"
+            elif a["recovery"] <= 0.0:
+                row["recovery"] = "0 s (missed only rounds published before T0)"
             else:
                 row["recovery"] = f"{a['recovery']:.1f} s"
                 if t_cont is not None and a["recovery"] > t_cont - t0:
@@ -1055,7 +1057,7 @@ acceptance_wait_time: 5
             if not r:
                 continue
             nm = sum(r["missed"].values())
-            parts.append(f"{lb.label}: jobs={r['jobs']} missed={nm} detect={r.get('detect')} "
+            parts.append(f"{lb.label}: rounds(jobs)={r['jobs']} missed={nm} detect={r.get('detect')} "
                          f"recovery={r.get('recovery')} p50={fmt_s(r['p50'])} p95={fmt_s(r['p95'])}")
         status = "PASS" if res.get("ok") else "FAIL"
         print(f"RESULT scenario {title}: {status} | " + " | ".join(parts), flush=True)
