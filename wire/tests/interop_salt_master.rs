@@ -28,7 +28,7 @@ fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-fn write_config(dir: &Path, pub_port: u16, ret_port: u16) {
+fn write_config(dir: &Path, pub_port: u16, ret_port: u16, extra: &str) {
     let d = dir.display();
     let conf = format!(
         "id: saltgate-wire-test\n\
@@ -49,7 +49,8 @@ fn write_config(dir: &Path, pub_port: u16, ret_port: u16) {
          zmq_heartbeat_ivl: {HB_IVL_MS}\n\
          zmq_heartbeat_timeout: {HB_TIMEOUT_MS}\n\
          file_roots: {{base: [{d}/srv/salt]}}\n\
-         pillar_roots: {{base: [{d}/srv/pillar]}}\n"
+         pillar_roots: {{base: [{d}/srv/pillar]}}\n\
+         {extra}"
     );
     std::fs::create_dir_all(dir.join("conf")).expect("conf dir");
     std::fs::write(dir.join("conf/master"), conf).expect("write master config");
@@ -110,7 +111,7 @@ async fn real_salt_master_answers_probes_req_ping_and_keeps_our_sockets_connecte
         .tempdir_in("/tmp")
         .expect("tempdir");
     let (pub_port, ret_port) = (free_port(), free_port());
-    write_config(dir.path(), pub_port, ret_port);
+    write_config(dir.path(), pub_port, ret_port, "");
     let mut master = start_master(dir.path());
     let pub_addr: SocketAddr = format!("{IP}:{pub_port}").parse().unwrap();
     let req_addr: SocketAddr = format!("{IP}:{ret_port}").parse().unwrap();
@@ -232,4 +233,122 @@ async fn ping_probe_on_a_closed_port_is_a_connect_error_not_not_ready() {
         .unwrap_err();
     assert!(matches!(err, ProbeError::Connect(_)), "{err}");
     assert!(!err.is_not_ready());
+}
+
+/// A Rust "minion" authenticates with a real master (`auto_accept: True`) and then makes a v3
+/// `aes` request. This exercises, against Salt's own code: the `_auth` envelope, OAEP-SHA1
+/// decryption of the `aes` and `session` keys, the master's PKCS#1 v1.5 signature over the load,
+/// its X9.31 `sig` of the AES key digest, our X9.31 `tok` (the master verifies it against the
+/// key it stored), and Crypticle with the session key and nonce on the reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_minion_authenticates_with_a_real_master_and_makes_an_aes_request() {
+    use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
+    use saltgate_wire::rsa::{EncAlgo, PrivateKey, PublicKey, SigAlgo};
+    use sha2::{Digest, Sha256};
+
+    let dir = tempfile::Builder::new()
+        .prefix("sgw")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let (pub_port, ret_port) = (free_port(), free_port());
+    write_config(dir.path(), pub_port, ret_port, "auto_accept: True\n");
+    let mut master = start_master(dir.path());
+    let req_addr: SocketAddr = format!("{IP}:{ret_port}").parse().unwrap();
+    let key = tokio::task::spawn_blocking(|| PrivateKey::generate(2048).expect("keygen"));
+    wait_ready(req_addr, &mut master, dir.path()).await;
+    let key = key.await.unwrap();
+    let id = "rust-minion";
+    let nonce = |n: u128| format!("{n:032x}");
+    let auth_nonce = nonce(rand::random());
+
+    let mut req = ReqSocket::new(req_addr, ReqOptions::default());
+    let auth = RequestEnvelope::clear(map(vec![
+        ("cmd", text("_auth")),
+        ("id", text(id)),
+        ("nonce", text(&auth_nonce)),
+        ("enc_algo", text("OAEP-SHA1")),
+        ("sig_algo", text("PKCS1v15-SHA1")),
+        ("pub", text(&key.public_key().to_clean_pem().unwrap())),
+    ]));
+    let reply = req
+        .request(vec![Bytes::from(auth.encode())], Duration::from_secs(30))
+        .await
+        .expect("_auth reply");
+    let Reply::Envelope { enc, load, sig } = Reply::decode(&reply[0]).unwrap() else {
+        panic!("unexpected _auth reply");
+    };
+    assert_eq!(enc, "clear");
+    let load_bytes = envelope::as_bytes(&load).expect("load is bytes").to_vec();
+    let inner = envelope::decode(&load_bytes).expect("inner msgpack");
+    let field = |k: &str| envelope::get(&inner, k).unwrap_or_else(|| panic!("no {k} in {inner}"));
+    assert_eq!(envelope::as_str(field("enc")), Some("pub"), "{inner}");
+    assert_eq!(envelope::as_str(field("nonce")), Some(auth_nonce.as_str()));
+    let master_pub = PublicKey::from_pem(envelope::as_str(field("pub_key")).unwrap()).unwrap();
+    assert!(
+        master_pub.verify(SigAlgo::Pkcs1v15Sha1, &load_bytes, &sig.expect("sig")),
+        "master signature over the auth load does not verify"
+    );
+    let aes = key
+        .decrypt(EncAlgo::OaepSha1, envelope::as_bytes(field("aes")).unwrap())
+        .expect("OAEP aes");
+    let aes = String::from_utf8(aes).expect("key string");
+    CrypticleKey::from_key_string(&aes).expect("publish key");
+    let digest: String = Sha256::digest(aes.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let x931 = master_pub
+        .public_decrypt_x931(envelope::as_bytes(field("sig")).unwrap())
+        .expect("X9.31 sig");
+    assert_eq!(x931, digest.as_bytes());
+    let session = key
+        .decrypt(
+            EncAlgo::OaepSha1,
+            envelope::as_bytes(field("session")).unwrap(),
+        )
+        .expect("OAEP session");
+    let mut session = Crypticle::new(
+        CrypticleKey::from_key_string(&String::from_utf8(session).unwrap()).unwrap(),
+    );
+
+    // A v3 AES request: the master pops the nonce, checks our X9.31 tok, answers under the
+    // session key prefixed by our nonce.
+    let req_nonce = nonce(rand::random());
+    let tok = key.private_encrypt_x931(b"salt").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let aes_load = envelope::salt_compat(map(vec![
+        ("cmd", text("_file_envs")),
+        ("id", text(id)),
+        ("nonce", text(&req_nonce)),
+        ("ts", envelope::Value::from(now)),
+        ("tok", envelope::bin(&tok)),
+    ]));
+    let ct = session.dumps(&aes_load, None);
+    let reply = req
+        .request(
+            vec![Bytes::from(RequestEnvelope::aes(id, &ct).encode())],
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("aes reply");
+    let reply = Reply::decode(&reply[0]).unwrap();
+    let Reply::Encrypted(ct) = reply else {
+        panic!(
+            "master refused the aes request: {reply:?}\n{}",
+            logs(dir.path())
+        );
+    };
+    let envs = session.loads(&ct, Some(&req_nonce)).expect("session reply");
+    let envelope::Value::Array(envs) = envs else {
+        panic!("_file_envs returned {envs}");
+    };
+    assert!(
+        envs.iter().any(|e| envelope::as_str(e) == Some("base")),
+        "{envs:?}"
+    );
+    drop(req);
+    drop(master);
 }
