@@ -235,13 +235,14 @@ async fn ping_probe_on_a_closed_port_is_a_connect_error_not_not_ready() {
     assert!(!err.is_not_ready());
 }
 
-/// A Rust "minion" authenticates with a real master (`auto_accept: True`) and then makes a v3
-/// `aes` request. This exercises, against Salt's own code: the `_auth` envelope, OAEP-SHA1
-/// decryption of the `aes` and `session` keys, the master's PKCS#1 v1.5 signature over the load,
-/// its X9.31 `sig` of the AES key digest, our X9.31 `tok` (the master verifies it against the
-/// key it stored), and Crypticle with the session key and nonce on the reply.
+/// A Rust "minion" authenticates with a real master (`auto_accept: True`), makes a v3 `aes`
+/// request and decrypts a real publish. This exercises, against Salt's own code: the `_auth`
+/// envelope, OAEP-SHA1 decryption of the `aes` and `session` keys, the master's PKCS#1 v1.5
+/// signature over the load, its X9.31 `sig` of the AES key digest, our X9.31 `tok` (the master
+/// verifies it against the key it stored), Crypticle with the session key and nonce on the
+/// reply, and the publish envelope with its signature and `serial`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rust_minion_authenticates_with_a_real_master_and_makes_an_aes_request() {
+async fn rust_minion_authenticates_makes_an_aes_request_and_decrypts_a_real_publish() {
     use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
     use saltgate_wire::rsa::{EncAlgo, PrivateKey, PublicKey, SigAlgo};
     use sha2::{Digest, Sha256};
@@ -349,6 +350,60 @@ async fn rust_minion_authenticates_with_a_real_master_and_makes_an_aes_request()
         envs.iter().any(|e| envelope::as_str(e) == Some("base")),
         "{envs:?}"
     );
+
+    // A real publish: `salt rust-minion test.ping` makes the master publish a job on 4505. Our
+    // SUB receives the single-frame publish envelope; the master's signature over the
+    // ciphertext verifies and the publish key from `_auth` decrypts it.
+    let pub_addr: SocketAddr = format!("{IP}:{pub_port}").parse().unwrap();
+    let mut sub = Subscriber::connect(pub_addr, SubOptions::default());
+    sub.subscribe(Bytes::new());
+    assert!(sub.wait_connects(1, Duration::from_secs(10)).await);
+    let mut cli = Command::new(python().with_file_name("salt"));
+    cli.arg("-c")
+        .arg(dir.path().join("conf"))
+        .args(["--timeout", "5", id, "test.ping"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let cli = ProcGuard::spawn("salt", cli);
+    let frames = tokio::time::timeout(Duration::from_secs(60), sub.recv())
+        .await
+        .expect("a publish within 60 s")
+        .expect("sub alive");
+    assert_eq!(
+        frames.len(),
+        1,
+        "zmq_filtering is off: one frame per publish"
+    );
+    let publish = envelope::PublishEnvelope::decode(&frames[0]).expect("publish envelope");
+    assert_eq!(publish.enc, "aes");
+    assert_eq!(publish.sig_algo.as_deref(), Some("PKCS1v15-SHA1"));
+    assert!(master_pub.verify(
+        SigAlgo::Pkcs1v15Sha1,
+        &publish.load,
+        publish
+            .sig
+            .as_deref()
+            .expect("sign_pub_messages is on by default")
+    ));
+    let mut pub_crypticle = Crypticle::new(CrypticleKey::from_key_string(&aes).unwrap());
+    let job = pub_crypticle
+        .loads(&publish.load, None)
+        .expect("decrypt publish");
+    assert_eq!(
+        envelope::get(&job, "fun").and_then(envelope::as_str),
+        Some("test.ping")
+    );
+    assert_eq!(
+        envelope::get(&job, "tgt").and_then(envelope::as_str),
+        Some(id)
+    );
+    assert!(
+        pub_crypticle.last_serial() > 0,
+        "non-cluster publishes carry a serial"
+    );
+    drop(cli);
+    drop(sub);
     drop(req);
     drop(master);
 }
