@@ -407,3 +407,56 @@ async fn rust_minion_authenticates_makes_an_aes_request_and_decrypts_a_real_publ
     drop(req);
     drop(master);
 }
+
+/// A 3008 cluster member that cannot reach its peer never becomes a Raft voter, so the real
+/// master answers non-`_auth` requests with `cluster_retry`: the ping probe must say "not ready"
+/// (not "down", not "refused"). The peer address is a loopback address nothing listens on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_probe_reports_not_ready_for_a_real_cluster_member_that_is_not_a_voter() {
+    let dir = tempfile::Builder::new()
+        .prefix("sgw")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let (pub_port, ret_port) = (free_port(), free_port());
+    let d = dir.path().display();
+    // 127.0.0.60 sorts below our interface, so we are a joiner waiting for a founder that never
+    // answers.
+    let extra = format!(
+        "cluster_id: saltgate_wire_test\n\
+         cluster_peers: [127.0.0.60]\n\
+         cluster_pki_dir: {d}/cluster_pki\n\
+         cluster_pool_port: {}\n\
+         cluster_secret: not-a-real-secret\n",
+        free_port()
+    );
+    write_config(dir.path(), pub_port, ret_port, &extra);
+    let mut master = start_master(dir.path());
+    let req_addr: SocketAddr = format!("{IP}:{ret_port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match probe::salt_ping(req_addr, Duration::from_secs(2)).await {
+            Err(ProbeError::NotReady) => break,
+            Ok(r) => panic!("a non-voter answered the ping: {r:?}\n{}", logs(dir.path())),
+            Err(e) => {
+                if let Ok(Some(status)) = master.child.try_wait() {
+                    panic!(
+                        "salt-master exited early ({status}): {e}\n{}",
+                        logs(dir.path())
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no cluster_retry within 120 s, last error: {e}\n{}",
+                    logs(dir.path())
+                );
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    // The greeting probe still sees a live process: "not ready" is not "down".
+    let g = probe::zmtp_greeting(req_addr, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!((g.major, g.minor), (3, 1));
+    drop(master);
+}
