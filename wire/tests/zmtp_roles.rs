@@ -438,3 +438,37 @@ async fn pub_accepts_legacy_0x01_and_0x00_subscription_frames() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+#[tokio::test]
+async fn degenerate_heartbeat_settings_neither_panic_nor_drop_peers() {
+    for hb in [
+        Heartbeat {
+            interval: Duration::ZERO,
+            timeout: Duration::ZERO,
+            ttl: Duration::ZERO,
+        },
+        Heartbeat {
+            interval: Duration::MAX,
+            timeout: Duration::MAX,
+            ttl: Duration::MAX,
+        },
+    ] {
+        let publisher = Publisher::bind(
+            any(),
+            PubOptions {
+                heartbeat: Some(hb),
+                ..PubOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let mut sub = Subscriber::connect(publisher.local_addr(), SubOptions::default());
+        sub.subscribe(Bytes::new());
+        assert!(publisher.wait_for_subscribed(1, Duration::MAX).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        publisher.publish(vec![Bytes::from_static(b"still here")]);
+        let got = tokio::time::timeout(T, sub.recv()).await.unwrap().unwrap();
+        assert_eq!(got, vec![Bytes::from_static(b"still here")]);
+        assert_eq!(sub.connect_count(), 1);
+    }
+}

@@ -31,6 +31,18 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// A zero timeout means "the interval", as libzmq defaults `ZMQ_HEARTBEAT_TIMEOUT`.
+    fn normalised(self) -> Self {
+        Heartbeat {
+            timeout: if self.timeout.is_zero() {
+                self.interval
+            } else {
+                self.timeout
+            },
+            ..self
+        }
+    }
+
     /// What a Salt 3008 master uses: PING every 10 s, drop after 30 s of silence.
     pub fn salt_master() -> Self {
         Heartbeat {
@@ -167,11 +179,16 @@ where
 {
     let peer_3_1 = conn.peer().greeting.supports_3_1();
     // A ZMTP 3.0 peer (e.g. the `zeromq` crate) does not understand PING: never send it one.
-    let hb = cfg.heartbeat.filter(|_| peer_3_1);
-    let mut ping_tick = hb.map(|h| {
-        let mut t = tokio::time::interval_at(Instant::now() + h.interval, h.interval);
+    // A zero interval means no heartbeats (as `ZMQ_HEARTBEAT_IVL=0`).
+    let hb = cfg
+        .heartbeat
+        .filter(|h| peer_3_1 && !h.interval.is_zero())
+        .map(Heartbeat::normalised);
+    let mut ping_tick = hb.and_then(|h| {
+        let start = Instant::now().checked_add(h.interval)?;
+        let mut t = tokio::time::interval_at(start, h.interval);
         t.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        t
+        Some(t)
     });
     let mut remote_ttl: Option<Duration> = None;
     let mut last_rx = Instant::now();
@@ -182,7 +199,8 @@ where
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        let deadline = silence_limit.map(|l| last_rx + l);
+        // An unrepresentable deadline (absurdly long limit) means none.
+        let deadline = silence_limit.and_then(|l| last_rx.checked_add(l));
         let result = tokio::select! {
             frame = conn.read_frame() => {
                 last_rx = Instant::now();

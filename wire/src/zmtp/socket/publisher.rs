@@ -158,7 +158,11 @@ impl Publisher {
 
     /// Waits until at least `n` subscribers have subscribed to something; false on timeout.
     pub async fn wait_for_subscribed(&self, n: usize, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        // An unrepresentable deadline (absurd timeout) is capped at one day.
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(86_400));
         loop {
             let notified = self.shared.changed.notified();
             tokio::pin!(notified);

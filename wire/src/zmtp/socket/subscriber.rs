@@ -117,7 +117,7 @@ pub struct Subscriber {
 }
 
 impl Subscriber {
-    /// Starts dialling `addr` in the background.
+    /// Starts dialling `addr` in the background (call from within a Tokio runtime).
     pub fn connect(addr: SocketAddr, opts: SubOptions) -> Self {
         let interval = opts.reconnect.initial_interval(&mut rand::rng());
         let (ctl, ctl_rx) = mpsc::unbounded_channel();
@@ -167,7 +167,11 @@ impl Subscriber {
 
     /// Waits until `connect_count() >= n`; false on timeout.
     pub async fn wait_connects(&self, n: u64, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        // An unrepresentable deadline (absurd timeout) is capped at one day.
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or(now + Duration::from_secs(86_400));
         loop {
             let notified = self.state.changed.notified();
             tokio::pin!(notified);
