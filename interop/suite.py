@@ -1176,6 +1176,10 @@ acceptance_wait_time: 5
             log(f"FAILED: {exc}")
             print(f"RESULT suite: FAIL ({exc})", flush=True)
             ok = False
+        except KeyboardInterrupt:
+            log("interrupted")
+            print("RESULT suite: FAIL (interrupted)", flush=True)
+            ok = False
         finally:
             self.results.sort(key=lambda r: r["id"])
             if self.results:
