@@ -49,8 +49,15 @@ pub fn parse_duration(text: &str, bare: BareNumber) -> Result<Duration, String> 
             ))
         }
     };
-    d.ok_or_else(|| format!("invalid duration {text:?}: too large"))
+    match d {
+        Some(d) if d <= MAX => Ok(d),
+        _ => Err(format!("invalid duration {text:?}: longer than the 10-year maximum")),
+    }
 }
+
+/// The longest duration accepted (10 years): far beyond any timeout, and far from overflowing
+/// when added to a clock reading.
+pub const MAX: Duration = Duration::from_secs(10 * 365 * 86_400);
 
 /// Formats a duration in the largest unit that represents it exactly (`86400s` → `1d`).
 pub fn format_duration(d: Duration) -> String {

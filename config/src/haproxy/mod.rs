@@ -220,7 +220,7 @@ impl Parser<'_> {
     }
 
     fn duration(&mut self, l: &Line, i: usize) -> Option<Duration> {
-        let d = l.words[..i].join(" ");
+        let d = l.words[..i.min(l.words.len())].join(" ");
         let v = self.arg(l, i, "a time")?;
         match parse_duration(v, BareNumber::Millis) {
             Ok(t) => Some(t),
@@ -237,7 +237,7 @@ impl Parser<'_> {
     }
 
     fn number(&mut self, l: &Line, i: usize, min: u32, max: u32) -> Option<u32> {
-        let d = l.words[..i].join(" ");
+        let d = l.words[..i.min(l.words.len())].join(" ");
         let v = self.arg(l, i, "a number")?;
         match v.parse::<u32>() {
             Ok(n) if (min..=max).contains(&n) => Some(n),

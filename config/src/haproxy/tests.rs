@@ -280,3 +280,27 @@ fn garbage_is_an_error_not_a_panic() {
         let _ = parse_haproxy(text, None);
     }
 }
+
+/// Every directive this parser knows, cut short and followed by garbage, in every section: errors,
+/// never a panic. (A deterministic sweep; the fuzz target does the random search.)
+#[test]
+fn truncated_and_garbled_directives_never_panic() {
+    let directives = [
+        "timeout client 1m", "timeout", "bind 1.2.3.4:4505 v4v6", "server a 1.2.3.4:4505 check inter 2s rise 2 fall 3 weight 1 maxconn 5 on-marked-down shutdown-sessions",
+        "default-server inter 1s", "balance roundrobin", "retries 3", "maxconn 10", "backlog 5", "option tcplog", "no option tcplog",
+        "mode tcp", "log global", "default_backend b", "maxconn", "hard-stop-after 5s", "use_backend x", "acl a b",
+    ];
+    let sections = ["global", "defaults", "frontend f", "backend b", "listen l"];
+    let junk = ["", "\"", "'", "\\", "#", "-1", "99999999999999999999", "1.2.3.4:", "[::1", ":", "+1"];
+    for sec in sections {
+        for d in directives {
+            let words: Vec<&str> = d.split(' ').collect();
+            for cut in 0..=words.len() {
+                for j in junk {
+                    let line = format!("{} {j}", words[..cut].join(" "));
+                    let _ = parse_haproxy(&format!("{sec}\n    {line}\n"), None);
+                }
+            }
+        }
+    }
+}
