@@ -27,7 +27,7 @@ PUB_PORT, REQ_PORT, POOL_PORT = 4505, 4506, 4520
 CLUSTER_ID = "interop_cluster"
 N_MINIONS = 5
 PRE_S = 5  # jobs published before the fault
-GRACE_S = 8  # a job younger than this may still be answered (live recovery check)
+GRACE_S = 5  # a job younger than this may still be answered (live recovery check)
 SETTLE_S = 10  # publishers keep listening this long after the last job, then read the job cache
 
 
@@ -749,7 +749,7 @@ acceptance_wait_time: 5
                 "recovery": recovery, "recovered": recovered, "p50": pct(lats, 50), "p95": pct(lats, 95),
                 "late_jobs": late_jobs, "first_bad": (bad[0][0] - t0) if bad else None}
 
-    def live_recovered(self, st, group, t0, min_rounds=5):
+    def live_recovered(self, st, group, t0, min_rounds=3):
         """live view while the fault lasts: the last >= min_rounds rounds older than GRACE_S were all answered"""
         jobs, _ = self.read_jobs(st["files"])
         cut = now() - GRACE_S
@@ -925,7 +925,7 @@ acceptance_wait_time: 5
         if kind == "kill":
             self.procs.signal(vname, signal.SIGKILL)
             log(f"T0: SIGKILL to every process of master {victim} (pgid {self.procs.pid(vname)})")
-            min_obs, max_obs = 20, 60
+            min_obs, max_obs = 12, 60
         else:
             pids = self.procs.group_pids(vname)
             self.procs.signal(vname, signal.SIGSTOP)
