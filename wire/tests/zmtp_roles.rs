@@ -472,3 +472,44 @@ async fn degenerate_heartbeat_settings_neither_panic_nor_drop_peers() {
         assert_eq!(sub.connect_count(), 1);
     }
 }
+
+#[tokio::test]
+async fn a_large_frame_trickling_in_counts_as_traffic_for_the_heartbeat() {
+    use saltgate_wire::zmtp::greeting::{exchange, Greeting};
+    use saltgate_wire::zmtp::Properties;
+    use tokio::io::AsyncWriteExt;
+
+    let mut router = Router::bind(
+        any(),
+        RouterOptions {
+            heartbeat: Some(Heartbeat {
+                interval: Duration::from_millis(100),
+                timeout: Duration::from_millis(300),
+                ttl: Duration::ZERO,
+            }),
+            ..RouterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // A hand-driven REQ that never answers PINGs but sends a 2000-byte frame in slow pieces.
+    let mut s = tokio::net::TcpStream::connect(router.local_addr())
+        .await
+        .unwrap();
+    exchange(&mut s, &Greeting::ours(false)).await.unwrap();
+    let mut buf = bytes::BytesMut::new();
+    Command::Ready(Properties::default().with("Socket-Type", "REQ")).encode_frame(&mut buf);
+    buf.extend_from_slice(b"\x01\x00"); // empty delimiter, MORE
+    buf.extend_from_slice(&[0x02, 0, 0, 0, 0, 0, 0, 0x07, 0xd0]); // long frame, 2000 bytes
+    s.write_all(&buf).await.unwrap();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.write_all(&[b'z'; 100]).await.unwrap();
+    }
+    // 1 s of trickle is over three silence timeouts: the frame still arrives whole.
+    let m = tokio::time::timeout(T, router.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.frames[1].len(), 2000);
+}

@@ -70,6 +70,8 @@ pub struct Connection<S = TcpStream> {
     wbuf: BytesMut,
     decoder: FrameDecoder,
     peer: PeerInfo,
+    /// When bytes last arrived (any bytes: a large frame trickling in counts as traffic).
+    last_rx: tokio::time::Instant,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
@@ -98,6 +100,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 identity: Bytes::new(),
                 properties: Properties::default(),
             },
+            last_rx: tokio::time::Instant::now(),
         };
         let props = match conn.read_frame().await? {
             Frame::Command(body) => match Command::parse(&body)? {
@@ -132,6 +135,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         &self.peer
     }
 
+    /// When bytes last arrived from the peer.
+    pub fn last_received(&self) -> tokio::time::Instant {
+        self.last_rx
+    }
+
     /// Reads the next frame. Cancel-safe: bytes already read stay buffered.
     pub async fn read_frame(&mut self) -> Result<Frame, ZmtpError> {
         loop {
@@ -142,6 +150,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             if n == 0 {
                 return Err(ZmtpError::Eof);
             }
+            self.last_rx = tokio::time::Instant::now();
         }
     }
 

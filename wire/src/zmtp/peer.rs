@@ -191,7 +191,6 @@ where
         Some(t)
     });
     let mut remote_ttl: Option<Duration> = None;
-    let mut last_rx = Instant::now();
     let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
 
     loop {
@@ -200,10 +199,9 @@ where
             (a, b) => a.or(b),
         };
         // An unrepresentable deadline (absurdly long limit) means none.
-        let deadline = silence_limit.and_then(|l| last_rx.checked_add(l));
+        let deadline = silence_limit.and_then(|l| conn.last_received().checked_add(l));
         let result = tokio::select! {
             frame = conn.read_frame() => {
-                last_rx = Instant::now();
                 match frame {
                     Ok(frame) => {
                         on_frame(&mut conn, frame, &inbound, &mut assembler, &mut remote_ttl).await
@@ -225,7 +223,16 @@ where
                     .await
                     .map(|()| true)
             }
-            _ = sleep_until(deadline) => return CloseReason::HeartbeatTimeout,
+            _ = sleep_until(deadline) => {
+                // Bytes of a large frame may have arrived meanwhile: only silence counts.
+                let still_silent = silence_limit
+                    .and_then(|l| conn.last_received().checked_add(l))
+                    .is_some_and(|d| d <= Instant::now());
+                if still_silent {
+                    return CloseReason::HeartbeatTimeout;
+                }
+                Ok(true)
+            }
         };
         match result {
             Ok(true) => {}

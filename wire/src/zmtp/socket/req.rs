@@ -127,6 +127,9 @@ impl ReqSocket {
             None => self.dial().await?,
         };
         let link = self.link.insert(link);
+        // Nothing may arrive between requests; drop anything that did so it is not taken for
+        // this request's reply.
+        while link.rx.try_recv().is_ok() {}
         let mut msg = Vec::with_capacity(parts.len() + 1);
         msg.push(Bytes::new());
         msg.extend(parts);
