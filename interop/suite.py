@@ -651,18 +651,21 @@ acceptance_wait_time: 5
                                                  self.mconf(ip), ",".join(self.minions), out, stop,
                                                  "--interval", "1", "--settle", str(SETTLE_S)],
                              os.path.join(d, f"{ip}.err"))
-        ok = wait_for(lambda: all(self._has_pub(f) for f in files.values()), 30, 0.2)
-        if not ok:
-            raise Failure(f"publishers through {ips} did not publish within 30 s (see {d}/*.err)")
+        # every publisher has published, or reported a failed publish (a master that has just come back
+        # may time out for a while under load: that is a result, recorded as a publish error)
+        wait_for(lambda: all(self._has_pub(f, True) for f in files.values()), 30, 0.2)
+        if not any(self._has_pub(f) for f in files.values()):
+            raise Failure(f"none of the publishers through {ips} published within 30 s (see {d}/*.err)")
         return {"dir": d, "stop": stop, "files": files, "tag": tag}
 
     @staticmethod
-    def _has_pub(path):
+    def _has_pub(path, or_error=False):
         try:
             with open(path) as f:
-                return '"ev": "pub"' in f.read()
+                data = f.read()
         except OSError:
             return False
+        return '"ev": "pub"' in data or (or_error and '"ev": "perr"' in data)
 
     def stop_streams(self, st):
         open(st["stop"], "w").close()
