@@ -51,7 +51,9 @@ pub fn parse_duration(text: &str, bare: BareNumber) -> Result<Duration, String> 
     };
     match d {
         Some(d) if d <= MAX => Ok(d),
-        _ => Err(format!("invalid duration {text:?}: longer than the 10-year maximum")),
+        _ => Err(format!(
+            "invalid duration {text:?}: longer than the 10-year maximum"
+        )),
     }
 }
 

@@ -40,7 +40,11 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         format_duration(c.global.shutdown_grace)
     )?;
     writeln!(o, "  raise_nofile: {}", c.global.raise_nofile)?;
-    writeln!(o, "  drain_timeout: {}        # a drained or removed master's sessions are closed after this", format_duration(c.global.drain_timeout))?;
+    writeln!(
+        o,
+        "  drain_timeout: {}        # a drained or removed master's sessions are closed after this",
+        format_duration(c.global.drain_timeout)
+    )?;
     writeln!(o)?;
     writeln!(
         o,
@@ -80,7 +84,10 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
     write_listener(o, &c.publish)?;
     write_listener(o, &c.request)?;
     writeln!(o)?;
-    writeln!(o, "# Admin API and /metrics (keep it on loopback, or set a token_file).")?;
+    writeln!(
+        o,
+        "# Admin API and /metrics (keep it on loopback, or set a token_file)."
+    )?;
     writeln!(o, "admin:")?;
     writeln!(o, "  enabled: {}", c.admin.enabled)?;
     writeln!(o, "  bind: \"{}\"", c.admin.bind)?;
@@ -98,7 +105,11 @@ fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Resu
     writeln!(o, "{ind}timeout: {}", format_duration(h.timeout))?;
     writeln!(o, "{ind}rise: {}", h.rise)?;
     writeln!(o, "{ind}fall: {}", h.fall)?;
-    writeln!(o, "{ind}probe: {}             # salt | zmtp | tcp", h.probe.as_str())
+    writeln!(
+        o,
+        "{ind}probe: {}             # salt | zmtp | tcp",
+        h.probe.as_str()
+    )
 }
 
 fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {

@@ -146,7 +146,7 @@ pub struct MasterConfig {
     pub host: String,
     pub publish_port: u16,
     pub request_port: u16,
-    /// Relative share of new sessions (0: none, except when it is the only one left).
+    /// Relative share of new sessions (0: no new sessions).
     pub weight: u32,
     /// Cap on sessions per port on this master (HAProxy server `maxconn`). `None`: no cap.
     pub maxconn: Option<u32>,

@@ -13,7 +13,8 @@ use crate::addr::parse_bind;
 use crate::duration::{parse_duration, BareNumber};
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
-    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig, OnMasterDown, Role,
+    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
+    OnMasterDown, Role,
 };
 
 /// A duration as written in YAML: a string such as `10s`, or a bare number (refused with a hint).
@@ -278,7 +279,12 @@ impl Checker<'_> {
         if let Some(v) = &raw.probe {
             match crate::model::Probe::parse(&v.value) {
                 Some(p) => h.probe = p,
-                None => self.err(v, &format!("{prefix}.probe"), format!("unknown probe {:?}", v.value), "use salt (ZMTP greeting on publish, clear ping on request), zmtp or tcp"),
+                None => self.err(
+                    v,
+                    &format!("{prefix}.probe"),
+                    format!("unknown probe {:?}", v.value),
+                    "use salt (ZMTP greeting on publish, clear ping on request), zmtp or tcp",
+                ),
             }
         }
         h
@@ -436,7 +442,9 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
             global.raise_nofile = v;
         }
         if let Some(v) = &g.drain_timeout {
-            global.drain_timeout = c.duration(v, "global.drain_timeout").unwrap_or(global.drain_timeout);
+            global.drain_timeout = c
+                .duration(v, "global.drain_timeout")
+                .unwrap_or(global.drain_timeout);
         }
     }
     let mut admin = AdminConfig::default();
@@ -452,7 +460,12 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         }
         if let Some(t) = &a.token_file {
             if t.value.trim().is_empty() {
-                c.err(t, "admin.token_file", "empty path", "name a file that holds the bearer token, or remove the key");
+                c.err(
+                    t,
+                    "admin.token_file",
+                    "empty path",
+                    "name a file that holds the bearer token, or remove the key",
+                );
             } else {
                 admin.token_file = Some(t.value.clone().into());
             }
@@ -563,7 +576,13 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
 
     let publish = c.listener(&raw.listeners.publish, Role::Publish);
     let request = c.listener(&raw.listeners.request, Role::Request);
-    if admin.enabled && publish.bind.iter().chain(&request.bind).any(|a| *a == admin.bind) {
+    if admin.enabled
+        && publish
+            .bind
+            .iter()
+            .chain(&request.bind)
+            .any(|a| *a == admin.bind)
+    {
         c.errors.push(ConfigError::new(
             Position::new(file, 0, 0),
             "admin.bind",

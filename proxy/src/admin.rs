@@ -5,7 +5,7 @@
 //! | route | |
 //! |---|---|
 //! | `GET /healthz` | the process is alive (no token needed) |
-//! | `GET /readyz` | 200 when every listener has a master UP, else 503 (no token needed) |
+//! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (no token needed) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/masters` | state, sessions per port, last check of every master |
 //! | `GET /api/v1/sessions?master=&listener=` | live sessions, filtered |
@@ -256,7 +256,16 @@ async fn master_action(State(s): St, Path((name, action)): Path<(String, String)
 }
 
 async fn reload(State(s): St) -> Response {
-    match s.reload_from_source("admin API").await {
+    // In its own task: if the request times out or the client goes away, the reload still
+    // completes (and systemd still gets READY=1).
+    let task = tokio::spawn(async move { s.reload_from_source("admin API").await });
+    let Ok(result) = task.await else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the reload task failed; see the log",
+        );
+    };
+    match result {
         Ok(g) => Json(json!({ "result": "ok", "generation": g })).into_response(),
         Err(e @ ApplyError::NoSource) => error(StatusCode::CONFLICT, e.to_string()),
         Err(e @ ApplyError::Invalid(_)) | Err(e @ ApplyError::Token { .. }) => {

@@ -6,7 +6,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use saltgate_config::Role;
@@ -61,25 +60,58 @@ fn is_exhaustion(e: &io::Error) -> bool {
     )
 }
 
-/// A session cap that a reload can replace (sessions keep the permits they hold).
-#[derive(Debug, Default)]
+/// A session cap that a reload can resize in place: one semaphore for the life of the listener,
+/// so sessions admitted before a reload still count against the new cap.
+#[derive(Debug)]
 pub struct Limit {
-    pub max: Option<u32>,
-    sem: Option<Arc<Semaphore>>,
+    max: std::sync::Mutex<Option<u32>>,
+    sem: Arc<Semaphore>,
+}
+
+/// Permits standing for "no cap" (far above any descriptor limit).
+const UNLIMITED: usize = 1 << 30;
+
+fn permits_for(max: Option<u32>) -> usize {
+    max.map(|n| n as usize).unwrap_or(UNLIMITED)
 }
 
 impl Limit {
     pub fn new(max: Option<u32>) -> Self {
         Self {
-            max,
-            sem: max.map(|n| Arc::new(Semaphore::new(n as usize))),
+            max: std::sync::Mutex::new(max),
+            sem: Arc::new(Semaphore::new(permits_for(max))),
         }
     }
-    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
-        match &self.sem {
-            Some(s) => s.clone().acquire_owned().await.ok(),
-            None => None,
+
+    pub fn max(&self) -> Option<u32> {
+        *self.max.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the cap. Raising it frees waiting connections at once; lowering it takes permits
+    /// out as sessions end (live sessions are never closed for it).
+    pub fn resize(&self, new: Option<u32>) {
+        let mut max = self.max.lock().unwrap_or_else(|p| p.into_inner());
+        let (old, want) = (permits_for(*max), permits_for(new));
+        if want > old {
+            self.sem.add_permits(want - old);
+        } else if old > want {
+            let k = old - want;
+            let gone = self.sem.forget_permits(k);
+            if gone < k {
+                let sem = self.sem.clone();
+                let rest = u32::try_from(k - gone).unwrap_or(u32::MAX);
+                tokio::spawn(async move {
+                    if let Ok(p) = sem.acquire_many_owned(rest).await {
+                        p.forget();
+                    }
+                });
+            }
         }
+        *max = new;
+    }
+
+    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+        self.sem.clone().acquire_owned().await.ok()
     }
 }
 
@@ -91,10 +123,10 @@ pub struct Permits {
 
 /// Accepts connections until `stop` is cancelled, handing each to `on_accept`.
 pub async fn accept_loop<F>(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     role: Role,
-    limit: Arc<ArcSwap<Limit>>,
-    global: Arc<ArcSwap<Limit>>,
+    limit: Arc<Limit>,
+    global: Arc<Limit>,
     errors: prometheus::IntCounter,
     stop: CancellationToken,
     mut on_accept: F,
@@ -107,9 +139,8 @@ pub async fn accept_loop<F>(
     let mut suppressed = 0u64;
     loop {
         // Take the session's permits first: at maxconn, connections wait in the kernel backlog.
-        let (l, g) = (limit.load_full(), global.load_full());
         let permits = tokio::select! {
-            p = async { (l.acquire().await, g.acquire().await) } => Permits { _listener: p.0, _global: p.1 },
+            p = async { (limit.acquire().await, global.acquire().await) } => Permits { _listener: p.0, _global: p.1 },
             _ = stop.cancelled() => return,
         };
         let accepted = tokio::select! {

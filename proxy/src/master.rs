@@ -84,6 +84,21 @@ pub struct Master {
     pub checks_stop: CancellationToken,
 }
 
+/// A session slot reserved on a master before connecting; released on drop unless registered.
+pub struct Slot {
+    master: Arc<Master>,
+    role: Role,
+    armed: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.armed {
+            self.master.sessions[self.role as usize].fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// A change of a master's overall health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flip {
@@ -234,31 +249,46 @@ impl Master {
     }
 
     /// Registers a new session on this master; the returned guard unregisters it.
+    /// Takes a session slot on `role` if the master is below its `maxconn`, before connecting, so
+    /// concurrent accepts cannot overshoot the cap and `leastconn` sees sessions being set up.
+    pub fn try_reserve(self: &Arc<Self>, role: Role) -> Option<Slot> {
+        let max = self.cfg().maxconn.unwrap_or(u32::MAX);
+        let n = &self.sessions[role as usize];
+        n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            (v < max).then_some(v + 1)
+        })
+        .ok()?;
+        Some(Slot {
+            master: self.clone(),
+            role,
+            armed: true,
+        })
+    }
+
+    /// Registers a session in a reserved slot; the returned guard unregisters it.
     pub fn register(
-        self: &Arc<Self>,
-        role: Role,
+        mut slot: Slot,
         client: SocketAddr,
         parent: &CancellationToken,
     ) -> Registration {
-        let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+        slot.armed = false;
+        let (master, role) = (slot.master.clone(), slot.role);
+        let id = master.next_session.fetch_add(1, Ordering::Relaxed);
         let ctl = Arc::new(SessionCtl::new(id, role, client, parent));
-        self.sessions[role as usize].fetch_add(1, Ordering::AcqRel);
-        self.registry.insert(ctl.clone());
-        Registration {
-            master: self.clone(),
-            ctl,
-        }
+        master.registry.insert(ctl.clone());
+        Registration { master, ctl }
     }
 
     /// Closes this master's sessions of both roles after `grace` (at `rates[role]` per second),
-    /// unless its admin state changed in between (epoch). Used by drain, disable and removal.
+    /// as long as its admin state is still the one set at `epoch` (see [`Master::set_admin`]); an
+    /// `enable` in between, even mid-way, stops it. Used by drain, disable and removal.
     pub fn close_sessions_after(
         self: &Arc<Self>,
+        epoch: u64,
         grace: Duration,
         rates: [u32; 2],
         reason: crate::close::CloseReason,
     ) {
-        let epoch = self.admin_epoch();
         let m = self.clone();
         tokio::spawn(async move {
             if !grace.is_zero() {
@@ -271,11 +301,74 @@ impl Master {
             if n > 0 {
                 tracing::info!(master = %m.name(), sessions = n, reason = %reason, "closing the master's remaining sessions");
             }
+            let same = || m.admin_epoch() == epoch;
             let (a, b) = (
-                m.registry.close_paced(Role::Publish, rates[0], reason),
-                m.registry.close_paced(Role::Request, rates[1], reason),
+                m.registry
+                    .close_paced(Role::Publish, rates[0], reason, same),
+                m.registry
+                    .close_paced(Role::Request, rates[1], reason, same),
             );
             tokio::join!(a, b);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use saltgate_config::HealthSettings;
+
+    fn master(maxconn: Option<u32>) -> Arc<Master> {
+        let cfg = MasterConfig {
+            name: "m".into(),
+            host: "127.0.0.1".into(),
+            publish_port: 1,
+            request_port: 2,
+            weight: 1,
+            maxconn,
+            backup: false,
+            disabled: false,
+            check: false,
+            health: HealthSettings::default(),
+        };
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        Arc::new(Master::new(cfg, [a, a], &CancellationToken::new()))
+    }
+
+    #[test]
+    fn slots_are_reserved_under_maxconn_and_released_unless_registered() {
+        let m = master(Some(2));
+        let a = m.try_reserve(Role::Publish).unwrap();
+        let b = m.try_reserve(Role::Publish).unwrap();
+        assert!(
+            m.try_reserve(Role::Publish).is_none(),
+            "cap reached before any connect completes"
+        );
+        assert!(
+            m.try_reserve(Role::Request).is_some(),
+            "the cap is per port"
+        );
+        drop(a); // connect failed
+        assert_eq!(m.session_count(Role::Publish), 1);
+        let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        let reg = Master::register(b, client, &CancellationToken::new());
+        assert_eq!(
+            m.session_count(Role::Publish),
+            1,
+            "registering keeps the reserved slot"
+        );
+        assert_eq!(m.registry.len(), 1);
+        drop(reg);
+        assert_eq!(m.session_count(Role::Publish), 0);
+        assert!(m.registry.is_empty());
+    }
+
+    #[test]
+    fn an_enable_stops_a_drain_set_before_it() {
+        let m = master(None);
+        let drain = m.set_admin(Admin::Draining);
+        let enable = m.set_admin(Admin::Enabled);
+        assert_ne!(drain, enable);
+        assert_eq!(m.admin_epoch(), enable);
     }
 }

@@ -108,23 +108,39 @@ impl SessionRegistry {
 
     /// Closes the sessions of `role` at `rate` per second (0: all at once), in random order so no
     /// group of minions is always last. Returns when all have been asked to close.
-    pub async fn close_paced(&self, role: Role, rate: u32, reason: CloseReason) -> usize {
+    ///
+    /// `keep_going` is asked before every batch: when it says no (the master came back UP, the
+    /// operator re-enabled it), the remaining sessions are left alone. Returns how many were closed.
+    pub async fn close_paced(
+        &self,
+        role: Role,
+        rate: u32,
+        reason: CloseReason,
+        keep_going: impl Fn() -> bool,
+    ) -> usize {
         let mut victims = self.of_role(role);
         victims.shuffle(&mut rand::rng());
-        let n = victims.len();
+        if !keep_going() {
+            return 0;
+        }
         if rate == 0 {
             victims.iter().for_each(|s| s.close(reason));
-            return n;
+            return victims.len();
         }
         // Close in batches every 10 ms, so high rates do not need a timer per session.
         let tick = Duration::from_millis(10);
         let per_tick = (rate as usize).div_ceil(100).max(1);
         let mut interval =
             tokio::time::interval(tick.max(Duration::from_secs_f64(per_tick as f64 / rate as f64)));
+        let mut closed = 0;
         for batch in victims.chunks(per_tick) {
             interval.tick().await;
+            if !keep_going() {
+                break;
+            }
             batch.iter().for_each(|s| s.close(reason));
+            closed += batch.len();
         }
-        n
+        closed
     }
 }

@@ -5,7 +5,6 @@
 //! room under its `maxconn` and a weight above 0; backup masters are used only when no other master
 //! is eligible.
 
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -102,23 +101,31 @@ impl Selector for LeastConn {
 #[derive(Debug, Default)]
 pub struct SourceHash;
 
-/// A fixed-seed hasher, so the mapping is the same in every saltgate process and after restarts.
-#[derive(Clone, Copy, Default)]
-struct FixedState;
-
-impl BuildHasher for FixedState {
-    type Hasher = std::collections::hash_map::DefaultHasher;
-    fn build_hasher(&self) -> Self::Hasher {
-        std::collections::hash_map::DefaultHasher::new()
+/// FNV-1a over the client address and the master name, finished with a SplitMix64 mix: a
+/// specified function, so every saltgate process, whatever toolchain built it, maps a minion to
+/// the same master.
+fn stable_hash(client: IpAddr, master: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let octets: Vec<u8> = match client {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    for b in octets
+        .iter()
+        .chain([0xffu8].iter())
+        .chain(master.as_bytes())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
     }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 pub fn rendezvous_score(client: IpAddr, master: &str, weight: u32) -> f64 {
-    let mut h = FixedState.build_hasher();
-    client.hash(&mut h);
-    master.hash(&mut h);
     // Uniform in (0, 1]; weighted rendezvous: w / -ln(u).
-    let u = ((h.finish() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+    let u = ((stable_hash(client, master) >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
     f64::from(weight) / -u.ln().min(-f64::MIN_POSITIVE)
 }
 
@@ -252,14 +259,25 @@ mod tests {
     #[test]
     fn least_conn_prefers_the_emptiest_master() {
         let ms = [master("a", 1, false), master("b", 1, false)];
-        let parent = tokio_util::sync::CancellationToken::new();
-        let c: SocketAddr = "10.0.0.1:5".parse().unwrap();
-        let _s1 = ms[0].register(Role::Publish, c, &parent);
+        let _s1 = ms[0].try_reserve(Role::Publish).unwrap();
         assert_eq!(picks(&LeastConn, &ms, 2), "bb");
-        let _s2 = ms[1].register(Role::Publish, c, &parent);
-        let _s3 = ms[1].register(Role::Publish, c, &parent);
+        let _s2 = ms[1].try_reserve(Role::Publish).unwrap();
+        let _s3 = ms[1].try_reserve(Role::Publish).unwrap();
         assert_eq!(picks(&LeastConn, &ms, 1), "a");
     }
+
+    #[test]
+    fn source_hash_is_a_fixed_function() {
+        // Pinned values: a change here re-maps every minion of every deployed saltgate.
+        assert_eq!(
+            format!(
+                "{:016x}",
+                stable_hash("10.0.0.1".parse().unwrap(), "rserve1")
+            ),
+            PINNED
+        );
+    }
+    const PINNED: &str = "8854f584a867ffae";
 
     #[test]
     fn source_hash_is_stable_and_moves_only_the_clients_of_a_lost_master() {

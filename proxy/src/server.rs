@@ -72,8 +72,10 @@ struct ListenerHandle {
     role: Role,
     bind: SocketAddr,
     local: SocketAddr,
+    /// Shared with the accept loop, so a role change can hand it to a new loop.
+    sock: Arc<TcpListener>,
     stop: CancellationToken,
-    limit: Arc<ArcSwap<Limit>>,
+    limit: Arc<Limit>,
 }
 
 impl ListenerHandle {
@@ -100,7 +102,7 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// The admin bearer token, if configured.
     pub token: ArcSwap<Option<String>>,
-    global_limit: Arc<ArcSwap<Limit>>,
+    global_limit: Arc<Limit>,
     checks_stop: CancellationToken,
     events: mpsc::UnboundedSender<MasterEvent>,
     prober: Arc<dyn Prober>,
@@ -181,7 +183,7 @@ pub async fn start(
         tracker: TaskTracker::new(),
         metrics: metrics.clone(),
         token: ArcSwap::from_pointee(None),
-        global_limit: Arc::new(ArcSwap::from_pointee(Limit::default())),
+        global_limit: Arc::new(Limit::new(config.global.maxconn)),
         checks_stop: checks_stop.clone(),
         events,
         prober: opts.prober,
@@ -217,6 +219,9 @@ pub async fn start(
         crate::notify::sd_notify("STOPPING=1");
         let grace = s.snapshot.load().config.global.shutdown_grace;
         s.accept_stop.cancel();
+        // Close the listening sockets now (the accept loops let go of theirs as they stop), so
+        // new connections are refused rather than left in a backlog nobody serves.
+        lock(&s.listeners).clear();
         s.tracker.close();
         tracing::info!(
             live_sessions = s.tracker.len(),
@@ -269,7 +274,7 @@ impl Shared {
                     continue;
                 }
                 if running.iter().any(|h| h.serves(addr)) {
-                    // Same address, other role: freed and rebound after the swap.
+                    // Same address, other role: its socket is handed to the new role after the swap.
                     continue;
                 }
                 let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|source| {
@@ -324,8 +329,9 @@ impl Shared {
         for m in &diff.removed {
             tracing::info!(master = %m.name(), sessions = m.registry.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master removed by reload: draining its sessions");
             m.checks_stop.cancel();
-            m.set_admin(Admin::Draining);
+            let epoch = m.set_admin(Admin::Draining);
             m.close_sessions_after(
+                epoch,
                 cfg.global.drain_timeout,
                 [cfg.publish.close_rate, cfg.request.close_rate],
                 CloseReason::Drained,
@@ -336,8 +342,9 @@ impl Shared {
             // are bound already; early connections wait in the backlog.)
             self.first_round(&snap).await;
         }
-        self.global_limit
-            .store(Arc::new(Limit::new(cfg.global.maxconn)));
+        if self.global_limit.max() != cfg.global.maxconn {
+            self.global_limit.resize(cfg.global.maxconn);
+        }
         self.sync_listeners(cfg, &wanted, fresh);
         self.sync_admin(cfg, admin_sock);
 
@@ -379,40 +386,37 @@ impl Shared {
         fresh: Vec<(Role, SocketAddr, TcpListener)>,
     ) {
         let mut running = lock(&self.listeners);
-        // Stop what is no longer wanted (sessions it accepted carry on).
-        let mut rebind = Vec::new();
+        let mut handed_over = Vec::new();
+        // Stop what is no longer wanted (sessions it accepted carry on). An address that changed
+        // role keeps its socket: a new accept loop takes it over, nothing is rebound.
         running.retain(|h| {
-            let keep = wanted.iter().any(|&(r, a)| r == h.role && h.serves(a));
-            if !keep {
-                tracing::info!(listener = %h.role, addr = %h.local, "listener removed by reload");
-                h.stop.cancel();
-                if let Some(&(role, addr)) = wanted.iter().find(|(_, a)| h.serves(*a)) {
-                    rebind.push((role, addr));
-                }
+            if wanted.iter().any(|&(r, a)| r == h.role && h.serves(a)) {
+                return true;
             }
-            keep
+            h.stop.cancel();
+            match wanted.iter().find(|(_, a)| h.serves(*a)) {
+                Some(&(role, _)) => {
+                    tracing::info!(from = %h.role, to = %role, addr = %h.local, "listener changes role");
+                    handed_over.push((role, h.bind, h.sock.clone()));
+                }
+                None => tracing::info!(listener = %h.role, addr = %h.local, "listener removed by reload"),
+            }
+            false
         });
         for h in running.iter() {
             let max = cfg.listener(h.role).maxconn;
-            if h.limit.load().max != max {
-                h.limit.store(Arc::new(Limit::new(max)));
+            if h.limit.max() != max {
+                h.limit.resize(max);
             }
         }
-        let mut socks = fresh;
-        for (role, addr) in rebind {
-            match listener::bind(addr, cfg.listener(role).backlog) {
-                Ok(s) => socks.push((role, addr, s)),
-                Err(e) => {
-                    tracing::error!(listener = %role, addr = %addr, error = %e, "cannot rebind a listener whose role changed")
-                }
-            }
-        }
+        let socks = fresh
+            .into_iter()
+            .map(|(role, bind, sock)| (role, bind, Arc::new(sock)))
+            .chain(handed_over);
         for (role, bind, sock) in socks {
             let local = sock.local_addr().unwrap_or(bind);
             let stop = self.accept_stop.child_token();
-            let limit = Arc::new(ArcSwap::from_pointee(Limit::new(
-                cfg.listener(role).maxconn,
-            )));
+            let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
             tracing::info!(listener = %role, addr = %local, "listening");
             let shared = self.clone();
             let errors = self
@@ -420,7 +424,7 @@ impl Shared {
                 .accept_errors
                 .with_label_values(&[role.as_str()]);
             tokio::spawn(listener::accept_loop(
-                sock,
+                sock.clone(),
                 role,
                 limit.clone(),
                 self.global_limit.clone(),
@@ -437,6 +441,7 @@ impl Shared {
                 role,
                 bind,
                 local,
+                sock,
                 stop,
                 limit,
             });
@@ -473,7 +478,7 @@ impl Shared {
         crate::notify::sd_notify_reloading();
         let result = match &self.source {
             None => Err(ApplyError::NoSource),
-            Some(src) => match read_source(src, &mut seen) {
+            Some(src) => match read_source_off_runtime(src.clone(), &mut seen).await {
                 Err(e) => Err(ApplyError::Invalid(e)),
                 Ok(mut l) => {
                     for w in &l.warnings {
@@ -512,9 +517,10 @@ impl Shared {
     pub(crate) fn drain(&self, name: &str) -> Result<MasterState, AdminError> {
         let m = self.find(name)?;
         let cfg = &self.snapshot.load().config;
-        m.set_admin(Admin::Draining);
+        let epoch = m.set_admin(Admin::Draining);
         tracing::warn!(master = %name, sessions = m.registry.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master draining (admin)");
         m.close_sessions_after(
+            epoch,
             cfg.global.drain_timeout,
             [cfg.publish.close_rate, cfg.request.close_rate],
             CloseReason::Drained,
@@ -526,9 +532,10 @@ impl Shared {
     pub(crate) fn disable(&self, name: &str) -> Result<MasterState, AdminError> {
         let m = self.find(name)?;
         let cfg = &self.snapshot.load().config;
-        m.set_admin(Admin::Disabled);
+        let epoch = m.set_admin(Admin::Disabled);
         tracing::warn!(master = %name, sessions = m.registry.len(), "master disabled (admin)");
         m.close_sessions_after(
+            epoch,
             Duration::ZERO,
             [cfg.publish.close_rate, cfg.request.close_rate],
             CloseReason::Disabled,
@@ -557,12 +564,42 @@ impl Shared {
     }
 }
 
-/// Reads and validates the source file, remembering the bytes read.
-fn read_source(
-    src: &ConfigSource,
+/// How long reading the configuration file may take (a hung network filesystem must not stall
+/// a runtime worker, nor reloads forever).
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads a file on the blocking pool, bounded by [`READ_TIMEOUT`].
+async fn read_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
+    match tokio::time::timeout(
+        READ_TIMEOUT,
+        tokio::task::spawn_blocking(move || std::fs::read(path)),
+    )
+    .await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(std::io::Error::other(e)),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {READ_TIMEOUT:?}"),
+        )),
+    }
+}
+
+async fn read_source_off_runtime(
+    src: ConfigSource,
     seen: &mut Option<Vec<u8>>,
 ) -> Result<saltgate_config::Loaded, ConfigErrors> {
-    let bytes = std::fs::read(&src.path).map_err(|e| {
+    let read = read_file(src.path.clone()).await;
+    read_source(&src, read, seen)
+}
+
+/// Validates the source file's bytes, remembering them.
+fn read_source(
+    src: &ConfigSource,
+    read: std::io::Result<Vec<u8>>,
+    seen: &mut Option<Vec<u8>>,
+) -> Result<saltgate_config::Loaded, ConfigErrors> {
+    let bytes = read.map_err(|e| {
         ConfigErrors::one(saltgate_config::ConfigError::new(
             saltgate_config::Position::new(Some(&src.path), 0, 0),
             "",
@@ -679,7 +716,7 @@ async fn handle_events(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Mast
             let (m, rate) = (ev.master.clone(), l.close_rate);
             tokio::spawn(async move {
                 m.registry
-                    .close_paced(role, rate, CloseReason::MasterDown)
+                    .close_paced(role, rate, CloseReason::MasterDown, || !m.is_up())
                     .await;
             });
         }
@@ -696,7 +733,7 @@ async fn watch_file(shared: Arc<Shared>, path: PathBuf, every: Duration) {
             _ = tick.tick() => {}
             _ = shared.accept_stop.cancelled() => return,
         }
-        let Ok(now) = std::fs::read(&path) else {
+        let Ok(now) = read_file(path.clone()).await else {
             continue;
         };
         let changed = match shared.source_seen.try_lock() {

@@ -1,17 +1,18 @@
-//! One client connection: choose a master, connect (timeout, retries on the next candidate),
-//! register with the master, run the data path, count it, write the access-log line.
+//! One client connection: choose a master, reserve a slot on it, connect (timeout, retries on the
+//! next candidate), register with the master, run the data path, count it, write the access-log
+//! line.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use saltgate_config::{ListenerConfig, Role};
+use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 
 use crate::close::CloseReason;
 use crate::listener::{tune, Permits};
-use crate::master::Master;
+use crate::master::{Admin, Master, Slot};
 use crate::pump::{self, IdleLimits};
 use crate::server::Shared;
 
@@ -25,6 +26,19 @@ struct Outcome<'a> {
     attempts: u32,
 }
 
+impl Outcome<'_> {
+    fn refused(reason: CloseReason, connect_ms: u64, attempts: u32) -> Self {
+        Outcome {
+            master: None,
+            reason,
+            bytes_in: 0,
+            bytes_out: 0,
+            connect_ms,
+            attempts,
+        }
+    }
+}
+
 /// Decrements the listener's live-session gauge when the session ends, however it ends.
 struct Live(prometheus::IntGauge);
 
@@ -32,6 +46,53 @@ impl Drop for Live {
     fn drop(&mut self) {
         self.0.dec();
     }
+}
+
+/// How the connect phase ended.
+enum Connect {
+    Done(TcpStream, Slot),
+    Failed { attempts: u32 },
+    Shutdown,
+}
+
+/// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer). Each
+/// attempt first reserves a slot under the master's `maxconn`.
+async fn connect(
+    shared: &Shared,
+    l: &ListenerConfig,
+    masters: &[Arc<Master>],
+    order: &[usize],
+    peer: SocketAddr,
+) -> Connect {
+    let role = l.role;
+    let mut attempts = 0u32;
+    for &i in order.iter().cycle().take(1 + l.retries as usize) {
+        let master = &masters[i];
+        if !master.is_available() {
+            continue;
+        }
+        let Some(slot) = master.try_reserve(role) else {
+            continue;
+        };
+        attempts += 1;
+        let addr = master.addr(role);
+        let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
+        let failure = tokio::select! {
+            r = attempt => match r {
+                Ok(Ok(stream)) => return Connect::Done(stream, slot),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {:?}", l.timeout_connect),
+            },
+            _ = shared.sessions_token.cancelled() => return Connect::Shutdown,
+        };
+        shared
+            .metrics
+            .connect_errors
+            .with_label_values(&[master.name().as_str(), role.as_str()])
+            .inc();
+        tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
+    }
+    Connect::Failed { attempts }
 }
 
 /// Handles a client connection from accept to close.
@@ -48,84 +109,65 @@ pub(crate) async fn handle(
     m.sessions_total.with_label_values(&[lname]).inc();
     let live = Live(m.sessions_current.with_label_values(&[lname]));
     live.0.inc();
-    let snap = shared.snapshot.load_full();
-    let listener = snap.config.listener(role);
-    let mut order = Vec::with_capacity(snap.masters.len());
-    snap.selector(role)
-        .order(&snap.masters, role, peer.ip(), &mut order);
 
-    if order.is_empty() {
-        tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
-        m.refused
-            .with_label_values(&[lname, CloseReason::NoMaster.as_str()])
-            .inc();
-        access_log(
-            listener,
-            peer,
-            started,
-            Outcome {
-                master: None,
-                reason: CloseReason::NoMaster,
-                bytes_in: 0,
-                bytes_out: 0,
-                connect_ms: 0,
-                attempts: 0,
-            },
-        );
-        return;
-    }
-
-    // Up to 1 + retries attempts, each on the next candidate (cycling when there are fewer).
-    let mut attempts = 0u32;
-    let mut connected: Option<(TcpStream, &Arc<Master>)> = None;
-    let connect_start = Instant::now();
-    for &i in order.iter().cycle().take(1 + listener.retries as usize) {
-        let master = &snap.masters[i];
-        if !master.is_available() || !master.has_room(role) {
-            continue;
-        }
-        attempts += 1;
-        let addr = master.addr(role);
-        let failure =
-            match tokio::time::timeout(listener.timeout_connect, TcpStream::connect(addr)).await {
-                Ok(Ok(stream)) => {
-                    connected = Some((stream, master));
-                    break;
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {:?}", listener.timeout_connect),
-            };
-        m.connect_errors
-            .with_label_values(&[master.name().as_str(), lname])
-            .inc();
-        tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
-    }
-    let connect_ms = connect_start.elapsed().as_millis() as u64;
-    let Some((master_stream, master)) = connected else {
-        let reason = if attempts == 0 {
-            CloseReason::NoMaster
+    // Only what the session needs is kept past this block: a publish session may live for days,
+    // and must not hold an old configuration's snapshot that long.
+    let (listener, picked) = {
+        let snap = shared.snapshot.load_full();
+        let listener = snap.config.listener(role).clone();
+        let mut order = Vec::with_capacity(snap.masters.len());
+        snap.selector(role)
+            .order(&snap.masters, role, peer.ip(), &mut order);
+        let connect_start = Instant::now();
+        let picked = if order.is_empty() {
+            Err((CloseReason::NoMaster, 0, 0))
         } else {
-            CloseReason::ConnectFailed
+            match connect(&shared, &listener, &snap.masters, &order, peer).await {
+                Connect::Done(stream, slot) => {
+                    Ok((stream, slot, connect_start.elapsed().as_millis() as u64))
+                }
+                Connect::Failed { attempts: 0 } => Err((CloseReason::NoMaster, 0, 0)),
+                Connect::Failed { attempts } => Err((
+                    CloseReason::ConnectFailed,
+                    connect_start.elapsed().as_millis() as u64,
+                    attempts,
+                )),
+                Connect::Shutdown => Err((
+                    CloseReason::Shutdown,
+                    connect_start.elapsed().as_millis() as u64,
+                    0,
+                )),
+            }
         };
-        m.refused.with_label_values(&[lname, reason.as_str()]).inc();
-        access_log(
-            listener,
-            peer,
-            started,
-            Outcome {
-                master: None,
-                reason,
-                bytes_in: 0,
-                bytes_out: 0,
-                connect_ms,
-                attempts,
-            },
-        );
-        return;
+        (listener, picked)
+    };
+    let (master_stream, slot, connect_ms) = match picked {
+        Ok(p) => p,
+        Err((reason, connect_ms, attempts)) => {
+            if reason == CloseReason::NoMaster {
+                tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
+            }
+            m.refused.with_label_values(&[lname, reason.as_str()]).inc();
+            access_log(
+                &listener,
+                peer,
+                started,
+                Outcome::refused(reason, connect_ms, attempts),
+            );
+            return;
+        }
     };
     tune(&master_stream);
 
-    let reg = master.register(role, peer, &shared.sessions_token);
+    let reg = Master::register(slot, peer, &shared.sessions_token);
+    let master = reg.master.clone();
+    // The master may have been marked DOWN or disabled while we connected, after its sessions were
+    // swept: close this one too rather than leave it on that master.
+    match (master.admin(), master.is_up(), listener.on_master_down) {
+        (Admin::Disabled, _, _) => reg.ctl.close(CloseReason::Disabled),
+        (_, false, OnMasterDown::Close) => reg.ctl.close(CloseReason::MasterDown),
+        _ => {}
+    }
     let limits = IdleLimits {
         client: listener.timeout_client,
         server: listener.timeout_server,
@@ -154,16 +196,16 @@ pub(crate) async fn handle(
         .with_label_values(&[master.name().as_str(), lname, reason.as_str()])
         .inc();
     access_log(
-        listener,
+        &listener,
         peer,
         started,
         Outcome {
-            master: Some(master),
+            master: Some(&master),
             reason,
             bytes_in,
             bytes_out,
             connect_ms,
-            attempts,
+            attempts: 1,
         },
     );
 }

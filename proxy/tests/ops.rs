@@ -749,3 +749,89 @@ async fn two_hundred_reloads_under_500_streaming_sessions_drop_nothing() {
     assert_eq!(r.live_sessions(), SESSIONS, "no session was dropped");
     assert_eq!(r.generation(), 1 + 133);
 }
+
+#[tokio::test]
+async fn reload_that_swaps_listener_roles_keeps_both_addresses_serving() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let cfg = c.config();
+    let (r, _stop, _p) = run(cfg.clone()).await;
+    let (a, b) = (addr(&r, Role::Publish), addr(&r, Role::Request));
+    let (mut old_pub, _) = connect(a).await;
+    let mut next = cfg.clone();
+    next.publish.bind = vec![b];
+    next.request.bind = vec![a];
+    next.request.timeout_client = Some(Duration::from_millis(300));
+    next.request.timeout_server = Some(Duration::from_millis(300));
+    r.reload(next).await.expect("the swap is applied");
+    assert_eq!(r.local_addrs(Role::Publish), vec![b]);
+    assert_eq!(r.local_addrs(Role::Request), vec![a]);
+    // `a` now serves the request role (300 ms idle timeout); the old session on it carries on.
+    let (mut new_req, _) = connect(a).await;
+    assert!(
+        closed(&mut new_req).await,
+        "request timeouts apply on the swapped address"
+    );
+    assert_eq!(connect(b).await.1, "a");
+    assert_eq!(echo(&mut old_pub, b"old").await, b"old");
+}
+
+#[tokio::test]
+async fn global_maxconn_still_holds_after_reloads() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let mut cfg = c.config();
+    cfg.global.maxconn = Some(2);
+    let (r, _stop, _p) = run(cfg.clone()).await;
+    let _s1 = connect(addr(&r, Role::Publish)).await;
+    let _s2 = connect(addr(&r, Role::Request)).await;
+    for _ in 0..3 {
+        r.reload(cfg.clone()).await.unwrap();
+    }
+    let mut third = tokio::net::TcpStream::connect(addr(&r, Role::Publish))
+        .await
+        .unwrap();
+    let mut b = [0u8; 2];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), third.read(&mut b))
+            .await
+            .is_err(),
+        "still capped at 2 after 3 reloads"
+    );
+    // Raising the cap lets the waiting connection in at once.
+    let mut more = cfg.clone();
+    more.global.maxconn = Some(3);
+    r.reload(more).await.unwrap();
+    assert_eq!(read_line(&mut third).await, "a");
+}
+
+#[tokio::test]
+async fn a_paced_close_stops_when_the_master_comes_back() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let mut cfg = c.config();
+    cfg.publish.close_rate = 10; // 40 sessions: 4 s to close them all
+    let (r, _stop, p) = run(cfg).await;
+    let mut sessions = Vec::new();
+    for _ in 0..40 {
+        sessions.push(connect(addr(&r, Role::Publish)).await.0);
+    }
+    let a = r.master("a").unwrap();
+    let port = c.port(0, Role::Publish).addr;
+    p.set_down(port, true);
+    wait_for("a down", || !a.is_up()).await;
+    wait_for("some sessions closed", || {
+        a.session_count(Role::Publish) < 40
+    })
+    .await;
+    p.set_down(port, false);
+    wait_for("a up again", || a.is_up()).await;
+    let left = a.session_count(Role::Publish);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        left > 10,
+        "the master came back early: {left} sessions left"
+    );
+    assert_eq!(
+        a.session_count(Role::Publish),
+        left,
+        "no more sessions closed once it is UP"
+    );
+}

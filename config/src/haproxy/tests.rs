@@ -291,7 +291,19 @@ fn truncated_and_garbled_directives_never_panic() {
         "mode tcp", "log global", "default_backend b", "maxconn", "hard-stop-after 5s", "use_backend x", "acl a b",
     ];
     let sections = ["global", "defaults", "frontend f", "backend b", "listen l"];
-    let junk = ["", "\"", "'", "\\", "#", "-1", "99999999999999999999", "1.2.3.4:", "[::1", ":", "+1"];
+    let junk = [
+        "",
+        "\"",
+        "'",
+        "\\",
+        "#",
+        "-1",
+        "99999999999999999999",
+        "1.2.3.4:",
+        "[::1",
+        ":",
+        "+1",
+    ];
     for sec in sections {
         for d in directives {
             let words: Vec<&str> = d.split(' ').collect();
