@@ -785,6 +785,33 @@ acceptance_wait_time: 5
                                    MASTERS.index(ip)))
         return cands[0], sp
 
+    @staticmethod
+    def reconnect_time(events, minions):
+        """from the minions' own logs: for minions that lost their master connection after T0, the time
+        (T0-relative) of the 'ready to receive requests' that followed their LAST loss; the group's
+        value is the latest of them. None: no minion of the group lost its connection."""
+        worst, lost_any, open_loss = None, False, False
+        for m in minions:
+            ev = events.get(m, [])
+            last_lost = None
+            for i, e in enumerate(ev):
+                label, t = e.split("@")
+                if label == "lost" and float(t) >= -1:
+                    last_lost = i
+            if last_lost is None:
+                continue
+            lost_any = True
+            ready = [float(e.split("@")[1]) for e in ev[last_lost:] if e.startswith("ready@")]
+            if not ready:
+                open_loss = True
+                continue
+            worst = ready[0] if worst is None else max(worst, ready[0])
+        if not lost_any:
+            return "no connection lost"
+        if open_loss:
+            return "not all reconnected"
+        return f"{worst:.1f} s"
+
     def minion_events(self, t0, t1):
         """per minion: connection-loss / ready lines from its own log between t0 and t1 (T0-relative)"""
         import datetime
@@ -999,6 +1026,7 @@ acceptance_wait_time: 5
                 if t_cont is not None and a["recovery"] > t_cont - t0:
                     row["recovery"] += f" ({a['recovery'] - (t_cont - t0):.1f} s after SIGCONT)"
             row["n_missed"] = sum(a["missed"].values())
+            row["reconnect"] = self.reconnect_time(res["minion_events"], lb.minions)
             res["rows"][lb.key] = row
         # Pass/fail is relative: the same fault hits both load balancers at the same moment, so saltgate's
         # minions must do no worse than HAProxy's. Allowed: 1.5 x HAProxy's missed rounds, scaled by how many
@@ -1092,7 +1120,7 @@ acceptance_wait_time: 5
                 continue
             nm = sum(r["missed"].values())
             parts.append(f"{lb.label}: rounds(jobs)={r['jobs']} missed={nm} detect={r.get('detect')} "
-                         f"recovery={r.get('recovery')} p50={fmt_s(r['p50'])} p95={fmt_s(r['p95'])}")
+                         f"recovery={r.get('recovery')} reconnected={r.get('reconnect', 'n/a')} p50={fmt_s(r['p50'])} p95={fmt_s(r['p95'])}")
         status = "PASS" if res.get("ok") else "FAIL"
         print(f"RESULT scenario {title}: {status} | " + " | ".join(parts), flush=True)
         for n in res.get("notes", []):
@@ -1108,8 +1136,8 @@ acceptance_wait_time: 5
                  f"{N_MINIONS} minions behind each. Suite wall time: {now() - self.t_start:.0f} s.")
         L.append("")
         L.append("| scenario | load balancer | rounds (jobs) | rounds missed per minion | detection | recovery "
-                 "| latency p50 | latency p95 | result |")
-        L.append("|---|---|---|---|---|---|---|---|---|")
+                 "| minions reconnected | latency p50 | latency p95 | result |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
         for res in self.results:
             title = f"{res['id']}. {res['name']}"
             if res.get("victim"):
@@ -1126,7 +1154,8 @@ acceptance_wait_time: 5
                 if lb.key != "sg" and res["id"] in (2, 3):
                     ok = "(reference)"
                 L.append(f"| {title} | {lb.label} | {r['jobs']} | {missed} | {r.get('detect')} | "
-                         f"{r.get('recovery')} | {fmt_s(r['p50'])} | {fmt_s(r['p95'])} | {ok} |")
+                         f"{r.get('recovery')} | {r.get('reconnect', 'n/a')} | {fmt_s(r['p50'])} | "
+                         f"{fmt_s(r['p95'])} | {ok} |")
         L.append("")
         sp = [r for r in self.results if r["id"] in (2, 3, 4)]
         if sp:
