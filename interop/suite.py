@@ -936,7 +936,8 @@ acceptance_wait_time: 5
         title = {"kill": "master killed (SIGKILL)", "hang": "master hung (SIGSTOP, later SIGCONT)"}[kind]
         log(f"== scenario {sid}: {title} ==")
         healthy = not self.wait_healthy(f"before scenario {sid}")
-        victim, sp0 = self.pick_victim()
+        # the hang never picks the master restarted in scenario 4 (it holds no sessions anyway)
+        victim, sp0 = self.pick_victim(exclude=(self.killed,) if kind == "hang" and self.killed else ())
         observers = [ip for ip in MASTERS if ip != victim]
         res = {"id": sid, "name": title, "victim": victim, "spread_before": sp0, "rows": {}, "notes": []}
         if not healthy:
