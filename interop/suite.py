@@ -942,7 +942,7 @@ acceptance_wait_time: 5
         res = {"id": sid, "name": title, "victim": victim, "spread_before": sp0, "rows": {}, "notes": []}
         if not healthy:
             res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
-        log(f"victim {victim} (publish sessions before: saltgate-slot {sp0['sg'][victim]}, "
+        log(f"victim {victim} (publish sessions before: {self.lbs[0].label} {sp0['sg'][victim]}, "
             f"HAProxy {sp0['ha'][victim]}); publishing test.ping every 1 s through each of {observers}")
         for lb in self.lbs:
             lb.poll()
