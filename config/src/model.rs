@@ -131,7 +131,7 @@ impl Default for HealthSettings {
             downinter: defaults::CHECK_INTERVAL,
             rise: defaults::RISE,
             fall: defaults::FALL,
-            timeout: defaults::CHECK_INTERVAL,
+            timeout: defaults::CHECK_TIMEOUT,
             probe: Probe::Salt,
         }
     }
@@ -296,6 +296,9 @@ impl ListenerConfig {
 pub mod defaults {
     use std::time::Duration;
     pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+    /// One check, connect included. Salt's `ping` goes through the master's worker pool, which
+    /// can take seconds on a busy master: HAProxy's habit (timeout = inter) is too tight for it.
+    pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
     pub const RISE: u32 = 2;
     pub const FALL: u32 = 3;
     pub const RETRIES: u32 = 3;

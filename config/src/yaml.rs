@@ -238,7 +238,6 @@ impl Checker<'_> {
 
     fn health(&mut self, raw: &RawHealth, base: HealthSettings, prefix: &str) -> HealthSettings {
         let mut h = base;
-        let interval_set = raw.interval.is_some();
         if let Some(v) = &raw.interval {
             h.interval = self
                 .duration(v, &format!("{prefix}.interval"))
@@ -257,14 +256,10 @@ impl Checker<'_> {
                 .duration(v, &format!("{prefix}.downinter"))
                 .unwrap_or(h.downinter);
         }
-        match &raw.timeout {
-            Some(v) => {
-                h.timeout = self
-                    .duration(v, &format!("{prefix}.timeout"))
-                    .unwrap_or(h.timeout)
-            }
-            None if interval_set => h.timeout = h.interval,
-            None => {}
+        if let Some(v) = &raw.timeout {
+            h.timeout = self
+                .duration(v, &format!("{prefix}.timeout"))
+                .unwrap_or(h.timeout);
         }
         if let Some(v) = &raw.rise {
             h.rise = self

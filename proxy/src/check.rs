@@ -120,7 +120,9 @@ pub async fn run_port_checks(
                 duration_ms: took.as_millis() as u64,
             };
         }
-        if let Some(port_state) = state.record(ok, &settings) {
+        let flipped = state.record(ok, &settings);
+        master.mark_checked(role);
+        if let Some(port_state) = flipped {
             if let Some(flip) = master.set_port(role, port_state == PortState::Up) {
                 log_flip(&master, role, flip, &state, &detail);
                 let to = if flip == Flip::Up { "up" } else { "down" };

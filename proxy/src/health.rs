@@ -38,9 +38,10 @@ impl Default for HealthState {
 impl HealthState {
     /// Records one check result; returns the new state when it flipped.
     ///
-    /// The first result decides at once (so a proxy that starts is usable after one round); after
-    /// that, `rise` consecutive successes bring a DOWN port UP and `fall` consecutive failures bring
-    /// an UP port DOWN.
+    /// As in HAProxy, a port is presumed UP before its first check: a first success confirms it at
+    /// once, and `fall` consecutive failures bring it DOWN, as from UP. (A slow first answer from a
+    /// busy master must not take the whole cluster out at start.) After that, `rise` consecutive
+    /// successes bring a DOWN port UP.
     pub fn record(&mut self, ok: bool, s: &HealthSettings) -> Option<PortState> {
         let before = self.state;
         if ok {
@@ -54,8 +55,7 @@ impl HealthState {
         } else {
             self.successes = 0;
             self.failures = self.failures.saturating_add(1);
-            if before == PortState::Unknown || (before == PortState::Up && self.failures >= s.fall)
-            {
+            if before != PortState::Down && self.failures >= s.fall {
                 self.state = PortState::Down;
             }
         }
@@ -103,9 +103,11 @@ mod tests {
     }
 
     #[test]
-    fn first_result_decides_at_once() {
-        assert_eq!(run("+"), [PortState::Up]);
-        assert_eq!(run("-"), [PortState::Down]);
+    fn a_first_success_confirms_at_once_and_first_failures_count_toward_fall() {
+        use PortState::*;
+        assert_eq!(run("+"), [Up]);
+        assert_eq!(run("---"), [Unknown, Unknown, Down]);
+        assert_eq!(run("--+"), [Unknown, Unknown, Up]);
     }
 
     #[test]
@@ -117,7 +119,10 @@ mod tests {
     #[test]
     fn a_down_port_comes_back_after_rise_consecutive_successes() {
         use PortState::*;
-        assert_eq!(run("-+-++"), [Down, Down, Down, Down, Up]);
+        assert_eq!(
+            run("----+-++"),
+            [Unknown, Unknown, Down, Down, Down, Down, Down, Up]
+        );
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub struct Master {
     pub addrs: [SocketAddr; 2],
     port_up: [AtomicBool; 2],
     port_checked: [AtomicBool; 2],
-    /// Overall health: 0 not known yet, 1 UP (both ports), 2 DOWN (a port is down).
+    /// Overall health: 1 UP (both ports), 2 DOWN (a port is down).
     up: AtomicU8,
     /// Serialises the aggregation of the two ports into `up`.
     flip: Mutex<()>,
@@ -112,7 +112,7 @@ impl Master {
         addrs: [SocketAddr; 2],
         checks_parent: &CancellationToken,
     ) -> Self {
-        // A master without checks is UP from the start, as in HAProxy.
+        // A master without checks is never checked: its first round is done from the start.
         let unchecked = !cfg.check;
         let admin = if cfg.disabled {
             Admin::Disabled
@@ -122,9 +122,10 @@ impl Master {
         Self {
             cfg: ArcSwap::from_pointee(cfg),
             addrs,
-            port_up: [AtomicBool::new(unchecked), AtomicBool::new(unchecked)],
+            // As HAProxy: a master is UP until its checks say otherwise (`fall` failures).
+            port_up: [AtomicBool::new(true), AtomicBool::new(true)],
             port_checked: [AtomicBool::new(unchecked), AtomicBool::new(unchecked)],
-            up: AtomicU8::new(if unchecked { 1 } else { 0 }),
+            up: AtomicU8::new(1),
             flip: Mutex::new(()),
             admin: AtomicU8::new(admin as u8),
             admin_epoch: AtomicU64::new(0),
@@ -220,14 +221,10 @@ impl Master {
         let _g = self.flip.lock().unwrap_or_else(|p| p.into_inner());
         self.port_up[role as usize].store(up, Ordering::Release);
         self.port_checked[role as usize].store(true, Ordering::Release);
-        let checked = |i: usize| self.port_checked[i].load(Ordering::Acquire);
-        let up = |i: usize| self.port_up[i].load(Ordering::Acquire);
-        let now = if (0..2).all(|i| checked(i) && up(i)) {
+        let now = if self.port_up.iter().all(|p| p.load(Ordering::Acquire)) {
             1
-        } else if (0..2).any(|i| checked(i) && !up(i)) {
-            2
         } else {
-            0
+            2
         };
         let was = self.up.swap(now, Ordering::AcqRel);
         match (was == now, now) {
@@ -235,6 +232,11 @@ impl Master {
             (false, 2) => Some(Flip::Down),
             _ => None,
         }
+    }
+
+    /// Records that a check of `role` completed (whatever its result).
+    pub fn mark_checked(&self, role: Role) {
+        self.port_checked[role as usize].store(true, Ordering::Release);
     }
 
     pub fn port_is_up(&self, role: Role) -> bool {

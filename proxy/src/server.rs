@@ -374,8 +374,13 @@ impl Shared {
             }
         })
         .await;
-        for m in snap.masters.iter().filter(|m| !m.is_up()) {
-            tracing::warn!(master = %m.name(), "master is DOWN at start");
+        for m in &snap.masters {
+            for role in Role::ALL {
+                let c = m.last_check(role);
+                if m.cfg().check && !c.ok && m.is_up() {
+                    tracing::warn!(master = %m.name(), port = %role, result = %c.detail, fall = m.cfg().health.fall, "first check failed; the master takes sessions until `fall` checks in a row fail (as HAProxy)");
+                }
+            }
         }
     }
 

@@ -115,6 +115,11 @@ async fn no_master_up_closes_the_client_connection_at_once() {
     let p = Arc::new(ScriptedProber::default());
     p.all_down.store(true, std::sync::atomic::Ordering::SeqCst);
     let (r, _stop) = run(c.config(), Some(p)).await;
+    // As HAProxy, masters are presumed UP until `fall` checks fail.
+    wait_for("every master DOWN", || {
+        r.masters().iter().all(|m| !m.is_up())
+    })
+    .await;
     for role in Role::ALL {
         let mut s = tokio::net::TcpStream::connect(addr(&r, role))
             .await

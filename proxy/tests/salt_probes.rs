@@ -145,7 +145,11 @@ async fn salt_probe_needs_a_zmtp_publisher_and_a_ping_answer() {
     .await;
     assert!(r.master("ok").unwrap().is_up());
     let joining = r.master("joining").unwrap();
-    assert!(!joining.is_up());
+    wait_for(
+        "the not-ready master DOWN after `fall` failed pings",
+        || !joining.is_up(),
+    )
+    .await;
     assert!(joining.port_is_up(Role::Publish), "its publisher greets");
     assert!(
         joining
@@ -156,7 +160,7 @@ async fn salt_probe_needs_a_zmtp_publisher_and_a_ping_answer() {
         joining.last_check(Role::Request)
     );
     let plain = r.master("plain").unwrap();
-    assert!(!plain.is_up());
+    wait_for("the non-ZMTP master DOWN", || !plain.is_up()).await;
     assert!(
         plain.last_check(Role::Publish).detail.contains("ZMTP"),
         "{:?}",
@@ -179,11 +183,12 @@ async fn a_hung_master_is_down_for_the_salt_probe_and_up_for_tcp() {
     .await;
     let salt = r.master("hung-salt").unwrap();
     let tcp = r.master("hung-tcp").unwrap();
+    wait_for("the Salt probe times out `fall` times", || !salt.is_up()).await;
     assert!(
         tcp.is_up(),
         "a TCP connect succeeds on a hung master (the kernel accepts)"
     );
-    assert!(!salt.is_up(), "the Salt probe times out");
+    assert!(tcp.last_check(Role::Publish).ok && tcp.last_check(Role::Request).ok);
     assert!(
         salt.last_check(Role::Publish).detail.contains("no answer"),
         "{:?}",

@@ -290,7 +290,7 @@ fn masters(
             downinter: o.downinter.unwrap_or(inter),
             rise: o.rise.unwrap_or(defaults::RISE),
             fall: o.fall.unwrap_or(defaults::FALL),
-            timeout: pb.timeout_check.map(|t| t.v).unwrap_or(inter),
+            timeout: pb.timeout_check.map(|t| t.v).unwrap_or(defaults::CHECK_TIMEOUT),
             // HAProxy's `check` becomes saltgate's Salt-aware check: that is the point of the switch.
             probe: crate::model::Probe::Salt,
         };
