@@ -33,6 +33,15 @@ struct Proc {
 }
 
 impl Proc {
+    /// `saltgate run ARGS... FILE`, waited for until both listeners are up.
+    async fn run(args: &[&str], file: &Path) -> Proc {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("run").args(args).arg(file);
+        let p = Proc::spawn(cmd);
+        p.wait_log("listening", 2).await;
+        p
+    }
+
     fn spawn(mut cmd: Command) -> Proc {
         let mut child = cmd
             .stderr(Stdio::piped())
@@ -142,18 +151,11 @@ async fn haproxy_fixture_runs_as_it_stands_and_stops_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("haproxy.cfg");
     std::fs::write(&cfg, &f.text).unwrap();
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "run",
-        "--probe",
-        "tcp",
-        "--admin-bind",
-        "off",
-        "--haproxy-config",
-    ])
-    .arg(&cfg);
-    let mut p = Proc::spawn(cmd);
-    p.wait_log("listening", 2).await;
+    let mut p = Proc::run(
+        &["--probe", "tcp", "--admin-bind", "off", "--haproxy-config"],
+        &cfg,
+    )
+    .await;
     three_sessions_round_robin(f.publish).await;
     three_sessions_round_robin(f.request).await;
     p.wait_log("session closed", 6).await;
@@ -214,20 +216,19 @@ async fn imported_fixture_runs_as_yaml() {
         String::from_utf8_lossy(&check.stderr)
     );
 
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "run",
-        "--probe",
-        "tcp",
-        "--admin-bind",
-        "off",
-        "--log-format",
-        "json",
-        "--config",
-    ])
-    .arg(&yaml_path);
-    let mut p = Proc::spawn(cmd);
-    p.wait_log("listening", 2).await;
+    let mut p = Proc::run(
+        &[
+            "--probe",
+            "tcp",
+            "--admin-bind",
+            "off",
+            "--log-format",
+            "json",
+            "--config",
+        ],
+        &yaml_path,
+    )
+    .await;
     three_sessions_round_robin(f.request).await;
     p.wait_log("session closed", 3).await;
     assert!(p.term().success());

@@ -24,6 +24,23 @@ async fn run_with(cfg: Config, opts: Options) -> (Running, oneshot::Sender<()>) 
     (r, tx)
 }
 
+/// Runs with `file` as the reload source (SIGHUP/API/watch would read it).
+async fn run_from_file(cfg: Config, file: &std::path::Path) -> (Running, oneshot::Sender<()>) {
+    let source = ConfigSource {
+        path: file.to_path_buf(),
+        format: saltgate_config::Format::Yaml,
+    };
+    run_with(
+        cfg,
+        Options {
+            prober: Arc::new(ScriptedProber::default()),
+            source: Some(source),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 async fn run(cfg: Config) -> (Running, oneshot::Sender<()>, Arc<ScriptedProber>) {
     let p = Arc::new(ScriptedProber::default());
     let (r, tx) = run_with(
@@ -572,18 +589,7 @@ async fn an_invalid_reload_is_refused_counted_and_the_running_config_stays() {
         "masters: []\nlisteners: {publish: {}, request: {}}\n",
     )
     .unwrap();
-    let (r, _stop) = run_with(
-        c.config(),
-        Options {
-            prober: Arc::new(ScriptedProber::default()),
-            source: Some(ConfigSource {
-                path: file.clone(),
-                format: saltgate_config::Format::Yaml,
-            }),
-            ..Default::default()
-        },
-    )
-    .await;
+    let (r, _stop) = run_from_file(c.config(), &file).await;
     let admin = r.admin_addr().unwrap();
     let (code, e) = json(admin, "POST", "/api/v1/reload", None).await;
     assert_eq!(code, 422);
@@ -660,18 +666,7 @@ async fn two_hundred_reloads_under_500_streaming_sessions_drop_nothing() {
     let cfg = saltgate_config::load(&file, saltgate_config::Format::Yaml)
         .unwrap()
         .config;
-    let (r, _stop) = run_with(
-        cfg,
-        Options {
-            prober: Arc::new(ScriptedProber::default()),
-            source: Some(ConfigSource {
-                path: file.clone(),
-                format: saltgate_config::Format::Yaml,
-            }),
-            ..Default::default()
-        },
-    )
-    .await;
+    let (r, _stop) = run_from_file(cfg, &file).await;
     let r = Arc::new(r);
 
     // 500 sessions, each streaming 1 KiB chunks and checking every echoed byte, until the reloads
