@@ -13,8 +13,10 @@
 #   SALTGATE_BIN=path      use this saltgate binary instead of `cargo build --release -p saltgate-proxy`
 #   SG_IMPL=haproxy        put a second HAProxy in saltgate's slot (develops/validates the harness
 #                          without saltgate); default: saltgate
-#   SCENARIOS="1 2 3 4"    which scenarios to run (1 smoke, 2 master killed, 3 master hung,
-#                          4 master restarted; 4 restarts the master killed in 2, so it needs 2)
+#   SCENARIOS="1 5 6 2 4 3"  which scenarios to run (1 smoke, 2 master killed, 3 master hung,
+#                          4 master restarted, 5 reload under load, 6 drain through the API; they
+#                          always run in the order 1 5 6 2 4 3; 4 restarts the master killed in 2)
+#   SG_DRAIN_TIMEOUT=20s   saltgate's global.drain_timeout in the imported config (scenario 6)
 #   HANG_S=30              how long scenario 3 keeps the master SIGSTOPped
 #   RESULTS=path           where to write the markdown table (default interop/results/latest.md;
 #                          RESULTS= (empty) writes none outside the run dir)
@@ -79,6 +81,10 @@ haproxy -c -q -f "$RUN/ha/haproxy.cfg" || die "haproxy rejects $RUN/ha/haproxy.c
 if [ "$SG_IMPL" = saltgate ]; then
   "$SALTGATE_BIN" import-haproxy "$FIXTURE" >"$RUN/sg/saltgate.yaml" ||
     die "saltgate import-haproxy $FIXTURE failed"
+  # scenario 6 (drain through the API) waits for the drain deadline: keep it short
+  sed -i -E "s/^([[:space:]]*drain_timeout:)[[:space:]]*[^[:space:]#]+/\1 ${SG_DRAIN_TIMEOUT:-20s}/" "$RUN/sg/saltgate.yaml"
+  grep -qE "^[[:space:]]*drain_timeout: ${SG_DRAIN_TIMEOUT:-20s}\b" "$RUN/sg/saltgate.yaml" ||
+    die "could not set global.drain_timeout in $RUN/sg/saltgate.yaml"
   "$SALTGATE_BIN" check-config "$RUN/sg/saltgate.yaml" >&2 ||
     die "saltgate check-config rejects its own import of $FIXTURE (see $RUN/sg/saltgate.yaml)"
   log "saltgate config (imported from $(basename "$FIXTURE")): $RUN/sg/saltgate.yaml"
@@ -94,7 +100,7 @@ fi
 set +e
 "$VENV/bin/python" "$HERE/suite.py" --run "$RUN" --venv "$VENV" --fixture "$FIXTURE" \
   --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" \
-  --scenarios "${SCENARIOS:-1 2 3 4}" --hang "${HANG_S:-30}" \
+  --scenarios "${SCENARIOS:-1 5 6 2 4 3}" --hang "${HANG_S:-30}" \
   --results "$RUN/results.md"
 rc=$?
 set -e

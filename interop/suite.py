@@ -205,6 +205,23 @@ def pub_sessions():
     return res
 
 
+def conn_set(ports=(PUB_PORT,), peer_ip=None, master=None):
+    """ESTABLISHED connections on the masters' PORTS as a set of 'master:port<-peer:port' (one per session)"""
+    flt = " or ".join(f"sport = :{p}" for p in ports)
+    out = subprocess.run(["ss", "-tnH", "state", "established", f"( {flt} )"],
+                         capture_output=True, text=True).stdout
+    res = set()
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) < 4:
+            continue
+        local, peer = f[-2], f[-1]
+        lip, pip = local.rsplit(":", 1)[0], peer.rsplit(":", 1)[0]
+        if lip in MASTERS and (peer_ip is None or pip == peer_ip) and (master is None or lip == master):
+            res.add(f"{local}<-{peer}")
+    return res
+
+
 # --------------------------------------------------------------------------------------------
 # load balancers
 
@@ -325,6 +342,63 @@ class LB:
             ts = self._parse_ts(line)
             # use the log's own timestamp when it has one (UTC), else when we read it
             self.events.append((ts if ts and abs(ts - t) < 60 else t, ip, m.group(1), line.strip()[:200]))
+
+    # -- admin: saltgate's API / HAProxy's runtime API ---------------------------------------------
+    admin_addr = "127.0.0.1:9505"
+
+    def api(self, method, path, timeout=5):
+        """saltgate admin API: (status, parsed JSON or text)"""
+        import http.client
+        host, port = self.admin_addr.rsplit(":", 1)
+        c = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        try:
+            c.request(method, path)
+            r = c.getresponse()
+            body = r.read().decode(errors="replace")
+        finally:
+            c.close()
+        try:
+            return r.status, json.loads(body)
+        except ValueError:
+            return r.status, body
+
+    def ctl(self, *args, timeout=15):
+        """`saltgate ctl --admin ADDR ARGS`: (exit code, stdout+stderr)"""
+        r = subprocess.run([self.sg_bin, "ctl", "--admin", self.admin_addr, *args], capture_output=True,
+                           text=True, timeout=timeout, env=dict(os.environ, NO_COLOR="1"))
+        return r.returncode, (r.stdout + r.stderr).strip()
+
+    def generation(self):
+        st, body = self.api("GET", "/api/v1/masters")
+        return body.get("generation") if st == 200 and isinstance(body, dict) else None
+
+    def haproxy_cmd(self, cmd):
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(2)
+        s.connect(self.sock)
+        s.sendall(cmd.encode() + b"\n")
+        buf = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            buf += b
+        s.close()
+        return buf.decode(errors="replace").strip()
+
+    def log_since(self, off):
+        try:
+            with open(self.logfile, "rb") as f:
+                f.seek(off)
+                return [self._ANSI.sub("", l) for l in f.read().decode(errors="replace").splitlines()]
+        except OSError:
+            return []
+
+    def log_size(self):
+        try:
+            return os.path.getsize(self.logfile)
+        except OSError:
+            return 0
 
     def first_event(self, ip, state, after):
         for t, i, s, _ in self.events:
@@ -1113,6 +1187,293 @@ acceptance_wait_time: 5
         self.results.append(res)
         self.result_line("4 master restarted", res)
 
+    # -- scenarios 5 and 6: reload under load, drain through the API -------------------------
+    RELOADS = 20
+    RELOAD_EVERY_S = 1.5
+    NORMAL_PUB_CLOSE = ("client-eof", "client-reset")
+
+    def _sg_variants(self):
+        """two valid configurations: the imported one (A) and A with rserve1's weight 1 -> 3 and the
+        request listener's timeout_connect 10s -> 5s (B); the weight shows in /api/v1/masters"""
+        a = open(self.a.sg_config).read()
+        b = re.sub(r"(name: \S+\n(?:\s+\w+: .*\n)*?\s+weight:) 1\b", r"\1 3", a, count=1)
+        b = re.sub(r"(request:\n(?:.*\n)*?\s+timeout_connect:) 10s", r"\1 5s", b, count=1)
+        if a == b or "weight: 3" not in b:
+            raise Failure("could not derive the second config variant for the reload scenario")
+        return a, b
+
+    def _weights(self, lb):
+        st, body = lb.api("GET", "/api/v1/masters")
+        if st != 200 or not isinstance(body, dict):
+            return None, None
+        return body.get("generation"), {m["name"]: m["weight"] for m in body.get("masters", [])}
+
+    @staticmethod
+    def _write_atomic(path, text):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    def s5_reload(self):
+        sid, title = 5, "reload under load"
+        log(f"== scenario {sid}: {title} ({self.RELOADS} reloads, one every {self.RELOAD_EVERY_S} s) ==")
+        sg, ha = self.lbs
+        res = {"id": sid, "name": title, "rows": {}, "notes": []}
+        if sg.kind != "saltgate":
+            res.update(ok=False, notes=["needs saltgate in the saltgate slot"])
+            self.results.append(res)
+            self.result_line(f"{sid} {title}", res)
+            return
+        healthy = not self.wait_healthy(f"before scenario {sid}")
+        if not healthy:
+            res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
+        va, vb = self._sg_variants()
+        first = open(self.a.sg_config).read()
+        w_name = self.lbs[0].names[MASTERS[0]]
+        sp0 = self.spread()
+        conns0 = {lb.key: conn_set((PUB_PORT,), lb.src) for lb in self.lbs}
+        g0, _ = self._weights(sg)
+        off = sg.log_size()
+        st = self.start_streams(f"s{sid}", MASTERS)
+        time.sleep(PRE_S)
+        t0 = now()
+        pid = self.procs.pid(sg.name)
+        took, fails, gens = 0, [], [g0]
+        triggers = ("SIGHUP", "ctl reload", "POST /api/v1/reload")
+        for i in range(self.RELOADS):
+            t_i = t0 + i * self.RELOAD_EVERY_S
+            time.sleep(max(0.0, t_i - now()))
+            text, want = (vb, 3) if i % 2 == 0 else (va, 1)
+            self._write_atomic(self.a.sg_config, text)
+            how = triggers[i % 3]
+            prev = gens[-1] or 0
+            try:
+                if how == "SIGHUP":
+                    os.kill(pid, signal.SIGHUP)
+                elif how == "ctl reload":
+                    rc, out = sg.ctl("reload")
+                    if rc != 0:
+                        fails.append(f"reload {i + 1} ({how}): exit {rc}: {out[-200:]}")
+                else:
+                    code, body = sg.api("POST", "/api/v1/reload")
+                    if code != 200:
+                        fails.append(f"reload {i + 1} ({how}): HTTP {code} {str(body)[:200]}")
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                fails.append(f"reload {i + 1} ({how}): {exc}")
+            ok_i = wait_for(lambda: (lambda g, w: g is not None and g > prev and w and w.get(w_name) == want)(
+                *self._weights(sg)), 5, 0.1)
+            g, w = self._weights(sg)
+            gens.append(g)
+            if ok_i:
+                took += 1
+            else:
+                fails.append(f"reload {i + 1} ({how}) not in effect after 5 s: generation {prev} -> {g}, "
+                             f"weight of {w_name} {None if not w else w.get(w_name)} (want {want})")
+        t_rel = now()
+        rc, status = sg.ctl("status")
+        last = status.splitlines()[-1] if status else ""
+        time.sleep(PRE_S)
+        t_end = now()
+        conns1 = {lb.key: conn_set((PUB_PORT,), lb.src) for lb in self.lbs}
+        sp1 = self.spread()
+        self.stop_streams(st)
+        self._write_atomic(self.a.sg_config, first)  # leave the imported config in force
+        wait_for(lambda: (lambda g, w: w and w.get(w_name) == 1)(*self._weights(sg)), 6, 0.2)
+        # saltgate's own log in the window: publish sessions it closed, and any reload errors
+        lines = sg.log_since(off)
+        closes = {}
+        for l in lines:
+            m = re.search(r"listener=(\w+).*?reason=([\w-]+)", l)
+            if m and "session closed" in l:
+                closes.setdefault(m.group(1), {}).setdefault(m.group(2), 0)
+                closes[m.group(1)][m.group(2)] += 1
+        odd_pub = {r: n for r, n in closes.get("publish", {}).items() if r not in self.NORMAL_PUB_CLOSE}
+        errs = [l for l in lines if re.search(r"\b(ERROR)\b|reload refused", l)]
+        n_done = sum(1 for l in lines if "reload done" in l)
+        jobs, perr = self.read_jobs(st["files"])
+        if perr:
+            res["notes"].append(f"{len(perr)} publish calls failed (e.g. {perr[0]['error'][:150]})")
+        ev = self.minion_events(t0, t_end)
+        an = {lb.key: self.analyse(jobs, lb.key, t0 - PRE_S, t_end=t_end) for lb in self.lbs}
+        ha_bad = {tk for tk, _, _ in an["ha"]["bad"]}
+        sg_only = [(tk, miss) for tk, _, miss in an["sg"]["bad"] if tk not in ha_bad]
+        for lb in self.lbs:
+            a = an[lb.key]
+            kept = conns0[lb.key] & conns1[lb.key]
+            row = {"jobs": f"{a['rounds']} ({a['jobs']})", "missed": a["missed"], "p50": a["p50"], "p95": a["p95"],
+                   "reconnect": self.reconnect_time(ev, lb.minions),
+                   "recovery": (f"publish sessions {len(conns0[lb.key])} before, {len(conns1[lb.key])} after, "
+                                f"{len(kept)} the same")}
+            if lb.kind == "saltgate":
+                row["detect"] = (f"{took}/{self.RELOADS} reloads in effect (generation {g0} -> {gens[-1]}; "
+                                 f"SIGHUP, ctl, API in turn)")
+            else:
+                row["detect"] = "n/a (not reloaded)"
+            res["rows"][lb.key] = row
+        r = res["rows"]["sg"]
+        ok = True
+        if took != self.RELOADS or fails:
+            ok = False
+            res["notes"] += fails[:5]
+        if not last.startswith("config generation"):
+            res["notes"].append(f"`saltgate ctl status` (exit {rc}) did not end with 'config generation N': {last!r}")
+            ok = False
+        else:
+            res["notes"].append(f"`saltgate ctl status` after the reloads: {last!r}; saltgate logged "
+                                f"{n_done} 'reload done' (the file watcher may add some)")
+        if conns0["sg"] != conns1["sg"]:
+            ok = False
+            res["notes"].append(f"saltgate's publish sessions changed: {len(conns0['sg'] - conns1['sg'])} gone, "
+                                f"{len(conns1['sg'] - conns0['sg'])} new")
+        if odd_pub:
+            ok = False
+            res["notes"].append(f"saltgate closed publish sessions during the reloads: {odd_pub}")
+        if errs:
+            ok = False
+            res["notes"].append(f"saltgate logged {len(errs)} ERROR/refused line(s), e.g. {errs[0][:200]}")
+        if sg_only:
+            ok = False
+            res["notes"].append(f"{len(sg_only)} round(s) missed by saltgate minions in which every HAProxy minion "
+                                f"answered: {[(round(tk - t0), m) for tk, m in sg_only[:5]]}")
+        elif an["sg"]["bad"]:
+            res["notes"].append("every round a saltgate minion missed was also missed by an HAProxy minion "
+                                "(Salt's own noise)")
+        res["notes"].append(f"publish sessions closed by saltgate in the window, by reason: "
+                            f"{closes.get('publish', {}) or 'none'}; request sessions: {closes.get('request', {}) or 'none'}")
+        r["ok"] = ok
+        res.update(ok=ok, spread_before=sp0, spread_after=sp1, t0=t0, reload_s=t_rel - t0)
+        self.results.append(res)
+        for lb in self.lbs:
+            for tk, ms, miss in an[lb.key]["bad"][:30]:
+                log(f"  {lb.label}: round T0{tk - t0:+.0f}s (via {', '.join(ms)}) missed by {', '.join(miss)}")
+        self.result_line(f"{sid} {title}", res)
+
+    def _drain_timeout(self):
+        m = re.search(r"^\s*drain_timeout:\s*(\d+)(ms|s|m)\b", open(self.a.sg_config).read(), re.M)
+        if not m:
+            return 300.0
+        return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60}[m.group(2)]
+
+    def s6_drain(self):
+        sid, title = 6, "drain through the API"
+        log(f"== scenario {sid}: {title} ==")
+        sg, ha = self.lbs
+        res = {"id": sid, "name": title, "rows": {}, "notes": []}
+        if sg.kind != "saltgate":
+            res.update(ok=False, notes=["needs saltgate in the saltgate slot"])
+            self.results.append(res)
+            self.result_line(f"{sid} {title}", res)
+            return
+        healthy = not self.wait_healthy(f"before scenario {sid}")
+        if not healthy:
+            res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
+        dt = self._drain_timeout()
+        sp = self.spread()
+        # the master holding the most saltgate publish sessions (HAProxy's too, if it can)
+        victim = sorted(MASTERS, key=lambda ip: (-sp["sg"][ip], -sp["ha"][ip], MASTERS.index(ip)))[0]
+        name = sg.names[victim]
+        res.update(victim=victim, spread_before=sp)
+        log(f"victim {name} ({victim}; publish sessions: saltgate {sp['sg'][victim]}, HAProxy {sp['ha'][victim]}); "
+            f"drain_timeout {dt:.0f} s; publishing test.ping every 1 s through each of {MASTERS}")
+        st = self.start_streams(f"s{sid}", MASTERS)
+        time.sleep(PRE_S)
+        pre = conn_set((PUB_PORT, REQ_PORT), sg.src, victim)
+        n_sg0 = len(conn_set((PUB_PORT,), sg.src, victim))
+        n_ha0 = len(conn_set((PUB_PORT,), ha.src, victim))
+        t0 = now()
+        rc, out = sg.ctl("drain", name)
+        log(f"T0: saltgate ctl drain {name}: exit {rc}: {out[-200:]}")
+        ha_out = [ha.haproxy_cmd(f"set server {be}/{name} state drain")
+                  for be in ("salt-master-pub-backend", "salt-master-req-backend")]
+        log(f"T0+{now() - t0:.1f}s: HAProxy set server .../{name} state drain: {ha_out}")
+        new, t_zero, t_zero_api, api_new = set(), None, None, []
+        max_obs = dt + 60
+        while True:
+            time.sleep(0.5)
+            el = now() - t0
+            cur = conn_set((PUB_PORT, REQ_PORT), sg.src, victim)
+            new |= cur - pre
+            n_pub = sum(1 for c in cur if c.startswith(f"{victim}:{PUB_PORT}<-"))
+            if t_zero is None and n_pub == 0:
+                t_zero = el
+                log(f"T0+{el:.1f}s: no saltgate publish session left on {victim}")
+            try:
+                code, body = sg.api("GET", f"/api/v1/sessions?master={name}")
+                if code == 200 and isinstance(body, dict):
+                    pubs = [s for s in body["sessions"] if s["listener"] == "publish"]
+                    if t_zero_api is None and not pubs:
+                        t_zero_api = el
+                    api_new += [s for s in body["sessions"] if s["age_s"] + 1 < el - 1]
+            except OSError:
+                pass
+            if el >= max_obs:
+                break
+            if t_zero is not None and el >= t_zero + 12 and self.live_recovered(st, "sg", t0):
+                break
+        t_end = now()
+        n_ha1 = len(conn_set((PUB_PORT,), ha.src, victim))
+        sp1 = self.spread()
+        self.stop_streams(st)
+        jobs, perr = self.read_jobs(st["files"])
+        ev = self.minion_events(t0, t_end)
+        # back to normal: enable on both
+        rc_en, out_en = sg.ctl("enable", name)
+        ha_en = [ha.haproxy_cmd(f"set server {be}/{name} state ready")
+                 for be in ("salt-master-pub-backend", "salt-master-req-backend")]
+        log(f"saltgate ctl enable {name}: exit {rc_en}: {out_en[-200:]}; HAProxy state ready: {ha_en}")
+        if perr:
+            res["notes"].append(f"{len(perr)} publish calls failed (e.g. {perr[0]['error'][:150]})")
+        for lb in self.lbs:
+            a = self.analyse(jobs, lb.key, t0 - PRE_S, t_end=t_end)
+            row = {"jobs": f"{a['rounds']} ({a['jobs']})", "missed": a["missed"], "p50": a["p50"], "p95": a["p95"],
+                   "reconnect": self.reconnect_time(ev, lb.minions), "recovered": a["recovered"]}
+            if lb.kind == "saltgate":
+                row["detect"] = (f"`ctl drain` exit {rc}; new sessions to {victim}: "
+                                 f"{len(new) if new else 'none'}")
+                row["recovery"] = (f"{n_sg0} publish session(s) closed at {fmt_s(t_zero, 'never')} "
+                                   f"(drain_timeout {dt:.0f} s); " +
+                                   ("every minion answers again" if a["recovered"] else
+                                    f"not recovered ({t_end - t0:.0f} s)") +
+                                   (f" {a['recovery']:.1f} s after the drain" if a["recovered"] and a["bad"] else ""))
+            else:
+                row["detect"] = "`set server state drain`"
+                row["recovery"] = (f"{n_ha0} publish session(s) on {victim} at T0, {n_ha1} still there after "
+                                   f"{t_end - t0:.0f} s (HAProxy's drain keeps them)")
+            res["rows"][lb.key] = row
+        r = res["rows"]["sg"]
+        ok = rc == 0 and rc_en == 0
+        if rc != 0 or rc_en != 0:
+            res["notes"].append(f"ctl drain exit {rc} ({out[-150:]}), ctl enable exit {rc_en} ({out_en[-150:]})")
+        if new:
+            ok = False
+            res["notes"].append(f"saltgate opened {len(new)} new connection(s) to the drained master: "
+                                f"{sorted(new)[:4]}")
+        if api_new:
+            res["notes"].append(f"/api/v1/sessions?master={name} listed {len(api_new)} session(s) younger than "
+                                "the drain")
+        if n_sg0 and (t_zero is None or not dt - 2 <= t_zero <= dt + 5):
+            ok = False
+            res["notes"].append(f"saltgate's publish sessions on {victim} reached 0 at {fmt_s(t_zero, 'never')}, "
+                                f"not at the drain deadline ({dt:.0f} s)")
+        if not n_sg0:
+            res["notes"].append(f"saltgate had no publish session on {victim} at T0: nothing to drain")
+        if not r["recovered"]:
+            ok = False
+            res["notes"].append("not every saltgate minion answered again before the window closed")
+        res["notes"].append(f"saltgate publish sessions on {name}: ss 0 at {fmt_s(t_zero, 'never')}, "
+                            f"/api/v1/sessions 0 at {fmt_s(t_zero_api, 'never')} after the drain call")
+        r["ok"] = ok
+        res.update(ok=ok, spread_after=sp1, t0=t0)
+        self.results.append(res)
+        for lb in self.lbs:
+            a = self.analyse(jobs, lb.key, t0 - PRE_S, t_end=t_end)
+            for tk, ms, miss in a["bad"][:30]:
+                log(f"  {lb.label}: round T0{tk - t0:+.0f}s (via {', '.join(ms)}) missed by {', '.join(miss)}")
+        for m, e in sorted(ev.items()):
+            log(f"  minion log {m}: {' '.join(e[:10])}")
+        self.result_line(f"{sid} {title}", res)
+
     def result_line(self, title, res):
         parts = []
         for lb in self.lbs:
@@ -1152,13 +1513,13 @@ acceptance_wait_time: 5
                 if hit and len(r["missed"]) > len(hit):
                     missed += f" (the other {len(r['missed']) - len(hit)}: none)"
                 ok = "PASS" if r.get("ok") else "FAIL"
-                if lb.key != "sg" and res["id"] in (2, 3):
+                if lb.key != "sg" and res["id"] in (2, 3, 5, 6):
                     ok = "(reference)"
                 L.append(f"| {title} | {lb.label} | {r['jobs']} | {missed} | {r.get('detect')} | "
                          f"{r.get('recovery')} | {r.get('reconnect', 'n/a')} | {fmt_s(r['p50'])} | "
                          f"{fmt_s(r['p95'])} | {ok} |")
         L.append("")
-        sp = [r for r in self.results if r["id"] in (2, 3, 4)]
+        sp = [r for r in self.results if r["id"] in (2, 3, 4, 5, 6) and ("spread_after" in r or "spread_back" in r)]
         if sp:
             L.append("Publish sessions per master (ESTABLISHED connections on 127.0.0.2 / .3 / .4 :4505 "
                      "from each load balancer):")
@@ -1166,8 +1527,9 @@ acceptance_wait_time: 5
             L.append("| moment | " + " | ".join(lb.label for lb in self.lbs) + " |")
             L.append("|---|" + "---|" * len(self.lbs))
             for r in sp:
-                if r["id"] in (2, 3):
-                    L.append(f"| before scenario {r['id']} (victim {r['victim']}) | " +
+                if r["id"] in (2, 3, 5, 6):
+                    vic = f" (victim {r['victim']})" if r.get("victim") else ""
+                    L.append(f"| before scenario {r['id']}{vic} | " +
                              " | ".join(self.spread_txt(r["spread_before"][lb.key]) for lb in self.lbs) + " |")
                     L.append(f"| end of scenario {r['id']} | " +
                              " | ".join(self.spread_txt(r["spread_after"][lb.key]) for lb in self.lbs) + " |")
@@ -1199,6 +1561,11 @@ acceptance_wait_time: 5
                 self.s1_smoke()
             # the hang last: after SIGCONT, Salt 3008.5 does not serve the hung master's minions again
             # for minutes (see README), which would spoil whatever runs after it
+            # reload and drain while all three masters are healthy (before the kill degrades the cluster)
+            if "5" in scen:
+                self.s5_reload()
+            if "6" in scen:
+                self.s6_drain()
             if "2" in scen:
                 self.fault(2, "kill")
             if "4" in scen:
@@ -1251,7 +1618,7 @@ def main():
     p.add_argument("--sg-bin")
     p.add_argument("--sg-config")
     p.add_argument("--sg-haproxy")
-    p.add_argument("--scenarios", default="1 2 3 4")
+    p.add_argument("--scenarios", default="1 5 6 2 4 3")
     p.add_argument("--hang", type=float, default=30, help="seconds the hung master stays SIGSTOPped")
     p.add_argument("--after-cont", type=float, default=45, help="max seconds to wait for recovery after SIGCONT")
     p.add_argument("--spread-wait", type=float, default=20, help="seconds after the restart before counting sessions")
