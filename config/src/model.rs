@@ -28,6 +28,39 @@ impl Config {
             Role::Request => &self.request,
         }
     }
+
+    /// Listening addresses used twice (publish, request, admin): `(field, problem, fix)` each.
+    /// Checked by every loader, so YAML and HAProxy input agree on what is valid.
+    pub fn address_conflicts(&self) -> Vec<(String, String, String)> {
+        let mut out = Vec::new();
+        if self.admin.enabled
+            && self
+                .publish
+                .bind
+                .iter()
+                .chain(&self.request.bind)
+                .any(|a| *a == self.admin.bind)
+        {
+            out.push((
+                "admin.bind".into(),
+                format!("{} is also a Salt listener address", self.admin.bind),
+                "give the admin listener its own port".into(),
+            ));
+        }
+        for a in self
+            .publish
+            .bind
+            .iter()
+            .filter(|a| self.request.bind.contains(a))
+        {
+            out.push((
+                "listeners.request.bind".into(),
+                format!("{a} is also a publish address"),
+                "give the publish and request listeners different ports".into(),
+            ));
+        }
+        out
+    }
 }
 
 /// Process-wide settings.

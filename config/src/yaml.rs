@@ -571,42 +571,26 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
 
     let publish = c.listener(&raw.listeners.publish, Role::Publish);
     let request = c.listener(&raw.listeners.request, Role::Request);
-    if admin.enabled
-        && publish
-            .bind
-            .iter()
-            .chain(&request.bind)
-            .any(|a| *a == admin.bind)
-    {
-        c.errors.push(ConfigError::new(
-            Position::new(file, 0, 0),
-            "admin.bind",
-            format!("{} is also a Salt listener address", admin.bind),
-            "give the admin listener its own port",
-        ));
-    }
-    for a in &publish.bind {
-        if request.bind.contains(a) {
-            c.errors.push(ConfigError::new(
-                Position::new(file, 0, 0),
-                "listeners.request.bind",
-                format!("{a} is also a publish address"),
-                "give the publish and request listeners different ports",
-            ));
-        }
-    }
-
-    if !c.errors.is_empty() {
-        return Err(ConfigErrors(c.errors));
-    }
-    Ok(Config {
+    let config = Config {
         global,
         health,
         masters,
         publish,
         request,
         admin,
-    })
+    };
+    for (field, message, fix) in config.address_conflicts() {
+        c.errors.push(ConfigError::new(
+            Position::new(file, 0, 0),
+            field,
+            message,
+            fix,
+        ));
+    }
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
+    Ok(config)
 }
 
 /// Turns a serde/YAML error into a [`ConfigError`] with the YAML path of the offending line.

@@ -124,6 +124,27 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
     let request_l = listener(ps, Role::Request, request);
     let masters = masters(ps, publish, request, &publish_l, &request_l);
     let mut global = Global::default();
+    let publish_binds = publish_l.bind.clone();
+    for a in publish_binds.iter().filter(|a| request_l.bind.contains(a)) {
+        ps.error(
+            request.front.line,
+            "bind",
+            format!(
+                "{a} is bound by both {} and {}",
+                publish.front.name, request.front.name
+            ),
+            "give the publish and request frontends different ports",
+        );
+    }
+    let mut admin = crate::model::AdminConfig::default();
+    if publish_binds
+        .iter()
+        .chain(&request_l.bind)
+        .any(|a| *a == admin.bind)
+    {
+        ps.warn(request.front.line, format!("a frontend binds {}, saltgate's default admin API address: the admin API is off (turn it on elsewhere with saltgate run --admin-bind ADDR)", admin.bind));
+        admin.enabled = false;
+    }
     global.maxconn = parsed.global.maxconn;
     if let Some(d) = parsed.global.hard_stop_after {
         global.shutdown_grace = d;
@@ -134,7 +155,7 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
         masters,
         publish: publish_l,
         request: request_l,
-        admin: Default::default(),
+        admin,
     })
 }
 
@@ -177,9 +198,14 @@ fn listener(ps: &mut Parser<'_>, role: Role, pair: &Pair<'_>) -> ListenerConfig 
         })
         .collect();
     // HAProxy: `timeout tunnel` supersedes client and server once a TCP session is established.
-    let tunnel = b.timeout_tunnel.map(|t| t.v);
-    l.timeout_client = tunnel.or(f.timeout_client.map(|t| t.v));
-    l.timeout_server = tunnel.or(b.timeout_server.map(|t| t.v));
+    // HAProxy reads a zero idle timeout as "no timeout".
+    let idle = |t: Option<super::At<std::time::Duration>>| t.map(|t| t.v).filter(|d| !d.is_zero());
+    let (client, server) = match b.timeout_tunnel {
+        Some(t) => (idle(Some(t)), idle(Some(t))),
+        None => (idle(f.timeout_client), idle(b.timeout_server)),
+    };
+    l.timeout_client = client;
+    l.timeout_server = server;
     for (missing, what) in [
         (l.timeout_client.is_none(), "client"),
         (l.timeout_server.is_none(), "server"),
@@ -188,8 +214,8 @@ fn listener(ps: &mut Parser<'_>, role: Role, pair: &Pair<'_>) -> ListenerConfig 
             ps.warn(f.line, format!("{} {}: no 'timeout {what}': idle {role} sessions are never closed on that side (as in HAProxy)", f.kind.as_str(), f.name));
         }
     }
-    l.timeout_client_fin = f.timeout_client_fin.map(|t| t.v);
-    l.timeout_server_fin = b.timeout_server_fin.map(|t| t.v);
+    l.timeout_client_fin = idle(f.timeout_client_fin);
+    l.timeout_server_fin = idle(b.timeout_server_fin);
     match b.timeout_connect {
         Some(t) => l.timeout_connect = t.v,
         None => ps.warn(
@@ -244,6 +270,7 @@ fn masters(
         );
     }
     let mut out: Vec<MasterConfig> = Vec::new();
+    let mut endpoints = std::collections::HashSet::new();
     for ps_srv in &pb.servers {
         let Some(rs) = rb.servers.iter().find(|r| r.host == ps_srv.host) else {
             ps.error(ps_srv.line, &format!("server {}", ps_srv.name), format!("{} is in backend {} but not in backend {}", ps_srv.host, pb.name, rb.name), "saltgate treats a master as one unit with both ports: add the host to both backends");
@@ -290,7 +317,10 @@ fn masters(
             downinter: o.downinter.unwrap_or(inter),
             rise: o.rise.unwrap_or(defaults::RISE),
             fall: o.fall.unwrap_or(defaults::FALL),
-            timeout: pb.timeout_check.map(|t| t.v).unwrap_or(defaults::CHECK_TIMEOUT),
+            timeout: pb
+                .timeout_check
+                .map(|t| t.v)
+                .unwrap_or(defaults::CHECK_TIMEOUT),
             // HAProxy's `check` becomes saltgate's Salt-aware check: that is the point of the switch.
             probe: crate::model::Probe::Salt,
         };
@@ -302,11 +332,22 @@ fn masters(
                     .unwrap_or(l.role.default_port())
             })
         };
+        let (pp, rp) = (port_of(ps_srv, pl), port_of(rs, rl));
+        let mut clash = false;
+        for (srv, port) in [(ps_srv, pp), (rs, rp)] {
+            if !endpoints.insert((srv.host.clone(), port)) {
+                clash = true;
+                ps.error(srv.line, &format!("server {}", srv.name), format!("{}:{port} is already a port of another server line", srv.host), "each master port must be a distinct host:port (publish and request ports differ)");
+            }
+        }
+        if clash {
+            continue;
+        }
         out.push(MasterConfig {
             name: ps_srv.name.clone(),
             host: ps_srv.host.clone(),
-            publish_port: port_of(ps_srv, pl),
-            request_port: port_of(rs, rl),
+            publish_port: pp,
+            request_port: rp,
             weight: o.weight.unwrap_or(defaults::WEIGHT),
             maxconn: o.maxconn.filter(|n| *n > 0),
             backup: o.backup.unwrap_or(false),

@@ -236,6 +236,22 @@ impl Parser<'_> {
         }
     }
 
+    /// A time that must not be zero (check intervals).
+    fn positive_duration(&mut self, l: &Line, i: usize) -> Option<Duration> {
+        let d = self.duration(l, i)?;
+        if d.is_zero() {
+            let what = l.words[..i.min(l.words.len())].join(" ");
+            self.error(
+                l.no,
+                &what,
+                "must be greater than zero",
+                "write a positive time such as 2s",
+            );
+            return None;
+        }
+        Some(d)
+    }
+
     fn number(&mut self, l: &Line, i: usize, min: u32, max: u32) -> Option<u32> {
         let d = l.words[..i.min(l.words.len())].join(" ");
         let v = self.arg(l, i, "a number")?;
@@ -312,6 +328,11 @@ impl Parser<'_> {
                 let Some(d) = self.duration(l, 2) else { return };
                 if l.words.len() > 3 {
                     self.extra_words(l, 3);
+                    return;
+                }
+                // HAProxy reads a zero timeout as "no timeout"; connect and check need one.
+                if d.is_zero() && matches!(w1, "connect" | "check") {
+                    self.error(l.no, &format!("timeout {w1}"), "must be greater than zero", "write a positive time such as 5s");
                     return;
                 }
                 let at = Some(At { v: d, line: l.no });
@@ -465,15 +486,15 @@ impl Parser<'_> {
                 "disabled" => o.disabled = Some(true),
                 "enabled" => o.disabled = Some(false),
                 "inter" => {
-                    o.inter = self.duration(l, i + 1);
+                    o.inter = self.positive_duration(l, i + 1);
                     i += 1;
                 }
                 "fastinter" => {
-                    o.fastinter = self.duration(l, i + 1);
+                    o.fastinter = self.positive_duration(l, i + 1);
                     i += 1;
                 }
                 "downinter" => {
-                    o.downinter = self.duration(l, i + 1);
+                    o.downinter = self.positive_duration(l, i + 1);
                     i += 1;
                 }
                 "rise" => {

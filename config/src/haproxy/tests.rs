@@ -316,3 +316,42 @@ fn truncated_and_garbled_directives_never_panic() {
         }
     }
 }
+
+#[test]
+fn a_host_port_used_twice_is_an_error_naming_the_line() {
+    // Found by the haproxy_import fuzz target: a request server on the publish port.
+    let e = err(&FIXTURE.replace("rserve3 10.27.3.73:4506", "rserve3 10.27.3.73:4505"));
+    assert_eq!(e.at.line, 30, "{e}");
+    assert!(e.message.contains("10.27.3.73:4505"), "{e}");
+}
+
+#[test]
+fn the_same_address_on_both_frontends_is_an_error() {
+    // Found by the haproxy_import fuzz target.
+    let e = err(&FIXTURE.replace("bind 10.27.5.116:4506", "bind 10.27.5.116:4505"));
+    assert!(e.message.contains("bound by both"), "{e}");
+}
+
+#[test]
+fn zero_idle_timeouts_mean_none_as_in_haproxy_and_zero_check_times_are_errors() {
+    // Found by the haproxy_import fuzz target: `timeout client 0m` was imported as a zero the
+    // YAML then refused.
+    let c = ok(&FIXTURE.replace("timeout client 1m", "timeout client 0m")).config;
+    assert_eq!(c.request.timeout_client, None);
+    let back = crate::parse(&crate::emit::to_yaml(&c, "t"), None, crate::Format::Yaml)
+        .unwrap()
+        .config;
+    assert_eq!(back, c);
+    assert!(err(&FIXTURE.replace(
+        "timeout connect 10s\n    timeout server 1m",
+        "timeout connect 0\n    timeout server 1m"
+    ))
+    .message
+    .contains("greater than zero"));
+    assert!(err(&FIXTURE.replace(
+        "rserve1 10.27.12.13:4505 check",
+        "rserve1 10.27.12.13:4505 check inter 0"
+    ))
+    .message
+    .contains("greater than zero"));
+}
