@@ -1495,6 +1495,10 @@ acceptance_wait_time: 5
                                  " (nor did HAProxy's, whose sessions were untouched: Salt's own noise)"))
         res["notes"].append(f"saltgate publish sessions on {name}: ss 0 at {fmt_s(t_zero, 'never')}, "
                             f"/api/v1/sessions 0 at {fmt_s(t_zero_api, 'never')} after the drain call")
+        m = re.match(r"([\d.]+) s$", str(r["reconnect"]))
+        if m and t_zero is not None:
+            res["notes"].append(f"the drained minions were all ready again {float(m.group(1)) - t_zero:.1f} s after "
+                                f"saltgate closed their sessions (minion logs)")
         r["ok"] = ok
         res.update(ok=ok, spread_after=sp1, t0=t0)
         self.results.append(res)
