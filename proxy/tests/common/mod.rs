@@ -2,6 +2,8 @@
 //! deadlines (no sleeps where a condition can be awaited).
 #![allow(dead_code)]
 
+pub mod api;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
