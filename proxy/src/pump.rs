@@ -49,10 +49,6 @@ impl BufPool {
             pool: self,
         }
     }
-    /// Buffers waiting for reuse.
-    pub fn idle_buffers(&self) -> usize {
-        self.free.len()
-    }
     /// Buffers held by sessions right now (0 when every session is idle).
     pub fn in_use(&self) -> u64 {
         self.in_use.load(Ordering::Relaxed)

@@ -653,10 +653,6 @@ impl Running {
         self.shared.snapshot.load().generation
     }
 
-    pub fn metrics(&self) -> Arc<Metrics> {
-        self.shared.metrics.clone()
-    }
-
     /// Live sessions over all listeners.
     pub fn live_sessions(&self) -> usize {
         self.shared.tracker.len()

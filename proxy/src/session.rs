@@ -50,8 +50,14 @@ impl Drop for Live {
 
 /// How the connect phase ended.
 enum Connect {
-    Done(TcpStream, Slot),
-    Failed { attempts: u32 },
+    Done {
+        stream: TcpStream,
+        slot: Slot,
+        attempts: u32,
+    },
+    Failed {
+        attempts: u32,
+    },
     Shutdown,
 }
 
@@ -79,7 +85,7 @@ async fn connect(
         let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
         let failure = tokio::select! {
             r = attempt => match r {
-                Ok(Ok(stream)) => return Connect::Done(stream, slot),
+                Ok(Ok(stream)) => return Connect::Done { stream, slot, attempts },
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {:?}", l.timeout_connect),
             },
@@ -123,9 +129,16 @@ pub(crate) async fn handle(
             Err((CloseReason::NoMaster, 0, 0))
         } else {
             match connect(&shared, &listener, &snap.masters, &order, peer).await {
-                Connect::Done(stream, slot) => {
-                    Ok((stream, slot, connect_start.elapsed().as_millis() as u64))
-                }
+                Connect::Done {
+                    stream,
+                    slot,
+                    attempts,
+                } => Ok((
+                    stream,
+                    slot,
+                    connect_start.elapsed().as_millis() as u64,
+                    attempts,
+                )),
                 Connect::Failed { attempts: 0 } => Err((CloseReason::NoMaster, 0, 0)),
                 Connect::Failed { attempts } => Err((
                     CloseReason::ConnectFailed,
@@ -141,7 +154,7 @@ pub(crate) async fn handle(
         };
         (listener, picked)
     };
-    let (master_stream, slot, connect_ms) = match picked {
+    let (master_stream, slot, connect_ms, attempts) = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if reason == CloseReason::NoMaster {
@@ -205,7 +218,7 @@ pub(crate) async fn handle(
             bytes_in,
             bytes_out,
             connect_ms,
-            attempts: 1,
+            attempts,
         },
     );
 }
