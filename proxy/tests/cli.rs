@@ -18,14 +18,6 @@ fn repo(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(p)
 }
 
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A running saltgate process; its stderr lines are collected; killed on drop.
 struct Proc {
     child: Child,
@@ -114,12 +106,8 @@ async fn fixture() -> Fixture {
             );
         }
     }
-    let publish: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
-        .parse()
-        .unwrap();
-    let request: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
-        .parse()
-        .unwrap();
+    let publish: SocketAddr = free_addr();
+    let request: SocketAddr = free_addr();
     let text = std::fs::read_to_string(repo("examples/haproxy/salt-master-cluster-loopback.cfg"))
         .unwrap()
         .replace("bind 127.0.0.1:4505", &format!("bind {publish}"))
@@ -131,6 +119,25 @@ async fn fixture() -> Fixture {
         text,
         publish,
         request,
+    }
+}
+
+impl Fixture {
+    /// Writes the fixture as `dir/haproxy.cfg` and returns `saltgate import-haproxy` of it.
+    fn import(&self, dir: &Path) -> String {
+        let cfg = dir.join("haproxy.cfg");
+        std::fs::write(&cfg, &self.text).unwrap();
+        let out = Command::new(BIN)
+            .arg("import-haproxy")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
     }
 }
 
@@ -185,19 +192,7 @@ async fn haproxy_fixture_runs_as_it_stands_and_stops_cleanly_on_sigterm() {
 async fn imported_fixture_runs_as_yaml() {
     let f = fixture().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("haproxy.cfg");
-    std::fs::write(&cfg, &f.text).unwrap();
-    let out = Command::new(BIN)
-        .arg("import-haproxy")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let yaml = String::from_utf8(out.stdout).unwrap();
+    let yaml = f.import(dir.path());
     assert_eq!(
         yaml.matches("- name: rserve").count(),
         3,
@@ -311,16 +306,9 @@ fn check_config_accepts_the_fixture_and_rejects_bad_files_with_file_line_and_fie
 async fn accept_backs_off_on_emfile_and_recovers() {
     let f = fixture().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("haproxy.cfg");
     // raise_nofile off is not expressible in HAProxy syntax: import, then edit the YAML.
-    std::fs::write(&cfg, &f.text).unwrap();
-    let out = Command::new(BIN)
-        .arg("import-haproxy")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let yaml = String::from_utf8(out.stdout)
-        .unwrap()
+    let yaml = f
+        .import(dir.path())
         .replace("raise_nofile: true", "raise_nofile: false");
     let yaml_path = dir.path().join("saltgate.yaml");
     std::fs::write(&yaml_path, yaml).unwrap();
@@ -379,18 +367,9 @@ async fn accept_backs_off_on_emfile_and_recovers() {
 
 /// A YAML configuration for the fixture's masters with the admin API on a free port.
 async fn yaml_with_admin(f: &Fixture, dir: &Path) -> (PathBuf, SocketAddr, String) {
-    let cfg = dir.join("haproxy.cfg");
-    std::fs::write(&cfg, &f.text).unwrap();
-    let out = Command::new(BIN)
-        .arg("import-haproxy")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
-        .parse()
-        .unwrap();
-    let yaml = String::from_utf8(out.stdout)
-        .unwrap()
+    let admin: SocketAddr = free_addr();
+    let yaml = f
+        .import(dir)
         .replace("bind: \"127.0.0.1:9505\"", &format!("bind: \"{admin}\""));
     assert!(yaml.contains(&admin.to_string()));
     let path = dir.join("saltgate.yaml");
@@ -459,9 +438,7 @@ async fn ctl_drives_a_live_proxy_and_fails_clearly() {
         !ok && err.contains("HTTP 404") && err.contains("no master named \"nosuch\""),
         "{err}"
     );
-    let closed_port: SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
-        .parse()
-        .unwrap();
+    let closed_port: SocketAddr = free_addr();
     let (ok, _, err) = ctl(closed_port, &["status"]);
     assert!(!ok && err.contains("cannot reach the admin API"), "{err}");
     assert!(p.term().success());

@@ -162,26 +162,8 @@ async fn two_hundred_reloads_under_500_streaming_sessions_drop_nothing() {
     let c = FakeCluster::start(4, Behaviour::Echo).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("saltgate.yaml");
-    let publish: SocketAddr = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    )
-    .parse()
-    .unwrap();
-    let request: SocketAddr = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    )
-    .parse()
-    .unwrap();
+    let publish = free_addr();
+    let request = free_addr();
     let valid_a = yaml(&c, 3, &[1], publish, request, "1d");
     let valid_b = yaml(&c, 4, &[3, 1], publish, request, "12h");
     let invalid = valid_a.replace("weight: 1", "weight: lots");

@@ -35,6 +35,20 @@ pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// A port on `ip` that was free a moment ago (for configurations that need a fixed address).
+pub fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `127.0.0.1:<free port>`.
+pub fn free_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port("127.0.0.1")))
+}
+
 /// How a fake master behaves on each connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Behaviour {
