@@ -1216,19 +1216,26 @@ acceptance_wait_time: 5
             f.write(text)
         os.replace(tmp, path)
 
+    def _start_saltgate_scenario(self, sid, title):
+        """The result record of a scenario that needs saltgate's admin API, once the cluster is
+        healthy; None (a FAIL already recorded) when the saltgate slot holds HAProxy."""
+        res = {"id": sid, "name": title, "rows": {}, "notes": []}
+        if self.lbs[0].kind != "saltgate":
+            res.update(ok=False, notes=["needs saltgate in the saltgate slot"])
+            self.results.append(res)
+            self.result_line(f"{sid} {title}", res)
+            return None
+        if self.wait_healthy(f"before scenario {sid}"):
+            res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
+        return res
+
     def s5_reload(self):
         sid, title = 5, "reload under load"
         log(f"== scenario {sid}: {title} ({self.RELOADS} reloads, one every {self.RELOAD_EVERY_S} s) ==")
         sg, ha = self.lbs
-        res = {"id": sid, "name": title, "rows": {}, "notes": []}
-        if sg.kind != "saltgate":
-            res.update(ok=False, notes=["needs saltgate in the saltgate slot"])
-            self.results.append(res)
-            self.result_line(f"{sid} {title}", res)
+        res = self._start_saltgate_scenario(sid, title)
+        if res is None:
             return
-        healthy = not self.wait_healthy(f"before scenario {sid}")
-        if not healthy:
-            res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
         va, vb = self._sg_variants()
         first = open(self.a.sg_config).read()
         w_name = self.lbs[0].names[MASTERS[0]]
@@ -1370,15 +1377,9 @@ acceptance_wait_time: 5
         sid, title = 6, "drain through the API"
         log(f"== scenario {sid}: {title} ==")
         sg, ha = self.lbs
-        res = {"id": sid, "name": title, "rows": {}, "notes": []}
-        if sg.kind != "saltgate":
-            res.update(ok=False, notes=["needs saltgate in the saltgate slot"])
-            self.results.append(res)
-            self.result_line(f"{sid} {title}", res)
+        res = self._start_saltgate_scenario(sid, title)
+        if res is None:
             return
-        healthy = not self.wait_healthy(f"before scenario {sid}")
-        if not healthy:
-            res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
         dt = self._drain_timeout()
         sp = self.spread()
         # the master holding the most saltgate publish sessions (HAProxy's too, if it can)
