@@ -1,0 +1,1 @@
+//! saltgate-bench: side-by-side benchmarks. Work in progress (issue 11).
