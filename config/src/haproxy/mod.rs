@@ -255,18 +255,20 @@ impl Parser<'_> {
     fn number(&mut self, l: &Line, i: usize, min: u32, max: u32) -> Option<u32> {
         let d = l.words[..i.min(l.words.len())].join(" ");
         let v = self.arg(l, i, "a number")?;
-        match v.parse::<u32>() {
-            Ok(n) if (min..=max).contains(&n) => Some(n),
-            _ => {
-                self.error(
-                    l.no,
-                    &d,
-                    format!("{v:?} is not a whole number from {min} to {max}"),
-                    format!("write a number from {min} to {max}"),
-                );
-                None
+        let problem = match v.parse::<i128>() {
+            Ok(n) if (i128::from(min)..=i128::from(max)).contains(&n) => {
+                return u32::try_from(n).ok()
             }
-        }
+            Ok(n) => format!("{n} is out of range"),
+            Err(_) => format!("{v:?} is not a whole number"),
+        };
+        self.error(
+            l.no,
+            &d,
+            problem,
+            format!("write a whole number from {min} to {max}"),
+        );
+        None
     }
 
     fn extra_words(&mut self, l: &Line, n: usize) {
@@ -588,12 +590,22 @@ pub fn parse_haproxy(text: &str, file: Option<&Path>) -> Result<Loaded, ConfigEr
         warnings: Vec::new(),
     };
     let parsed = parse_sections(&mut ps, text);
-    if !ps.errors.is_empty() {
-        return Err(ConfigErrors(ps.errors));
-    }
+    // Convert even when lines were refused, so one run also reports what the conversion finds
+    // (a missing backend, a master in one backend only, HTTP mode, ...).
+    let line_errors = ps.errors.len();
     let config = convert::convert(&mut ps, &parsed);
     if !ps.errors.is_empty() {
-        return Err(ConfigErrors(ps.errors));
+        let mut errors = ps.errors;
+        // A refused line already has its error: a conversion error on the same line repeats it.
+        let refused: Vec<u32> = errors[..line_errors].iter().map(|e| e.at.line).collect();
+        let mut i = 0;
+        errors.retain(|e| {
+            i += 1;
+            i <= line_errors || e.at.line == 0 || !refused.contains(&e.at.line)
+        });
+        // File order; errors that belong to no line (the file as a whole) last.
+        errors.sort_by_key(|e| (e.at.line == 0, e.at.line));
+        return Err(ConfigErrors(errors));
     }
     match config {
         Some(config) => Ok(Loaded {
