@@ -696,12 +696,10 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         admin,
     };
     for (field, message, fix) in config.address_conflicts() {
-        c.errors.push(ConfigError::new(
-            Position::new(file, 0, 0),
-            field,
-            message,
-            fix,
-        ));
+        let at = node_at(&root, &field)
+            .map(|n| c.at(n))
+            .unwrap_or_else(|| Position::new(file, 0, 0));
+        c.errors.push(ConfigError::new(at, field, message, fix));
     }
     if !c.errors.is_empty() {
         c.errors
@@ -709,6 +707,17 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         return Err(ConfigErrors(c.errors));
     }
     Ok(config)
+}
+
+/// The node at a dotted key path (`listeners.request.bind`), first occurrence of each key.
+fn node_at<'n>(root: &'n Node, path: &str) -> Option<&'n Node> {
+    path.split('.').try_fold(root, |n, key| match &n.kind {
+        Kind::Map(entries) => entries
+            .iter()
+            .find(|(k, _)| matches!(&k.kind, Kind::Str(s) if s == key))
+            .map(|(_, v)| v),
+        _ => None,
+    })
 }
 
 fn admin(c: &mut Checker<'_>, n: Option<&Node>) -> AdminConfig {

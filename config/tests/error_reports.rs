@@ -176,3 +176,13 @@ fn haproxy_files_that_are_not_utf8_say_so_too() {
     assert_eq!(errs.first().at.line, 2, "{errs}");
     assert!(errs.to_string().contains("not UTF-8"), "{errs}");
 }
+
+#[test]
+fn an_address_used_twice_points_at_the_line_that_repeats_it() {
+    let text = GOOD.replace("bind: 127.0.0.1:4506", "bind: 127.0.0.1:4505");
+    let e = only_error(&text);
+    assert!(
+        e.starts_with("saltgate.yaml:10:11: listeners.request.bind: 127.0.0.1:4505 is also a publish address; "),
+        "{e}"
+    );
+}

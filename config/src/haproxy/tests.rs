@@ -392,3 +392,28 @@ fn every_refused_line_is_reported_with_its_range() {
         "{errs}"
     );
 }
+
+#[test]
+fn every_refused_server_option_on_a_line_is_reported() {
+    let text = FIXTURE.replace(
+        "rserve2 10.27.7.126:4505 check",
+        "rserve2 10.27.7.126:4505 check send-proxy slowstart 10s rise 0 agent-check",
+    );
+    let errs = parse_haproxy(&text, Some(Path::new("haproxy.cfg"))).unwrap_err();
+    let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields.len(), 4, "{errs}");
+    assert_eq!(fields[0], "send-proxy", "{errs}");
+    assert_eq!(fields[1], "slowstart", "{errs}");
+    assert_eq!(fields[2], "server rserve2 rise", "{errs}");
+    assert_eq!(fields[3], "agent-check", "{errs}");
+}
+
+#[test]
+fn errors_point_at_the_line_and_column_of_the_directive() {
+    let e = err(&FIXTURE.replace("timeout client 1m", "timeout client 1x"));
+    assert!(
+        e.to_string()
+            .starts_with("haproxy.cfg:20:5: timeout client: "),
+        "{e}"
+    );
+}
