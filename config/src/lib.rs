@@ -14,6 +14,7 @@ pub mod haproxy;
 pub mod model;
 pub mod yaml;
 mod yaml_tree;
+mod yaml_values;
 
 use std::path::Path;
 

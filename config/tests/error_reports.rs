@@ -186,3 +186,27 @@ fn an_address_used_twice_points_at_the_line_that_repeats_it() {
         "{e}"
     );
 }
+
+#[test]
+fn a_file_that_is_not_a_mapping_or_nests_too_deep_is_refused_clearly() {
+    let e = only_error("- just\n- a list\n");
+    assert!(
+        e.contains("expected a mapping of keys, found a list"),
+        "{e}"
+    );
+    assert!(e.contains("masters, listeners"), "{e}");
+    let deep = format!("masters: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
+    let e = only_error(&deep);
+    assert!(e.contains("too deeply nested"), "{e}");
+}
+
+#[test]
+fn a_bind_without_a_value_names_the_default() {
+    let e = only_error(&GOOD.replace("bind: 127.0.0.1:4505", "bind:"));
+    assert!(
+        e.contains(
+            "listeners.publish.bind: has no value; remove the key to use the default 0.0.0.0:4505"
+        ),
+        "{e}"
+    );
+}
