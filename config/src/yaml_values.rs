@@ -266,8 +266,17 @@ impl Checker<'_> {
         if !self.not_null(n, field, &default.to_string(), "true or false") {
             return default;
         }
-        match n.kind {
-            Kind::Bool(b) => b,
+        match &n.kind {
+            Kind::Bool(b) => *b,
+            Kind::Str(s) if n.quoted() && matches!(s.trim(), "true" | "false") => {
+                self.err(
+                    n,
+                    field,
+                    format!("{} is a string, not true or false", n.source.trim()),
+                    format!("write it without quotes: {}", s.trim()),
+                );
+                default
+            }
             _ => {
                 let what = n
                     .scalar_text()

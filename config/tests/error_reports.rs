@@ -210,3 +210,33 @@ fn a_bind_without_a_value_names_the_default() {
         "{e}"
     );
 }
+
+#[test]
+fn each_kind_of_value_is_refused_with_its_own_fix() {
+    let cases = [
+        ("    backup: \"true\"", "masters[0].backup: \"true\" is a string, not true or false; write it without quotes: true"),
+        ("    backup: maybe", "masters[0].backup: \"maybe\" is not true or false; write true or false"),
+        ("    weight: \"2\"", "masters[0].weight: \"2\" is a string, not a number; write the number without quotes: 2"),
+        ("    weight: 1.5", "masters[0].weight: \"1.5\" is not a whole number; write a whole number from 0 to 256"),
+        ("    weight: ~", "masters[0].weight: has no value; remove the key to use the default 1 or write a whole number from 0 to 256"),
+        ("    check: ~", "masters[0].check: has no value; remove the key to use the default true or write true or false"),
+        ("    health: 3", "masters[0].health: expected a mapping of keys, found a number; write the keys of masters[0].health on their own indented lines"),
+        ("    name: [x]", "masters[0].name: expected text, found a list; write a name"),
+    ];
+    for (line, want) in cases {
+        let text = GOOD.replace(
+            "    host: 127.0.0.2",
+            &format!("    host: 127.0.0.2\n{line}"),
+        );
+        let text = if line.contains("name:") {
+            GOOD.replace(
+                "  - name: a\n    host: 127.0.0.2",
+                &format!("  - host: 127.0.0.2\n{line}"),
+            )
+        } else {
+            text
+        };
+        let e = only_error(&text);
+        assert!(e.contains(want), "{line}\n got: {e}\nwant: {want}");
+    }
+}
