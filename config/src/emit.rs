@@ -95,6 +95,9 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         Some(p) => writeln!(o, "  token_file: {}", p.display())?,
         None => writeln!(o, "  # token_file: /etc/saltgate/admin.token")?,
     }
+    if c.admin.allow_unauthenticated {
+        writeln!(o, "  allow_unauthenticated: true")?;
+    }
     Ok(())
 }
 

@@ -75,7 +75,7 @@ impl fmt::Display for ConfigError {
         }
         write!(f, "{}", self.message)?;
         if !self.fix.is_empty() {
-            write!(f, " (fix: {})", self.fix)?;
+            write!(f, "; {}", self.fix)?;
         }
         Ok(())
     }

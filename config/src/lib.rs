@@ -13,6 +13,8 @@ pub mod error;
 pub mod haproxy;
 pub mod model;
 pub mod yaml;
+mod yaml_tree;
+mod yaml_values;
 
 use std::path::Path;
 
@@ -35,15 +37,65 @@ pub enum Format {
 
 /// Reads and validates a configuration file.
 pub fn load(path: &Path, format: Format) -> Result<Loaded, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigErrors::one(ConfigError::new(
+    let text = read_text(path).map_err(ConfigErrors::one)?;
+    parse(&text, Some(path), format)
+}
+
+/// Reads a configuration file as UTF-8 text; the error says which of reading or decoding failed.
+pub fn read_text(path: &Path) -> Result<String, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        use std::io::ErrorKind;
+        let fix = match e.kind() {
+            ErrorKind::NotFound => "check the path (no file by that name)",
+            ErrorKind::PermissionDenied => "make the file readable by the user saltgate runs as",
+            ErrorKind::IsADirectory => "name the configuration file, not its directory",
+            _ => "check the path and its permissions",
+        };
+        ConfigError::new(
             Position::new(Some(path), 0, 0),
             "",
             format!("cannot read the file: {e}"),
-            "check the path and its permissions",
-        ))
+            fix,
+        )
     })?;
-    parse(&text, Some(path), format)
+    decode(&bytes, Some(path))
+}
+
+/// Configuration file bytes as text: refuses bytes that are not UTF-8, naming the first bad one.
+pub fn decode(bytes: &[u8], file: Option<&Path>) -> Result<String, ConfigError> {
+    std::str::from_utf8(bytes)
+        .map(str::to_string)
+        .map_err(|e| not_utf8(file, bytes, e))
+}
+
+/// Validates the bytes of a configuration file (as [`load`] does once it has read them).
+pub fn parse_bytes(
+    bytes: &[u8],
+    file: Option<&Path>,
+    format: Format,
+) -> Result<Loaded, ConfigErrors> {
+    let text = decode(bytes, file).map_err(ConfigErrors::one)?;
+    parse(&text, file, format)
+}
+
+/// "Not UTF-8", with the byte offset, line and column of the first bad byte.
+fn not_utf8(file: Option<&Path>, bytes: &[u8], e: std::str::Utf8Error) -> ConfigError {
+    let offset = e.valid_up_to();
+    let good = &bytes[..offset];
+    let line = good.iter().filter(|b| **b == b'\n').count() + 1;
+    let line_start = good.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    // Characters, not bytes: the column an editor shows.
+    let column = std::str::from_utf8(&good[line_start..]).map_or(0, |s| s.chars().count()) + 1;
+    let clamp = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    ConfigError::new(
+        Position::new(file, clamp(line), clamp(column)),
+        "",
+        format!(
+            "the file is not UTF-8: byte 0x{:02x} at byte offset {offset} cannot start or continue a character",
+            bytes.get(offset).copied().unwrap_or(0)
+        ),
+        "save the file as UTF-8 (for example: iconv -f latin1 -t utf-8 FILE > FILE.new), or remove the character",
+    )
 }
 
 /// Validates configuration text. `file` is used in messages only.

@@ -95,6 +95,34 @@ pub struct AdminConfig {
     pub bind: SocketAddr,
     /// A file holding a bearer token; when set, every route but `/healthz` and `/readyz` needs it.
     pub token_file: Option<std::path::PathBuf>,
+    /// The operator accepts an admin API reachable beyond loopback without a token
+    /// (`admin.allow_unauthenticated: true`). Without it such a configuration is refused.
+    pub allow_unauthenticated: bool,
+}
+
+impl AdminConfig {
+    /// The API is on, reachable beyond loopback, and needs no token: anyone who can reach it can
+    /// drain masters and close sessions. Only valid with `allow_unauthenticated`; the proxy warns
+    /// about it at every start and reload.
+    pub fn exposed_without_token(&self) -> bool {
+        self.enabled && self.token_file.is_none() && !self.bind.ip().is_loopback()
+    }
+
+    /// Why this admin configuration must be refused, as `(problem, fix)`: exposed without a token
+    /// and without `allow_unauthenticated`. Checked by the loaders; a caller that changes `bind`
+    /// afterwards (such as `--admin-bind`) must check again.
+    pub fn exposure_refusal(&self) -> Option<(String, String)> {
+        if !self.exposed_without_token() || self.allow_unauthenticated {
+            return None;
+        }
+        Some((
+            format!(
+                "the admin API on {} is reachable beyond loopback and has no token: anyone who reaches it can drain masters",
+                self.bind
+            ),
+            "set admin.token_file to a file holding a bearer token, or bind it to 127.0.0.1; to accept the risk, set admin.allow_unauthenticated: true".into(),
+        ))
+    }
 }
 
 impl Default for AdminConfig {
@@ -103,6 +131,7 @@ impl Default for AdminConfig {
             enabled: true,
             bind: SocketAddr::from(([127, 0, 0, 1], defaults::ADMIN_PORT)),
             token_file: None,
+            allow_unauthenticated: false,
         }
     }
 }

@@ -1,397 +1,287 @@
-//! saltgate's own YAML configuration: raw serde structs (with source spans), validated into
-//! [`crate::model::Config`]. The reference for every key is in the README.
+//! saltgate's own YAML configuration, validated into [`crate::model::Config`]. The reference for
+//! every key is in the README.
+//!
+//! The file is read into a tree of nodes ([`crate::yaml_tree`]) and checked key by key here, so one
+//! run reports every problem: wrong types, values out of range, unknown and duplicate keys. Only a
+//! YAML syntax error stops the reading (nothing after it can be trusted).
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, Visitor};
-use serde::Deserialize;
-use serde_saphyr::Spanned;
-
 use crate::addr::parse_bind;
-use crate::duration::{parse_duration, BareNumber};
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
-    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
+    defaults, AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
     OnMasterDown, Role,
 };
+use crate::yaml_tree::{self, Kind, Node};
+use crate::yaml_values::{join, Checker, Fields};
 
-/// A duration as written in YAML: a string such as `10s`, or a bare number (refused with a hint).
-#[derive(Debug, Clone)]
-struct DurationText(String);
-
-impl<'de> Deserialize<'de> for DurationText {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = DurationText;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a duration such as 10s, 1m or 500ms")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<DurationText, E> {
-                Ok(DurationText(v.to_string()))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// One address or a list of them (`bind: 0.0.0.0:4505` or `bind: [a, b]`). Not an untagged enum:
-/// those lose source spans.
-#[derive(Debug, Clone)]
-struct StringList(Vec<String>);
-
-impl<'de> Deserialize<'de> for StringList {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = StringList;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an address or a list of addresses")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<StringList, E> {
-                Ok(StringList(vec![v.to_string()]))
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<StringList, A::Error> {
-                let mut out = Vec::new();
-                while let Some(s) = seq.next_element::<String>()? {
-                    out.push(s);
-                }
-                Ok(StringList(out))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-type Sp<T> = Spanned<T>;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawConfig {
-    #[serde(default)]
-    global: Option<RawGlobal>,
-    #[serde(default)]
-    health: Option<RawHealth>,
-    masters: Sp<Vec<RawMaster>>,
-    listeners: RawListeners,
-    #[serde(default)]
-    admin: Option<RawAdmin>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAdmin {
-    enabled: Option<bool>,
-    bind: Option<Sp<String>>,
-    token_file: Option<Sp<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGlobal {
-    maxconn: Option<Sp<u32>>,
-    shutdown_grace: Option<Sp<DurationText>>,
-    raise_nofile: Option<bool>,
-    drain_timeout: Option<Sp<DurationText>>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHealth {
-    interval: Option<Sp<DurationText>>,
-    fastinter: Option<Sp<DurationText>>,
-    downinter: Option<Sp<DurationText>>,
-    timeout: Option<Sp<DurationText>>,
-    rise: Option<Sp<u32>>,
-    fall: Option<Sp<u32>>,
-    probe: Option<Sp<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMaster {
-    name: Sp<String>,
-    host: Sp<String>,
-    publish_port: Option<Sp<u16>>,
-    request_port: Option<Sp<u16>>,
-    weight: Option<Sp<u32>>,
-    maxconn: Option<Sp<u32>>,
-    backup: Option<bool>,
-    disabled: Option<bool>,
-    check: Option<bool>,
-    health: Option<RawHealth>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawListeners {
-    publish: RawListener,
-    request: RawListener,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawListener {
-    bind: Option<Sp<StringList>>,
-    balance: Option<Sp<String>>,
-    timeout_client: Option<Sp<DurationText>>,
-    timeout_server: Option<Sp<DurationText>>,
-    timeout_client_fin: Option<Sp<DurationText>>,
-    timeout_server_fin: Option<Sp<DurationText>>,
-    timeout_connect: Option<Sp<DurationText>>,
-    retries: Option<Sp<u32>>,
-    maxconn: Option<Sp<u32>>,
-    backlog: Option<Sp<u32>>,
-    on_master_down: Option<Sp<String>>,
-    close_rate: Option<Sp<u32>>,
-    access_log: Option<bool>,
-}
-
-/// Collects errors while validating, so one run reports all of them.
-struct Checker<'a> {
-    file: Option<&'a Path>,
-    errors: Vec<ConfigError>,
-}
+const ROOT_KEYS: &[&str] = &["global", "health", "masters", "listeners", "admin"];
+const GLOBAL_KEYS: &[&str] = &["maxconn", "shutdown_grace", "raise_nofile", "drain_timeout"];
+const ADMIN_KEYS: &[&str] = &["enabled", "bind", "token_file", "allow_unauthenticated"];
+const HEALTH_KEYS: &[&str] = &[
+    "interval",
+    "fastinter",
+    "downinter",
+    "timeout",
+    "rise",
+    "fall",
+    "probe",
+];
+const MASTER_KEYS: &[&str] = &[
+    "name",
+    "host",
+    "publish_port",
+    "request_port",
+    "weight",
+    "maxconn",
+    "backup",
+    "disabled",
+    "check",
+    "health",
+];
+const LISTENERS_KEYS: &[&str] = &["publish", "request"];
+const LISTENER_KEYS: &[&str] = &[
+    "bind",
+    "balance",
+    "timeout_client",
+    "timeout_server",
+    "timeout_client_fin",
+    "timeout_server_fin",
+    "timeout_connect",
+    "retries",
+    "maxconn",
+    "backlog",
+    "on_master_down",
+    "close_rate",
+    "access_log",
+];
 
 impl Checker<'_> {
-    fn at<T>(&self, s: &Sp<T>) -> Position {
-        Position::new(
-            self.file,
-            clamp(s.referenced.line()),
-            clamp(s.referenced.column()),
-        )
-    }
-
-    fn err<T>(
-        &mut self,
-        s: &Sp<T>,
-        field: &str,
-        message: impl Into<String>,
-        fix: impl Into<String>,
-    ) {
-        let at = self.at(s);
-        self.errors.push(ConfigError::new(at, field, message, fix));
-    }
-
-    fn duration(&mut self, s: &Sp<DurationText>, field: &str) -> Option<Duration> {
-        match parse_duration(&s.value.0, BareNumber::Refuse) {
-            Ok(d) if d.is_zero() => {
-                self.err(
-                    s,
-                    field,
-                    "must be greater than zero",
-                    "write a positive duration such as 2s",
-                );
-                None
-            }
-            Ok(d) => Some(d),
-            Err(m) => {
-                self.err(
-                    s,
-                    field,
-                    m,
-                    "write a number with a unit: us, ms, s, m, h or d (e.g. 86400s)",
-                );
-                None
-            }
-        }
-    }
-
-    /// An idle timeout: a duration, or `none` to never time out.
-    fn idle_timeout(
-        &mut self,
-        s: &Option<Sp<DurationText>>,
-        field: &str,
-        default: Option<Duration>,
-    ) -> Option<Duration> {
-        match s {
-            None => default,
-            Some(s) if s.value.0.trim() == "none" => None,
-            Some(s) => self.duration(s, field).or(default),
-        }
-    }
-
-    fn positive(&mut self, s: &Sp<u32>, field: &str, max: u32) -> Option<u32> {
-        if s.value == 0 || s.value > max {
-            self.err(
-                s,
-                field,
-                format!("{} is out of range", s.value),
-                format!("use a whole number from 1 to {max}"),
-            );
-            None
-        } else {
-            Some(s.value)
-        }
-    }
-
-    fn health(&mut self, raw: &RawHealth, base: HealthSettings, prefix: &str) -> HealthSettings {
+    fn health(&mut self, n: Option<&Node>, base: HealthSettings, prefix: &str) -> HealthSettings {
+        let f = self.fields(n, prefix, HEALTH_KEYS);
         let mut h = base;
-        if let Some(v) = &raw.interval {
+        let secs = |d: Duration| format!("{}ms", d.as_millis());
+        if let Some(v) = f.get("interval") {
             h.interval = self
-                .duration(v, &format!("{prefix}.interval"))
+                .duration(v, &join(prefix, "interval"), &secs(base.interval))
                 .unwrap_or(h.interval);
             // Like HAProxy: fastinter and downinter follow inter unless set themselves.
             h.fastinter = h.interval;
             h.downinter = h.interval;
         }
-        if let Some(v) = &raw.fastinter {
+        if let Some(v) = f.get("fastinter") {
             h.fastinter = self
-                .duration(v, &format!("{prefix}.fastinter"))
+                .duration(v, &join(prefix, "fastinter"), "(the interval's value)")
                 .unwrap_or(h.fastinter);
         }
-        if let Some(v) = &raw.downinter {
+        if let Some(v) = f.get("downinter") {
             h.downinter = self
-                .duration(v, &format!("{prefix}.downinter"))
+                .duration(v, &join(prefix, "downinter"), "(the interval's value)")
                 .unwrap_or(h.downinter);
         }
-        if let Some(v) = &raw.timeout {
+        if let Some(v) = f.get("timeout") {
             h.timeout = self
-                .duration(v, &format!("{prefix}.timeout"))
+                .duration(v, &join(prefix, "timeout"), &secs(base.timeout))
                 .unwrap_or(h.timeout);
         }
-        if let Some(v) = &raw.rise {
+        if let Some(v) = f.get("rise") {
             h.rise = self
-                .positive(v, &format!("{prefix}.rise"), 1000)
+                .u32_in(
+                    v,
+                    &join(prefix, "rise"),
+                    1,
+                    MAX_RISE_FALL,
+                    &base.rise.to_string(),
+                )
                 .unwrap_or(h.rise);
         }
-        if let Some(v) = &raw.fall {
+        if let Some(v) = f.get("fall") {
             h.fall = self
-                .positive(v, &format!("{prefix}.fall"), 1000)
+                .u32_in(
+                    v,
+                    &join(prefix, "fall"),
+                    1,
+                    MAX_RISE_FALL,
+                    &base.fall.to_string(),
+                )
                 .unwrap_or(h.fall);
         }
-        if let Some(v) = &raw.probe {
-            match crate::model::Probe::parse(&v.value) {
-                Some(p) => h.probe = p,
-                None => self.err(
-                    v,
-                    &format!("{prefix}.probe"),
-                    format!("unknown probe {:?}", v.value),
-                    "use salt (ZMTP greeting on publish, clear ping on request), zmtp or tcp",
-                ),
+        if let Some(v) = f.get("probe") {
+            let field = join(prefix, "probe");
+            let fix = "use salt (ZMTP greeting on publish, clear ping on request), zmtp or tcp";
+            if let Some(t) = self.text(v, &field, "salt, zmtp or tcp") {
+                match crate::model::Probe::parse(&t) {
+                    Some(p) => h.probe = p,
+                    None => self.err(v, &field, format!("unknown probe {t:?}"), fix),
+                }
             }
         }
         h
     }
 
-    fn listener(&mut self, raw: &RawListener, role: Role) -> ListenerConfig {
+    fn listener(&mut self, n: Option<&Node>, role: Role) -> ListenerConfig {
         let p = format!("listeners.{role}");
+        let f = self.fields(n, &p, LISTENER_KEYS);
         let mut l = ListenerConfig::defaults_for(role);
-        if let Some(b) = &raw.bind {
-            if b.value.0.is_empty() {
+        if let Some(b) = f.get("bind").filter(|b| {
+            let default = format!("0.0.0.0:{}", role.default_port());
+            self.not_null(
+                b,
+                &join(&p, "bind"),
+                &default,
+                "an address such as 127.0.0.1:4505",
+            )
+        }) {
+            let field = join(&p, "bind");
+            let example = format!("0.0.0.0:{}", role.default_port());
+            let texts: Vec<(String, &Node)> = match &b.kind {
+                Kind::Seq(items) => items
+                    .iter()
+                    .filter_map(|i| {
+                        self.text(i, &field, &format!("an address such as {example}"))
+                            .map(|t| (t, i))
+                    })
+                    .collect(),
+                _ => self
+                    .text(b, &field, &format!("an address such as {example}"))
+                    .map(|t| vec![(t, b)])
+                    .unwrap_or_default(),
+            };
+            if matches!(&b.kind, Kind::Seq(items) if items.is_empty()) {
                 self.err(
                     b,
-                    &format!("{p}.bind"),
+                    &field,
                     "no address to listen on",
-                    format!(
-                        "write at least one address, e.g. bind: 0.0.0.0:{}",
-                        role.default_port()
-                    ),
+                    format!("write at least one address, e.g. bind: {example}"),
                 );
             }
             let mut bind = Vec::new();
-            for text in &b.value.0 {
+            for (text, at) in &texts {
                 match parse_bind(text) {
                     Ok(a) if bind.contains(&a) => self.err(
-                        b,
-                        &format!("{p}.bind"),
+                        at,
+                        &field,
                         format!("{a} is listed twice"),
                         "list each address once",
                     ),
                     Ok(a) => bind.push(a),
-                    Err(m) => self.err(b, &format!("{p}.bind"), m, "write IP:PORT"),
+                    Err(m) => self.err(at, &field, m, "write IP:PORT"),
                 }
             }
-            l.bind = bind;
+            if !texts.is_empty() || matches!(&b.kind, Kind::Seq(_)) {
+                l.bind = bind;
+            }
         }
-        if let Some(b) = &raw.balance {
-            match parse_balance(&b.value) {
-                Some(v) => l.balance = v,
-                None => self.err(
-                    b,
-                    &format!("{p}.balance"),
-                    format!("unknown balance {:?}", b.value),
-                    "use roundrobin, leastconn or source",
-                ),
+        if let Some(b) = f.get("balance") {
+            let field = join(&p, "balance");
+            if let Some(t) = self.text(b, &field, "roundrobin, leastconn or source") {
+                match parse_balance(&t) {
+                    Some(v) => l.balance = v,
+                    None => self.err(
+                        b,
+                        &field,
+                        format!("unknown balance {t:?}"),
+                        "use roundrobin, leastconn or source",
+                    ),
+                }
             }
         }
         l.timeout_client = self.idle_timeout(
-            &raw.timeout_client,
-            &format!("{p}.timeout_client"),
+            f.get("timeout_client"),
+            &join(&p, "timeout_client"),
             l.timeout_client,
         );
         l.timeout_server = self.idle_timeout(
-            &raw.timeout_server,
-            &format!("{p}.timeout_server"),
+            f.get("timeout_server"),
+            &join(&p, "timeout_server"),
             l.timeout_server,
         );
         l.timeout_client_fin = self.idle_timeout(
-            &raw.timeout_client_fin,
-            &format!("{p}.timeout_client_fin"),
+            f.get("timeout_client_fin"),
+            &join(&p, "timeout_client_fin"),
             None,
         );
         l.timeout_server_fin = self.idle_timeout(
-            &raw.timeout_server_fin,
-            &format!("{p}.timeout_server_fin"),
+            f.get("timeout_server_fin"),
+            &join(&p, "timeout_server_fin"),
             None,
         );
-        if let Some(v) = &raw.timeout_connect {
+        if let Some(v) = f.get("timeout_connect") {
             l.timeout_connect = self
-                .duration(v, &format!("{p}.timeout_connect"))
+                .duration(
+                    v,
+                    &join(&p, "timeout_connect"),
+                    &format!("{}s", defaults::CONNECT_TIMEOUT.as_secs()),
+                )
                 .unwrap_or(l.timeout_connect);
         }
-        if let Some(v) = &raw.retries {
-            if v.value > 100 {
-                self.err(
+        if let Some(v) = f.get("retries") {
+            l.retries = self
+                .u32_in(
                     v,
-                    &format!("{p}.retries"),
-                    format!("{} is too many", v.value),
-                    "use 0 to 100",
-                );
-            } else {
-                l.retries = v.value;
-            }
+                    &join(&p, "retries"),
+                    0,
+                    MAX_RETRIES,
+                    &defaults::RETRIES.to_string(),
+                )
+                .unwrap_or(l.retries);
         }
-        if let Some(v) = &raw.maxconn {
-            l.maxconn = self.positive(v, &format!("{p}.maxconn"), u32::MAX);
+        if let Some(v) = f.get("maxconn") {
+            l.maxconn = self.u32_in(v, &join(&p, "maxconn"), 1, u32::MAX, "(no cap)");
         }
-        if let Some(v) = &raw.backlog {
+        if let Some(v) = f.get("backlog") {
             l.backlog = self
-                .positive(v, &format!("{p}.backlog"), 1 << 20)
+                .u32_in(
+                    v,
+                    &join(&p, "backlog"),
+                    1,
+                    MAX_BACKLOG,
+                    &defaults::BACKLOG.to_string(),
+                )
                 .unwrap_or(l.backlog);
         }
-        if let Some(v) = &raw.on_master_down {
-            match v.value.as_str() {
-                "close" => l.on_master_down = OnMasterDown::Close,
-                "keep" => l.on_master_down = OnMasterDown::Keep,
-                other => self.err(
-                    v,
-                    &format!("{p}.on_master_down"),
-                    format!("unknown value {other:?}"),
-                    "use close or keep",
-                ),
+        if let Some(v) = f.get("on_master_down") {
+            let field = join(&p, "on_master_down");
+            if let Some(t) = self.text(v, &field, "close or keep") {
+                match t.as_str() {
+                    "close" => l.on_master_down = OnMasterDown::Close,
+                    "keep" => l.on_master_down = OnMasterDown::Keep,
+                    other => self.err(
+                        v,
+                        &field,
+                        format!("unknown value {other:?}"),
+                        "use close or keep",
+                    ),
+                }
             }
         }
-        if let Some(v) = &raw.close_rate {
-            l.close_rate = v.value;
+        if let Some(v) = f.get("close_rate") {
+            l.close_rate = self
+                .u32_in(
+                    v,
+                    &join(&p, "close_rate"),
+                    0,
+                    u32::MAX,
+                    &defaults::CLOSE_RATE.to_string(),
+                )
+                .unwrap_or(l.close_rate);
         }
-        if let Some(v) = raw.access_log {
-            l.access_log = v;
-        }
+        l.access_log = self.boolean(f.get("access_log"), &join(&p, "access_log"), l.access_log);
         l
     }
 }
+
+/// Highest `rise`/`fall`: more consecutive checks than this is a typo, not a policy.
+const MAX_RISE_FALL: u32 = 1000;
+/// Highest `retries`.
+const MAX_RETRIES: u32 = 100;
+/// Highest listen `backlog` (the kernel caps it at somaxconn anyway).
+const MAX_BACKLOG: u32 = 1 << 20;
+/// Highest master `weight`, as in HAProxy.
+const MAX_WEIGHT: u32 = 256;
 
 pub(crate) fn parse_balance(s: &str) -> Option<Balance> {
     match s {
@@ -410,167 +300,92 @@ pub(crate) fn valid_master_name(n: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
-fn clamp(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
+/// A duration as the YAML would say it: `2s`, `500ms`.
+fn duration_text(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// Parses and validates a saltgate YAML configuration. `file` is used in error messages only.
+/// Every problem in the file is reported in one go; only a YAML syntax error stops early.
 pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigErrors> {
-    let raw: RawConfig =
-        serde_saphyr::from_str(text).map_err(|e| ConfigErrors::one(serde_error(&e, text, file)))?;
+    let root =
+        yaml_tree::read(text).map_err(|e| ConfigErrors::one(syntax_error(&e, text, file)))?;
     let mut c = Checker {
         file,
         errors: Vec::new(),
     };
+    if matches!(root.kind, Kind::Null) {
+        return Err(ConfigErrors::one(ConfigError::new(
+            Position::new(file, 0, 0),
+            "",
+            "the file holds no configuration",
+            "write at least masters and listeners; see examples/saltgate.yaml",
+        )));
+    }
+    let top = c.fields(Some(&root), "", ROOT_KEYS);
+    if !matches!(root.kind, Kind::Map(_)) {
+        return Err(ConfigErrors(c.errors));
+    }
 
     let mut global = Global::default();
-    if let Some(g) = &raw.global {
-        if let Some(v) = &g.maxconn {
-            global.maxconn = c.positive(v, "global.maxconn", u32::MAX);
-        }
-        if let Some(v) = &g.shutdown_grace {
-            global.shutdown_grace = c
-                .duration(v, "global.shutdown_grace")
-                .unwrap_or(global.shutdown_grace);
-        }
-        if let Some(v) = g.raise_nofile {
-            global.raise_nofile = v;
-        }
-        if let Some(v) = &g.drain_timeout {
-            global.drain_timeout = c
-                .duration(v, "global.drain_timeout")
-                .unwrap_or(global.drain_timeout);
-        }
+    let g = c.fields(top.get("global"), "global", GLOBAL_KEYS);
+    if let Some(v) = g.get("maxconn") {
+        global.maxconn = c.u32_in(v, "global.maxconn", 1, u32::MAX, "(no cap)");
     }
-    let mut admin = AdminConfig::default();
-    if let Some(a) = &raw.admin {
-        if let Some(v) = a.enabled {
-            admin.enabled = v;
-        }
-        if let Some(b) = &a.bind {
-            match parse_bind(&b.value) {
-                Ok(addr) => admin.bind = addr,
-                Err(m) => c.err(b, "admin.bind", m, "write IP:PORT, e.g. 127.0.0.1:9505"),
-            }
-        }
-        if let Some(t) = &a.token_file {
-            if t.value.trim().is_empty() {
-                c.err(
-                    t,
-                    "admin.token_file",
-                    "empty path",
-                    "name a file that holds the bearer token, or remove the key",
-                );
-            } else {
-                admin.token_file = Some(t.value.clone().into());
-            }
-        }
+    if let Some(v) = g.get("shutdown_grace") {
+        global.shutdown_grace = c
+            .duration(
+                v,
+                "global.shutdown_grace",
+                &duration_text(global.shutdown_grace),
+            )
+            .unwrap_or(global.shutdown_grace);
     }
-    let health = c.health(
-        raw.health.as_ref().unwrap_or(&RawHealth::default()),
-        HealthSettings::default(),
-        "health",
+    global.raise_nofile = c.boolean(
+        g.get("raise_nofile"),
+        "global.raise_nofile",
+        global.raise_nofile,
     );
-
-    if raw.masters.value.is_empty() {
-        c.err(
-            &raw.masters,
-            "masters",
-            "no master is configured",
-            "list at least one master with a name and a host",
-        );
-    }
-    let mut names = HashSet::new();
-    let mut endpoints = HashSet::new();
-    let mut masters = Vec::new();
-    for (i, m) in raw.masters.value.iter().enumerate() {
-        let p = format!("masters[{i}]");
-        if !valid_master_name(&m.name.value) {
-            c.err(
-                &m.name,
-                &format!("{p}.name"),
-                format!("invalid master name {:?}", m.name.value),
-                "use 1-64 letters, digits, '-', '_' or '.'",
-            );
-        } else if !names.insert(m.name.value.clone()) {
-            c.err(
-                &m.name,
-                &format!("{p}.name"),
-                format!("duplicate master name {:?}", m.name.value),
-                "give every master its own name",
-            );
-        }
-        if m.host.value.trim().is_empty() || m.host.value.contains(char::is_whitespace) {
-            c.err(
-                &m.host,
-                &format!("{p}.host"),
-                format!("invalid host {:?}", m.host.value),
-                "write the master's IP address or DNS name",
-            );
-        }
-        let mut port = |sp: &Option<Sp<u16>>, role: Role| match sp {
-            None => role.default_port(),
-            Some(v) if v.value == 0 => {
-                c.err(
-                    v,
-                    &format!("{p}.{role}_port"),
-                    "port 0 is not a master port",
-                    "write the port the master listens on",
-                );
-                role.default_port()
-            }
-            Some(v) => v.value,
-        };
-        let publish_port = port(&m.publish_port, Role::Publish);
-        let request_port = port(&m.request_port, Role::Request);
-        for port in [publish_port, request_port] {
-            if !endpoints.insert((m.host.value.clone(), port)) {
-                c.err(
-                    &m.host,
-                    &format!("{p}.host"),
-                    format!("{}:{port} is used by another master or port", m.host.value),
-                    "each master port must be a distinct host:port",
-                );
-            }
-        }
-        let weight = match &m.weight {
-            Some(w) if w.value > 256 => {
-                c.err(
-                    w,
-                    &format!("{p}.weight"),
-                    format!("{} is out of range", w.value),
-                    "use 0 to 256",
-                );
-                1
-            }
-            Some(w) => w.value,
-            None => crate::model::defaults::WEIGHT,
-        };
-        let maxconn = m
-            .maxconn
-            .as_ref()
-            .and_then(|v| c.positive(v, &format!("{p}.maxconn"), u32::MAX));
-        let mh = c.health(
-            m.health.as_ref().unwrap_or(&RawHealth::default()),
-            health,
-            &format!("{p}.health"),
-        );
-        masters.push(MasterConfig {
-            name: m.name.value.clone(),
-            host: m.host.value.trim().to_string(),
-            publish_port,
-            request_port,
-            weight,
-            maxconn,
-            backup: m.backup.unwrap_or(false),
-            disabled: m.disabled.unwrap_or(false),
-            check: m.check.unwrap_or(true),
-            health: mh,
-        });
+    if let Some(v) = g.get("drain_timeout") {
+        global.drain_timeout = c
+            .duration(
+                v,
+                "global.drain_timeout",
+                &duration_text(global.drain_timeout),
+            )
+            .unwrap_or(global.drain_timeout);
     }
 
-    let publish = c.listener(&raw.listeners.publish, Role::Publish);
-    let request = c.listener(&raw.listeners.request, Role::Request);
+    let admin = admin(&mut c, top.get("admin"));
+    let health = c.health(top.get("health"), HealthSettings::default(), "health");
+
+    let masters = masters(&mut c, &top, health);
+
+    let ls = c.fields(top.get("listeners"), "listeners", LISTENERS_KEYS);
+    if top.get("listeners").is_some() {
+        for role in Role::ALL {
+            c.required(
+                &ls,
+                role.as_str(),
+                &format!(
+                    "add listeners.{role} with at least bind: 0.0.0.0:{}",
+                    role.default_port()
+                ),
+            );
+        }
+    } else {
+        c.required(
+            &top,
+            "listeners",
+            "add listeners.publish and listeners.request, each with a bind address",
+        );
+    }
+    let publish = c.listener(ls.get("publish"), Role::Publish);
+    let request = c.listener(ls.get("request"), Role::Request);
     let config = Config {
         global,
         health,
@@ -580,63 +395,277 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         admin,
     };
     for (field, message, fix) in config.address_conflicts() {
-        c.errors.push(ConfigError::new(
-            Position::new(file, 0, 0),
-            field,
-            message,
-            fix,
-        ));
+        let at = node_at(&root, &field)
+            .map(|n| c.at(n))
+            .unwrap_or_else(|| Position::new(file, 0, 0));
+        c.errors.push(ConfigError::new(at, field, message, fix));
     }
     if !c.errors.is_empty() {
+        c.errors
+            .sort_by_key(|e| (e.at.line == 0, e.at.line, e.at.column));
         return Err(ConfigErrors(c.errors));
     }
     Ok(config)
 }
 
-/// Turns a serde/YAML error into a [`ConfigError`] with the YAML path of the offending line.
-fn serde_error(e: &serde_saphyr::Error, text: &str, file: Option<&Path>) -> ConfigError {
+/// The node at a dotted key path (`listeners.request.bind`), first occurrence of each key.
+fn node_at<'n>(root: &'n Node, path: &str) -> Option<&'n Node> {
+    path.split('.').try_fold(root, |n, key| match &n.kind {
+        Kind::Map(entries) => entries
+            .iter()
+            .find(|(k, _)| matches!(&k.kind, Kind::Str(s) if s == key))
+            .map(|(_, v)| v),
+        _ => None,
+    })
+}
+
+fn admin(c: &mut Checker<'_>, n: Option<&Node>) -> AdminConfig {
+    let f = c.fields(n, "admin", ADMIN_KEYS);
+    let mut admin = AdminConfig::default();
+    admin.enabled = c.boolean(f.get("enabled"), "admin.enabled", admin.enabled);
+    let bind = f.get("bind");
+    if let Some(b) = bind {
+        if let Some(t) = c.text(b, "admin.bind", "IP:PORT, e.g. 127.0.0.1:9505") {
+            match parse_bind(&t) {
+                Ok(addr) => admin.bind = addr,
+                Err(m) => c.err(b, "admin.bind", m, "write IP:PORT, e.g. 127.0.0.1:9505"),
+            }
+        }
+    }
+    if let Some(t) = f.get("token_file") {
+        match c.text(
+            t,
+            "admin.token_file",
+            "the path of a file that holds the bearer token",
+        ) {
+            Some(p) if p.trim().is_empty() => c.err(
+                t,
+                "admin.token_file",
+                "empty path",
+                "name a file that holds the bearer token, or remove the key",
+            ),
+            Some(p) => admin.token_file = Some(p.into()),
+            None => {}
+        }
+    }
+    admin.allow_unauthenticated = c.boolean(
+        f.get("allow_unauthenticated"),
+        "admin.allow_unauthenticated",
+        false,
+    );
+    if let Some((message, fix)) = admin.exposure_refusal() {
+        match bind.or(f.node) {
+            Some(at) => c.err(at, "admin.bind", message, fix),
+            None => c.errors.push(ConfigError::new(
+                Position::new(c.file, 0, 0),
+                "admin.bind",
+                message,
+                fix,
+            )),
+        }
+    }
+    admin
+}
+
+fn masters(c: &mut Checker<'_>, top: &Fields<'_>, health: HealthSettings) -> Vec<MasterConfig> {
+    let mut masters = Vec::new();
+    let Some(list) = c.required(
+        top,
+        "masters",
+        "add masters: a list of entries, each with a name and a host",
+    ) else {
+        return masters;
+    };
+    let items: &[Node] = match &list.kind {
+        Kind::Seq(items) => items,
+        _ => {
+            c.err(
+                list,
+                "masters",
+                format!("expected a list of masters, found {}", list.describe()),
+                "write each master as a list entry: '- name: a' then 'host: 10.0.0.1' indented below",
+            );
+            return masters;
+        }
+    };
+    if items.is_empty() {
+        c.err(
+            list,
+            "masters",
+            "no master is configured",
+            "list at least one master with a name and a host",
+        );
+    }
+    let mut names = HashSet::new();
+    let mut endpoints = HashSet::new();
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("masters[{i}]");
+        if !matches!(item.kind, Kind::Map(_)) {
+            c.err(
+                item,
+                &p,
+                format!(
+                    "expected a master (a mapping with name and host), found {}",
+                    item.describe()
+                ),
+                "write '- name: a' and 'host: 10.0.0.1' indented below it",
+            );
+            continue;
+        }
+        let f = c.fields(Some(item), &p, MASTER_KEYS);
+        let name = c
+            .required(
+                &f,
+                "name",
+                "add name: <a name for logs, metrics and the admin API>",
+            )
+            .and_then(|n| c.text(n, &join(&p, "name"), "a name").map(|t| (t, n)));
+        if let Some((name, at)) = &name {
+            if !valid_master_name(name) {
+                c.err(
+                    at,
+                    &join(&p, "name"),
+                    format!("invalid master name {name:?}"),
+                    "use 1-64 letters, digits, '-', '_' or '.'",
+                );
+            } else if !names.insert(name.clone()) {
+                c.err(
+                    at,
+                    &join(&p, "name"),
+                    format!("duplicate master name {name:?}"),
+                    "give every master its own name",
+                );
+            }
+        }
+        let host = c
+            .required(
+                &f,
+                "host",
+                "add host: <the master's IP address or DNS name>",
+            )
+            .and_then(|n| {
+                c.text(n, &join(&p, "host"), "the master's IP address or DNS name")
+                    .map(|t| (t, n))
+            });
+        if let Some((h, at)) = &host {
+            if h.trim().is_empty() || h.contains(char::is_whitespace) {
+                c.err(
+                    at,
+                    &join(&p, "host"),
+                    format!("invalid host {h:?}"),
+                    "write the master's IP address or DNS name",
+                );
+            }
+        }
+        let publish_port = c.port(
+            f.get("publish_port"),
+            &join(&p, "publish_port"),
+            Role::Publish,
+        );
+        let request_port = c.port(
+            f.get("request_port"),
+            &join(&p, "request_port"),
+            Role::Request,
+        );
+        if let Some((h, at)) = &host {
+            for port in [publish_port, request_port] {
+                if !endpoints.insert((h.clone(), port)) {
+                    c.err(
+                        at,
+                        &join(&p, "host"),
+                        format!("{h}:{port} is used by another master or port"),
+                        "each master port must be a distinct host:port",
+                    );
+                }
+            }
+        }
+        let weight = f
+            .get("weight")
+            .and_then(|w| {
+                c.u32_in(
+                    w,
+                    &join(&p, "weight"),
+                    0,
+                    MAX_WEIGHT,
+                    &defaults::WEIGHT.to_string(),
+                )
+            })
+            .unwrap_or(defaults::WEIGHT);
+        let maxconn = f
+            .get("maxconn")
+            .and_then(|v| c.u32_in(v, &join(&p, "maxconn"), 1, u32::MAX, "(no cap)"));
+        let backup = c.boolean(f.get("backup"), &join(&p, "backup"), false);
+        let disabled = c.boolean(f.get("disabled"), &join(&p, "disabled"), false);
+        let check = c.boolean(f.get("check"), &join(&p, "check"), true);
+        let mh = c.health(f.get("health"), health, &join(&p, "health"));
+        let (Some((name, _)), Some((host, _))) = (name, host) else {
+            continue;
+        };
+        masters.push(MasterConfig {
+            name,
+            host: host.trim().to_string(),
+            publish_port,
+            request_port,
+            weight,
+            maxconn,
+            backup,
+            disabled,
+            check,
+            health: mh,
+        });
+    }
+    masters
+}
+
+/// A YAML syntax error: where it is and how such errors are usually fixed.
+fn syntax_error(e: &serde_saphyr::Error, text: &str, file: Option<&Path>) -> ConfigError {
     let (line, column) = e
         .location()
         .map(|l| (clamp(l.line()), clamp(l.column())))
         .unwrap_or((0, 0));
     let display = e.to_string();
     let first = display.lines().next().unwrap_or("invalid YAML").trim();
-    // "error: line 4 column 14: invalid u32" -> "invalid u32"
-    let message = first
+    // "error: line 4 column 14: did not find expected key" -> "did not find expected key"
+    let detail = first
         .strip_prefix("error: ")
         .map(|rest| match rest.split_once(": ") {
             Some((pos, m)) if pos.starts_with("line ") => m,
             _ => rest,
         })
-        .unwrap_or(first)
-        .to_string();
-    let fix = if message.contains("unknown field") {
-        "check the spelling; the keys allowed here are listed in the message and in the README"
-    } else if message.contains("missing field") {
-        "add the field; see the configuration reference in the README"
+        .unwrap_or(first);
+    let lower = detail.to_ascii_lowercase();
+    let too_big = ["budget", "limit", "recursion"]
+        .iter()
+        .any(|w| lower.contains(w));
+    let fix = if too_big {
+        "the file is too large or too deeply nested for a saltgate configuration: check that it is the right file"
+    } else if lower.contains("tab") {
+        "indent with spaces: YAML does not allow tabs for indentation"
+    } else if lower.contains("mapping values are not allowed") {
+        "a value contains ': ' or a key is indented too deep: quote the value, or line the key up with its neighbours"
+    } else if lower.contains("quote") || lower.contains("scalar") && lower.contains("end") {
+        "a quoted value is not closed: find where it starts above this point and close it (or escape the quote inside it)"
+    } else if lower.contains("alias") || lower.contains("anchor") {
+        "define the anchor (&name) before using it (*name), or quote a value that starts with '*' or '&'"
     } else if line == 0 {
-        "check that the file is YAML"
+        "check that the file is a YAML configuration (see examples/saltgate.yaml)"
     } else {
-        "write a value of the type this field takes; see the configuration reference in the README"
+        "check the indentation (spaces, keys of one mapping lined up) and the ': ' after each key; quote values that start with '*', '&', '!', '{', '[', '@' or '%'"
     };
-    let mut field = yaml_path_at(text, line);
-    // A missing field is reported at the first key of its mapping: name the missing one instead.
-    if let Some(missing) = message
-        .split('`')
-        .nth(1)
-        .filter(|_| message.starts_with("missing field"))
-    {
-        if let Some((parent, _)) = field.rsplit_once('.') {
-            field = parent.to_string();
-        } else if !field.ends_with(']') {
-            field.clear();
-        }
-        if !field.is_empty() {
-            field.push('.');
-        }
-        field.push_str(missing);
-    }
-    ConfigError::new(Position::new(file, line, column), field, message, fix)
+    ConfigError::new(
+        Position::new(file, line, column),
+        yaml_path_at(text, line),
+        if too_big {
+            format!("YAML not read: {detail}")
+        } else {
+            format!("YAML syntax error: {detail}")
+        },
+        fix,
+    )
+}
+
+fn clamp(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// The YAML key path (`listeners.publish.retries`, `masters[1].host`) of the key on `line`.

@@ -123,13 +123,13 @@ fn yaml_errors_name_file_line_and_field() {
             ),
             11,
             "listeners.request.retriez",
-            "unknown field",
+            "unknown key",
         ),
         (
             GOOD.replace("host: 127.0.0.3", "host: 127.0.0.3\n    weight: lots"),
             6,
             "masters[1].weight",
-            "u32",
+            "\"lots\" is not a whole number; write a whole number from 0 to 256",
         ),
         (
             GOOD.replace("name: b", "name: a"),
@@ -153,7 +153,7 @@ fn yaml_errors_name_file_line_and_field() {
             GOOD.replace("    host: 127.0.0.2\n", ""),
             2,
             "masters[0].host",
-            "missing field",
+            "missing key host",
         ),
     ];
     for (text, line, field, msg) in cases {

@@ -18,6 +18,9 @@ struct Pair<'a> {
 pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
     let mut roles: BTreeMap<Role, Pair<'_>> = BTreeMap::new();
     let mut used_backends = Vec::new();
+    // Frontends already reported (no backend, no bind, ...): the role they were meant to carry
+    // is unknown, so "no frontend carries X" would only repeat their error.
+    let errors_before = ps.errors.len();
     for front in parsed
         .proxies
         .iter()
@@ -106,6 +109,9 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
     }
     let (Some(publish), Some(request)) = (roles.get(&Role::Publish), roles.get(&Role::Request))
     else {
+        if ps.errors.len() > errors_before {
+            return None;
+        }
         for role in Role::ALL.into_iter().filter(|r| !roles.contains_key(r)) {
             ps.error(
                 0,

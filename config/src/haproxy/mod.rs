@@ -179,13 +179,20 @@ struct Parsed {
 
 struct Parser<'a> {
     file: Option<&'a Path>,
+    /// Column of each line's first word (index 0 is line 1): where an error on that line points.
+    columns: Vec<u32>,
     errors: Vec<ConfigError>,
     warnings: Vec<ConfigWarning>,
 }
 
 impl Parser<'_> {
     fn pos(&self, line: u32) -> Position {
-        Position::new(self.file, line, 0)
+        let column = line
+            .checked_sub(1)
+            .and_then(|i| self.columns.get(i as usize))
+            .copied()
+            .unwrap_or(0);
+        Position::new(self.file, line, column)
     }
     fn error(
         &mut self,
@@ -208,7 +215,7 @@ impl Parser<'_> {
     fn arg<'l>(&mut self, l: &'l Line, i: usize, what: &str) -> Option<&'l str> {
         let v = l.word(i);
         if v.is_none() {
-            let d = l.words[..i.min(l.words.len())].join(" ");
+            let d = field_for(l, i);
             self.error(
                 l.no,
                 &d,
@@ -220,7 +227,7 @@ impl Parser<'_> {
     }
 
     fn duration(&mut self, l: &Line, i: usize) -> Option<Duration> {
-        let d = l.words[..i.min(l.words.len())].join(" ");
+        let d = field_for(l, i);
         let v = self.arg(l, i, "a time")?;
         match parse_duration(v, BareNumber::Millis) {
             Ok(t) => Some(t),
@@ -240,7 +247,7 @@ impl Parser<'_> {
     fn positive_duration(&mut self, l: &Line, i: usize) -> Option<Duration> {
         let d = self.duration(l, i)?;
         if d.is_zero() {
-            let what = l.words[..i.min(l.words.len())].join(" ");
+            let what = field_for(l, i);
             self.error(
                 l.no,
                 &what,
@@ -253,20 +260,22 @@ impl Parser<'_> {
     }
 
     fn number(&mut self, l: &Line, i: usize, min: u32, max: u32) -> Option<u32> {
-        let d = l.words[..i.min(l.words.len())].join(" ");
+        let d = field_for(l, i);
         let v = self.arg(l, i, "a number")?;
-        match v.parse::<u32>() {
-            Ok(n) if (min..=max).contains(&n) => Some(n),
-            _ => {
-                self.error(
-                    l.no,
-                    &d,
-                    format!("{v:?} is not a whole number from {min} to {max}"),
-                    format!("write a number from {min} to {max}"),
-                );
-                None
+        let problem = match v.parse::<i128>() {
+            Ok(n) if (i128::from(min)..=i128::from(max)).contains(&n) => {
+                return u32::try_from(n).ok()
             }
-        }
+            Ok(n) => format!("{n} is out of range"),
+            Err(_) => format!("{v:?} is not a whole number"),
+        };
+        self.error(
+            l.no,
+            &d,
+            problem,
+            format!("write a whole number from {min} to {max}"),
+        );
+        None
     }
 
     fn extra_words(&mut self, l: &Line, n: usize) {
@@ -536,13 +545,103 @@ impl Parser<'_> {
                         format!("server option '{w}' is not supported"),
                         "remove it; saltgate understands check, inter, fastinter, downinter, rise, fall, maxconn, weight, backup, disabled and on-marked-down shutdown-sessions",
                     );
-                    return;
+                    // Keep checking the rest of the line, skipping the refused option's argument
+                    // (`slowstart 10s`) so it is not reported as an option of its own.
+                    let takes_argument = SERVER_OPTIONS_WITH_ARGUMENT.contains(&w)
+                        || l.word(i + 1).is_some_and(|n| {
+                            n.starts_with(|c: char| c.is_ascii_digit())
+                                && !SERVER_OPTIONS.contains(&n)
+                        });
+                    if takes_argument {
+                        i += 1;
+                    }
                 }
             }
             i += 1;
         }
     }
 }
+
+/// How an error names the word before position `i` of a line: the directive's words for most
+/// (`timeout client`), but only the server's name and the option on a long server line
+/// (`server rserve1 rise`).
+fn field_for(l: &Line, i: usize) -> String {
+    let i = i.min(l.words.len());
+    match l.word(0) {
+        Some("server") if i > 3 => format!("server {} {}", l.words[1], l.words[i - 1]),
+        Some("default-server") if i > 2 => format!("default-server {}", l.words[i - 1]),
+        _ => l.words[..i].join(" "),
+    }
+}
+
+/// HAProxy server options saltgate refuses that take an argument (skipped after the error, so
+/// the argument is not reported as an option of its own).
+const SERVER_OPTIONS_WITH_ARGUMENT: &[&str] = &[
+    "slowstart",
+    "resolvers",
+    "resolve-prefer",
+    "resolve-opts",
+    "init-addr",
+    "port",
+    "addr",
+    "source",
+    "agent-port",
+    "agent-inter",
+    "agent-addr",
+    "agent-send",
+    "cookie",
+    "id",
+    "observe",
+    "error-limit",
+    "on-error",
+    "on-marked-up",
+    "pool-max-conn",
+    "pool-purge-delay",
+    "proto",
+    "track",
+    "namespace",
+    "redir",
+    "sni",
+    "ca-file",
+    "crt",
+    "crl-file",
+    "ciphers",
+    "verify",
+    "verifyhost",
+    "alpn",
+    "npn",
+    "max-reuse",
+    "tcp-ut",
+    "check-sni",
+    "check-proto",
+    "check-alpn",
+    "health-check-port",
+    "set-proxy-v2-tlv-fmt",
+    "ws",
+    "log-proto",
+    "shard",
+    "guid",
+    "hash-key",
+];
+
+/// The `server`/`default-server` options saltgate understands.
+const SERVER_OPTIONS: &[&str] = &[
+    "check",
+    "no-check",
+    "backup",
+    "no-backup",
+    "disabled",
+    "enabled",
+    "inter",
+    "fastinter",
+    "downinter",
+    "rise",
+    "fall",
+    "maxconn",
+    "weight",
+    "maxqueue",
+    "on-marked-down",
+];
 
 /// `10.0.0.1:4505`, `10.0.0.1`, `[::1]:4505`, `salt1.example.com:4505`.
 fn split_host_port(addr: &str) -> Result<(String, Option<u16>), String> {
@@ -584,16 +683,33 @@ fn parse_port(addr: &str, p: &str) -> Result<u16, String> {
 pub fn parse_haproxy(text: &str, file: Option<&Path>) -> Result<Loaded, ConfigErrors> {
     let mut ps = Parser {
         file,
+        columns: text
+            .lines()
+            .map(|l| {
+                let indent = l.chars().take_while(|c| c.is_whitespace()).count();
+                u32::try_from(indent + 1).unwrap_or(u32::MAX)
+            })
+            .collect(),
         errors: Vec::new(),
         warnings: Vec::new(),
     };
     let parsed = parse_sections(&mut ps, text);
-    if !ps.errors.is_empty() {
-        return Err(ConfigErrors(ps.errors));
-    }
+    // Convert even when lines were refused, so one run also reports what the conversion finds
+    // (a missing backend, a master in one backend only, HTTP mode, ...).
+    let line_errors = ps.errors.len();
     let config = convert::convert(&mut ps, &parsed);
     if !ps.errors.is_empty() {
-        return Err(ConfigErrors(ps.errors));
+        let mut errors = ps.errors;
+        // A refused line already has its error: a conversion error on the same line repeats it.
+        let refused: Vec<u32> = errors[..line_errors].iter().map(|e| e.at.line).collect();
+        let mut i = 0;
+        errors.retain(|e| {
+            i += 1;
+            i <= line_errors || e.at.line == 0 || !refused.contains(&e.at.line)
+        });
+        // File order; errors that belong to no line (the file as a whole) last.
+        errors.sort_by_key(|e| (e.at.line == 0, e.at.line));
+        return Err(ConfigErrors(errors));
     }
     match config {
         Some(config) => Ok(Loaded {

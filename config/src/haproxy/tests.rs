@@ -355,3 +355,65 @@ fn zero_idle_timeouts_mean_none_as_in_haproxy_and_zero_check_times_are_errors() 
     .message
     .contains("greater than zero"));
 }
+
+#[test]
+fn an_unsupported_directive_does_not_hide_the_checks_after_it() {
+    // Line 4 is refused while reading; line 21 names a backend that does not exist, which only the
+    // conversion finds. Both must be reported in one run.
+    let text = fixture_with(3, "    tcp-request connection reject").replace(
+        "default_backend salt-master-req-backend",
+        "default_backend nope",
+    );
+    let errs = parse_haproxy(&text, Some(Path::new("haproxy.cfg"))).unwrap_err();
+    let lines: Vec<u32> = errs.0.iter().map(|e| e.at.line).collect();
+    assert_eq!(lines, [4, 22], "{errs}");
+    assert!(
+        errs.0[1].message.contains("\"nope\" is not defined"),
+        "{errs}"
+    );
+}
+
+#[test]
+fn every_refused_line_is_reported_with_its_range() {
+    let text = FIXTURE
+        .replace(
+            "rserve1 10.27.12.13:4505 check",
+            "rserve1 10.27.12.13:4505 check rise 0",
+        )
+        .replace("balance roundrobin", "balance uri")
+        .replace("timeout client 1m", "timeout client 1x");
+    let errs = parse_haproxy(&text, Some(Path::new("haproxy.cfg"))).unwrap_err();
+    let lines: Vec<u32> = errs.0.iter().map(|e| e.at.line).collect();
+    assert_eq!(lines, [10, 13, 20, 25], "{errs}");
+    assert!(
+        errs.0[1]
+            .to_string()
+            .contains("rise: 0 is out of range; write a whole number from 1 to 1000"),
+        "{errs}"
+    );
+}
+
+#[test]
+fn every_refused_server_option_on_a_line_is_reported() {
+    let text = FIXTURE.replace(
+        "rserve2 10.27.7.126:4505 check",
+        "rserve2 10.27.7.126:4505 check send-proxy slowstart 10s rise 0 agent-check",
+    );
+    let errs = parse_haproxy(&text, Some(Path::new("haproxy.cfg"))).unwrap_err();
+    let fields: Vec<&str> = errs.0.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields.len(), 4, "{errs}");
+    assert_eq!(fields[0], "send-proxy", "{errs}");
+    assert_eq!(fields[1], "slowstart", "{errs}");
+    assert_eq!(fields[2], "server rserve2 rise", "{errs}");
+    assert_eq!(fields[3], "agent-check", "{errs}");
+}
+
+#[test]
+fn errors_point_at_the_line_and_column_of_the_directive() {
+    let e = err(&FIXTURE.replace("timeout client 1m", "timeout client 1x"));
+    assert!(
+        e.to_string()
+            .starts_with("haproxy.cfg:20:5: timeout client: "),
+        "{e}"
+    );
+}

@@ -252,6 +252,7 @@ impl FakeCluster {
                 enabled: true,
                 bind: "127.0.0.1:0".parse().unwrap(),
                 token_file: None,
+                allow_unauthenticated: false,
             },
         }
     }
