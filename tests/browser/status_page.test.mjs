@@ -4,8 +4,9 @@
 // token-protected admin API, all on the test network (SALTGATE_TEST_NET, default 127.0.4), then:
 // gives the page its token (a wrong one first), reads the rendered masters, totals and events,
 // opens two client sessions, kills one fake master and waits for its DOWN flip to show, drains
-// another with its button and reads the answer, and saves a screenshot. Every process it starts
-// is stopped by PID. Run through scripts/browser-test.sh.
+// another with its button and reads the answer, saves a screenshot, checks the minion table on a
+// stubbed /api/v1/minions, and stops saltgate to see the page say so. Every process it starts is
+// stopped by PID. Run through scripts/browser-test.sh.
 //
 // Environment: SALTGATE_BIN (default target/debug/saltgate), CHROMIUM (default /usr/bin/chromium),
 // ARTIFACT_DIR (default target/browser-test), SCREENSHOT (default ARTIFACT_DIR/status-page.png).
@@ -283,4 +284,11 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   assert.deepEqual(pageErrors, [], 'no script error on the page');
   assert.deepEqual(outside, [], 'the page asked for nothing outside saltgate');
   assert.equal(sg.child.exitCode, null, 'saltgate still running');
+
+  // saltgate stops: the page says it cannot refresh, and keeps what it last showed.
+  process.kill(sg.child.pid, 'SIGTERM');
+  await until('the cannot-refresh banner', async () =>
+    (await page.locator('#banner').isVisible()) &&
+    /Cannot refresh/.test(await page.locator('#banner').textContent()));
+  assert.equal(await rowState('beta'), 'down');
 });
