@@ -182,7 +182,11 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   const pageErrors = [];
   page.on('pageerror', (e) => pageErrors.push(String(e)));
   const outside = [];
-  page.on('request', (r) => { if (!r.url().startsWith(base)) outside.push(r.url()); });
+  const polls = []; // times of the page's requests for the masters: one loop, every 2 s
+  page.on('request', (r) => {
+    if (!r.url().startsWith(base)) outside.push(r.url());
+    if (r.url().endsWith('/api/v1/masters')) polls.push(Date.now());
+  });
 
   await page.goto(base + '/');
 
@@ -251,6 +255,11 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   await until('gamma draining on the page', async () => (await rowState('gamma')) === 'draining');
   await until('the drain in the events', async () =>
     /drain gamma: now draining/.test(await page.locator('#events tr[data-kind="admin"]').first().textContent()));
+  // After the action's extra refresh, still one loop: refreshes at least 1.5 s apart.
+  const n0 = polls.length;
+  await until('3 more refreshes', async () => polls.length >= n0 + 3);
+  const gaps = polls.slice(n0).slice(1).map((t, i) => t - polls[n0 + i]);
+  assert.ok(gaps.every((g) => g >= 1500), `refreshes ${gaps.join(', ')} ms apart`);
 
   // The screenshot for the docs and for CI.
   mkdirSync(path.dirname(SCREENSHOT), { recursive: true });
