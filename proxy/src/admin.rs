@@ -59,10 +59,12 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/api/v1/sessions", get(sessions))
         .route("/api/v1/masters/{name}/{action}", post(master_action))
         .route("/api/v1/reload", post(reload))
+        .route("/api/v1/events", get(crate::status_page::events))
         .route_layer(middleware::from_fn_with_state(shared.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({ "status": "alive" })) }))
         .route("/readyz", get(readyz))
+        .route("/", get(crate::status_page::page))
         .merge(api)
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /metrics, /healthz, /readyz") })
         .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route (actions and reload are POST, the rest GET)") })
@@ -242,6 +244,7 @@ async fn master_action(State(s): St, Path((name, action)): Path<(String, String)
     };
     match r {
         Ok(state) => {
+            s.metrics.events.admin(&name, &action, state.as_str());
             Json(json!({ "master": name, "action": action, "state": state })).into_response()
         }
         Err(AdminError::NoSuchMaster(n)) => {

@@ -120,11 +120,21 @@ pub async fn run_port_checks(
                 duration_ms: took.as_millis() as u64,
             };
         }
+        metrics
+            .events
+            .check(&name, role.as_str(), ok, took, &detail);
         let flipped = state.record(ok, &settings);
         master.mark_checked(role);
         if let Some(port_state) = flipped {
             if let Some(flip) = master.set_port(role, port_state == PortState::Up) {
                 log_flip(&master, role, flip, &state, &detail);
+                metrics.events.flip(
+                    &name,
+                    role.as_str(),
+                    flip == Flip::Up,
+                    &detail,
+                    state.failures.max(state.successes),
+                );
                 let to = if flip == Flip::Up { "up" } else { "down" };
                 metrics
                     .state_changes

@@ -11,6 +11,7 @@ pub mod admin;
 pub mod check;
 pub mod close;
 pub mod ctl;
+pub mod events;
 pub mod health;
 pub mod listener;
 pub mod master;
@@ -22,6 +23,7 @@ pub mod selection;
 pub mod server;
 mod session;
 pub mod snapshot;
+pub mod status_page;
 
 pub use server::{
     start, AdminError, ApplyError, ConfigOverride, ConfigSource, Options, Running, StartError,

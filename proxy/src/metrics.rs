@@ -45,6 +45,9 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     /// `saltgate_config_generation`: the configuration generation in force (1 at start).
     pub generation: IntGauge,
+    /// Not a metric: the recent flips, reloads and checks the status page shows. Here because
+    /// every task that reports something already holds the metrics.
+    pub events: crate::events::EventLog,
 }
 
 fn reg<C: Collector + Clone + 'static>(r: &Registry, c: C) -> C {
@@ -143,6 +146,7 @@ impl Metrics {
                 .expect("valid metric"),
             ),
             registry: r,
+            events: crate::events::EventLog::new(),
         };
         let build = IntGaugeVec::new(
             Opts::new("saltgate_build_info", "Build information."),
@@ -180,8 +184,10 @@ impl Metrics {
 }
 
 /// `saltgate_master_state{master,state}` (1 for the current state of up, down, draining, disabled),
-/// `saltgate_master_port_up{master,port}`, `saltgate_master_sessions_current{master,port}`,
-/// read from the snapshot at scrape time.
+/// `saltgate_master_port_up{master,port}`, `saltgate_master_sessions_current{master,port}`, and
+/// the configured session caps (only those set: `saltgate_master_maxconn{master}` per port,
+/// `saltgate_listener_maxconn{listener}`, `saltgate_global_maxconn`), read from the snapshot at
+/// scrape time.
 pub struct MasterCollector {
     snapshot: Weak<ArcSwap<Snapshot>>,
     descs: Vec<Desc>,
@@ -196,7 +202,10 @@ impl MasterCollector {
         Self { snapshot, descs }
     }
 
-    fn vecs() -> [IntGaugeVec; 3] {
+    fn vecs() -> [IntGaugeVec; 6] {
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+        };
         [
             IntGaugeVec::new(
                 Opts::new(
@@ -222,6 +231,21 @@ impl MasterCollector {
                 &["master", "port"],
             )
             .expect("valid metric"),
+            gauge(
+                "saltgate_master_maxconn",
+                "Configured cap on sessions per port of a master (only when set).",
+                &["master"],
+            ),
+            gauge(
+                "saltgate_listener_maxconn",
+                "Configured cap on live sessions of a listener (only when set).",
+                &["listener"],
+            ),
+            gauge(
+                "saltgate_global_maxconn",
+                "Configured cap on client sessions over all listeners (only when set).",
+                &[],
+            ),
         ]
     }
 }
@@ -232,9 +256,25 @@ impl Collector for MasterCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let [state, port_up, sessions] = Self::vecs();
+        let [state, port_up, sessions, master_max, listener_max, global_max] = Self::vecs();
         if let Some(snap) = self.snapshot.upgrade() {
-            for m in &snap.load().masters {
+            let snap = snap.load();
+            if let Some(n) = snap.config.global.maxconn {
+                global_max.with_label_values::<&str>(&[]).set(i64::from(n));
+            }
+            for role in Role::ALL {
+                if let Some(n) = snap.config.listener(role).maxconn {
+                    listener_max
+                        .with_label_values(&[role.as_str()])
+                        .set(i64::from(n));
+                }
+            }
+            for m in &snap.masters {
+                if let Some(n) = m.cfg().maxconn {
+                    master_max
+                        .with_label_values(&[m.name().as_str()])
+                        .set(i64::from(n));
+                }
                 let name = m.name();
                 let now = m.state();
                 for s in MasterState::ALL {
@@ -252,9 +292,16 @@ impl Collector for MasterCollector {
                 }
             }
         }
-        [state, port_up, sessions]
-            .iter()
-            .flat_map(|v| v.collect())
-            .collect()
+        [
+            state,
+            port_up,
+            sessions,
+            master_max,
+            listener_max,
+            global_max,
+        ]
+        .iter()
+        .flat_map(|v| v.collect())
+        .collect()
     }
 }

@@ -308,6 +308,7 @@ impl Shared {
         self.snapshot.store(snap.clone());
         self.token.store(Arc::new(token));
         self.metrics.generation.set(generation as i64);
+        self.metrics.events.in_force(generation, first);
         let cfg = &snap.config;
 
         for (m, new_cfg) in diff.kept {
@@ -497,6 +498,10 @@ impl Shared {
             },
         };
         crate::notify::sd_notify("READY=1");
+        self.metrics.events.reload(
+            trigger,
+            result.as_ref().map(|g| *g).map_err(|e| e.to_string()),
+        );
         match &result {
             Ok(g) => {
                 self.metrics.reloads.with_label_values(&["ok"]).inc();
@@ -666,6 +671,10 @@ impl Running {
     /// Puts `config` in force (as a reload would). Counted in `saltgate_reloads_total`.
     pub async fn reload(&self, config: Config) -> Result<u64, ApplyError> {
         let r = self.shared.apply(config, false).await;
+        self.shared.metrics.events.reload(
+            "library call",
+            r.as_ref().map(|g| *g).map_err(|e| e.to_string()),
+        );
         self.shared
             .metrics
             .reloads
