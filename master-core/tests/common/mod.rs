@@ -78,6 +78,14 @@ pub fn write_master_config(dir: &Path, ip: &str, extra: &str) -> PathBuf {
         ),
     )
     .unwrap();
+    // The master key from openssl: a debug-build RSA key generation takes tens of seconds.
+    std::fs::create_dir_all(dir.join("pki")).unwrap();
+    let key = Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl genrsa");
+    assert!(key.status.success(), "openssl genrsa failed");
+    std::fs::write(dir.join("pki/master.pem"), key.stdout).unwrap();
     path
 }
 
