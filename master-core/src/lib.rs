@@ -7,12 +7,14 @@
 //! * [`request`] — the request port: decoding, refusals, `_auth`, `_pillar`, `_return`, ...;
 //! * [`state`] — shared state: AES keys, sessions, replay guard, publishing;
 //! * [`jobs`] — JIDs and the job cache; [`pillar`] — `pillar_roots`; [`target`] — matching;
-//! * [`server`] — `run`: the sockets; [`cli`] — the local publish socket and its client.
+//! * [`server`] — `run`: the sockets; [`cli`] — the local publish socket and its client;
+//! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns.
 //!
 //! Depends on `wire` and `config`, never on `proxy`.
 
 pub mod auth;
 pub mod cli;
+pub mod cluster;
 pub mod convert;
 pub mod id;
 pub mod jobs;

@@ -161,8 +161,12 @@ fn run(config: SaltMasterConfig) -> Result<ExitCode> {
             }
         };
         server::run(config, shutdown, |b| {
+            let cluster = b
+                .cluster
+                .map(|c| format!(" cluster={c}"))
+                .unwrap_or_default();
             println!(
-                "saltgate-master ready ret={} publish={} socket={}",
+                "saltgate-master ready ret={} publish={} socket={}{cluster}",
                 b.ret,
                 b.publish,
                 b.cli_socket.display()

@@ -470,6 +470,21 @@ fn store_return(master: &Master, id: &str, load: &Value) {
     match master.jobs.save_return(&jid, id, &ret) {
         Ok(()) => {
             tracing::info!(minion = %id, %jid, "return stored");
+            if let Some(cl) = &master.cluster {
+                match master.job_origin(&jid) {
+                    Some(origin) if origin != cl.own_id => crate::cluster::forward(
+                        master,
+                        envelope::map(vec![
+                            ("kind", text("return")),
+                            ("jid", text(&jid)),
+                            ("minion", text(id)),
+                            ("ret", text(&ret.to_string())),
+                        ]),
+                        Some(&origin),
+                    ),
+                    _ => {}
+                }
+            }
             master.notify_return(
                 &jid,
                 ReturnEvent {

@@ -34,6 +34,8 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cluster setup: {0}")]
+    Cluster(String),
     #[error("cannot bind the CLI socket {path}: {source}")]
     Socket {
         path: PathBuf,
@@ -48,6 +50,8 @@ pub struct Bound {
     pub ret: SocketAddr,
     pub publish: SocketAddr,
     pub cli_socket: PathBuf,
+    /// The cluster peer port, when `cluster_id` is set.
+    pub cluster: Option<SocketAddr>,
 }
 
 /// The CLI socket of a configuration.
@@ -103,17 +107,47 @@ pub async fn run(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600));
     }
-    let master = Arc::new(Master::new(
-        config,
-        master_key,
-        bound_pub.port(),
-        Some(publisher),
-    ));
+    let mut cluster_listener = None;
+    let mut join_peers = Vec::new();
+    let master = match config.cluster.clone() {
+        None => Master::new(config, master_key, bound_pub.port(), Some(publisher)),
+        Some(cc) => {
+            let own = master_key.clone();
+            let (cc2, id) = (cc.clone(), config.id.clone());
+            let (ckey, caes) = tokio::task::spawn_blocking(move || {
+                crate::cluster::load_cluster_keys(&cc2, &id, &own)
+            })
+            .await
+            .map_err(|e| ServeError::Cluster(e.to_string()))?
+            .map_err(|e| ServeError::Cluster(e.to_string()))?;
+            let pool_addr = SocketAddr::new(config.interface, cc.pool_port);
+            let l = tokio::net::TcpListener::bind(pool_addr)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    what: "cluster (cluster_pool_port)",
+                    addr: pool_addr,
+                    source,
+                })?;
+            let pool_addr = l.local_addr().map_err(|source| ServeError::Bind {
+                what: "cluster (cluster_pool_port)",
+                addr: pool_addr,
+                source,
+            })?;
+            cluster_listener = Some(l);
+            join_peers = crate::cluster::peer_addrs(&cc);
+            let id = config.id.clone();
+            let state = crate::cluster::ClusterState::new(cc, &id, master_key.clone(), pool_addr);
+            Master::new(config, master_key, bound_pub.port(), Some(publisher))
+                .with_cluster(ckey, caes, state)
+        }
+    };
+    let master = Arc::new(master);
     master.keys.ensure_dirs()?;
     let bound = Bound {
         ret: router.local_addr(),
         publish: bound_pub,
         cli_socket: sock_path.clone(),
+        cluster: master.cluster.as_ref().map(|c| c.pool_addr),
     };
     tracing::info!(ret = %bound.ret, publish = %bound.publish, socket = %sock_path.display(),
         id = %master.config.id, "saltgate-master ready");
@@ -121,6 +155,12 @@ pub async fn run(
 
     let cli_task = tokio::spawn(crate::cli::serve(listener, master.clone()));
     let prune_task = tokio::spawn(prune_loop(master.clone()));
+    let cluster_tasks = cluster_listener.map(|l| {
+        (
+            tokio::spawn(crate::cluster::serve(l, master.clone())),
+            tokio::spawn(crate::cluster::join_loop(master.clone(), join_peers)),
+        )
+    });
     let (reply_tx, mut reply_rx) = mpsc::channel::<(Bytes, Vec<u8>)>(1024);
     tokio::pin!(shutdown);
     loop {
@@ -154,6 +194,10 @@ pub async fn run(
     }
     cli_task.abort();
     prune_task.abort();
+    if let Some((a, b)) = cluster_tasks {
+        a.abort();
+        b.abort();
+    }
     let _ = std::fs::remove_file(&sock_path);
     tracing::info!("saltgate-master stopped");
     Ok(())

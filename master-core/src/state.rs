@@ -160,6 +160,8 @@ pub struct Master {
     /// The port minions are told to subscribe to (the bound one).
     pub publish_port: u16,
     pub publisher: Option<Publisher>,
+    /// Cluster membership (`cluster_id` set): the master key and `aes` above are the cluster's.
+    pub cluster: Option<crate::cluster::ClusterState>,
     serial: AtomicI64,
     waiters: Mutex<HashMap<String, mpsc::UnboundedSender<ReturnEvent>>>,
 }
@@ -194,11 +196,26 @@ impl Master {
             master_key,
             publish_port,
             publisher,
+            cluster: None,
             // Start from the clock so a restart with the same key never reuses a serial.
             serial: AtomicI64::new(i64::try_from(unix_now()).unwrap_or(0) * 1000),
             waiters: Mutex::new(HashMap::new()),
             config,
         }
+    }
+
+    /// Turns this master into a cluster member: the cluster key and publish key replace its own
+    /// towards minions (Salt 3008 does the same).
+    pub fn with_cluster(
+        mut self,
+        cluster_key: MasterKey,
+        cluster_aes: CrypticleKey,
+        cluster: crate::cluster::ClusterState,
+    ) -> Self {
+        self.master_key = cluster_key;
+        self.aes = cluster_aes;
+        self.cluster = Some(cluster);
+        self
     }
 
     /// Accepted minion ids matched by `target`.
@@ -254,7 +271,8 @@ impl Master {
     /// `serial` is added for the minion's replay guard, as a non-cluster Salt master does.
     pub fn seal_publish(&self, job: &Value) -> Result<Vec<u8>, saltgate_wire::rsa::RsaError> {
         let mut job = job.clone();
-        if let Value::Map(m) = &mut job {
+        // No serial in a cluster: members cannot share a counter (Salt omits it too).
+        if let (Value::Map(m), None) = (&mut job, &self.cluster) {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
             m.push((text("serial"), Value::from(serial)));
         }
@@ -293,6 +311,45 @@ impl Master {
             tracing::info!(%jid, fun = %req.fun, tgt = %req.tgt, expected = expected.len(),
                 queued = r.queued, dropped = r.dropped, "published");
         }
+        if self.cluster.is_some() {
+            crate::cluster::forward(
+                self,
+                envelope::map(vec![
+                    ("kind", text("publish")),
+                    ("jid", text(jid)),
+                    ("origin", text(&self.config.id)),
+                    ("job", job),
+                ]),
+                None,
+            );
+        }
         Ok(expected)
+    }
+
+    /// A job a cluster peer published: recorded (unless the shared cache has it) and sent to
+    /// our own minions.
+    pub fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) {
+        if !self.jobs.exists(jid) {
+            let mut record = convert::to_json(job);
+            record["master_id"] = json!(origin);
+            if let Err(e) = self.jobs.save_load(jid, &record) {
+                tracing::warn!(%jid, error = %e, "peer job not recorded; its returns will be dropped");
+            }
+        }
+        match self.seal_publish(job) {
+            Ok(frame) => {
+                if let Some(p) = &self.publisher {
+                    let r = p.publish(vec![bytes::Bytes::from(frame)]);
+                    tracing::info!(%jid, %origin, queued = r.queued, "published for a cluster peer");
+                }
+            }
+            Err(e) => tracing::error!(%jid, error = %e, "cannot sign a peer publish"),
+        }
+    }
+
+    /// The master whose publish created `jid`, from the job cache.
+    pub fn job_origin(&self, jid: &str) -> Option<String> {
+        let job = self.jobs.show(jid).ok()?;
+        job["load"]["master_id"].as_str().map(str::to_string)
     }
 }
