@@ -50,6 +50,17 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
     let master = start_master(&config, &dir.path().join("master.log"));
     assert_eq!(master.ret.ip().to_string(), IP);
 
+    std::fs::create_dir_all(dir.path().join("pillar")).unwrap();
+    std::fs::write(
+        dir.path().join("pillar/top.sls"),
+        format!("base:\n  '{MINION}':\n    - app\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("pillar/app.sls"),
+        "app:\n  colour: blue\n  port: 8080\n",
+    )
+    .unwrap();
     let conf = write_minion_config(dir.path(), master.ret.port(), master.publish.port());
     let mut cmd = Command::new(venv.join("bin/salt-minion"));
     cmd.arg("-c")
@@ -134,6 +145,17 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
     let ret = stdout_json(&o);
     assert_eq!(ret[MINION]["args"], json!(["a1"]), "{ret}");
     assert_eq!(ret[MINION]["kwargs"]["k"], json!("v"), "{ret}");
+
+    // Pillar from pillar_roots, through Salt's signed send_private reply.
+    // (3008 masks pillar values in output unless asked not to.)
+    let o = publish(&config, &[MINION, "pillar.get", "app", "unmask=True"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ret = stdout_json(&o);
+    assert_eq!(
+        ret[MINION],
+        json!({"colour": "blue", "port": 8080}),
+        "{ret}"
+    );
 
     // 4. A target matching no accepted key: nothing expected, non-zero exit.
     let o = publish(&config, &["nobody*", "test.ping"]);

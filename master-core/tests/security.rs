@@ -355,6 +355,32 @@ async fn auth_follows_salt_key_state_rules() {
     assert_eq!(sig, digest.as_bytes());
     assert!(a.session.is_some());
 
+    // A minion that pinned the master key sends a token; the master proves it holds the key by
+    // sending it back wrapped to the minion.
+    let n = nonce();
+    let token = mpub
+        .encrypt(EncAlgo::OaepSha1, b"minion-token-123")
+        .unwrap();
+    let body = RequestEnvelope::clear(map(vec![
+        ("cmd", text("_auth")),
+        ("id", text("m-state")),
+        ("nonce", text(&n)),
+        ("enc_algo", text("OAEP-SHA1")),
+        ("sig_algo", text("PKCS1v15-SHA1")),
+        ("pub", text(&a.pub_pem())),
+        ("token", envelope::bin(&token)),
+    ]))
+    .encode();
+    let inner = signed_inner(&request(m.bound.ret, body).await, &mpub);
+    let back = a
+        .key
+        .decrypt(
+            EncAlgo::OaepSha1,
+            as_bytes(get(&inner, "token").expect("token")).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(back, b"minion-token-123");
+
     // A changed key for an accepted id → denied, the accepted key is untouched.
     let inner = imposter.auth(&m).await;
     assert_eq!(get(&inner, "ret"), Some(&Value::Boolean(false)));
