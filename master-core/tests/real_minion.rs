@@ -178,6 +178,20 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
     assert_eq!(stdout_json(&salt_key), ours);
     assert_eq!(ours["minions"], json!([MINION]));
 
+    // An accepted key whose minion never answers: listed as missing, exit 1, the others printed.
+    let pki = dir.path().join("pki/minions");
+    std::fs::copy(pki.join(MINION), pki.join("sg-ghost-minion")).unwrap();
+    let o = cli(&config, &["publish", "--timeout", "3", "*", "test.ping"]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text, format!("{MINION}:\n    true\n"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sg-ghost-minion: Minion did not return. [No response]"),
+        "{err}"
+    );
+    std::fs::remove_file(pki.join("sg-ghost-minion")).unwrap();
+
     // 6. The job cache has the jobs with their returns.
     let jobs = cli(&config, &["jobs", "list"]);
     let listing = String::from_utf8_lossy(&jobs.stdout).to_string();
