@@ -96,6 +96,8 @@ pub struct RunningMaster {
     pub publish: SocketAddr,
     pub config: PathBuf,
     pub log: PathBuf,
+    /// The cluster peer port, when the config has `cluster_id`.
+    pub cluster: Option<SocketAddr>,
 }
 
 pub fn start_master(config: &Path, log: &Path) -> RunningMaster {
@@ -129,7 +131,12 @@ pub fn start_master(config: &Path, log: &Path) -> RunningMaster {
             .unwrap_or_else(|| panic!("no {k} in {line:?}"))
             .to_string()
     };
+    let cluster = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cluster="))
+        .map(|a| a.parse().unwrap());
     RunningMaster {
+        cluster,
         ret: field("ret=").parse().unwrap(),
         publish: field("publish=").parse().unwrap(),
         guard,
