@@ -23,6 +23,10 @@ use crate::state::Master;
 /// before any allocation (the ZMTP codec checks the length header).
 pub const MAX_REQUEST_FRAME: usize = 64 * 1024 * 1024;
 
+/// Requests handled at once (each may do RSA work on the blocking pool). Beyond this the
+/// ROUTER is not read, so the backlog stays in the sockets rather than in memory.
+pub const MAX_INFLIGHT: usize = 64;
+
 #[derive(Debug, Error)]
 pub enum ServeError {
     #[error(transparent)]
@@ -161,7 +165,9 @@ pub async fn run(
             tokio::spawn(crate::cluster::join_loop(master.clone(), join_peers)),
         )
     });
-    let (reply_tx, mut reply_rx) = mpsc::channel::<(Bytes, Vec<u8>)>(1024);
+    // Larger than MAX_INFLIGHT, so a finished handler never waits for the loop.
+    let (reply_tx, mut reply_rx) = mpsc::channel::<(Bytes, Vec<u8>)>(4 * MAX_INFLIGHT);
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -177,7 +183,9 @@ pub async fn run(
                 let m = master.clone();
                 let tx = reply_tx.clone();
                 let body = frames[1].clone();
+                let Ok(permit) = permits.clone().acquire_owned().await else { break };
                 tokio::spawn(async move {
+                    let _permit = permit;
                     let reply = tokio::task::spawn_blocking(move || crate::request::handle(&m, &body)).await;
                     match reply {
                         Ok(r) => { let _ = tx.send((msg.peer, r)).await; }
