@@ -103,3 +103,47 @@ fn config_errors_and_a_missing_master_are_reported_clearly() {
     );
     assert!(cli(&config, &["jobs", "list"]).status.success());
 }
+
+/// Refusals are logged with their reason by the running binary.
+#[test]
+fn refusals_are_logged_with_their_reason() {
+    use bytes::Bytes;
+    use saltgate_wire::envelope::{map, text, RequestEnvelope};
+    use saltgate_wire::zmtp::{ReqOptions, ReqSocket};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_master_config(dir.path(), "127.0.1.31", "");
+    let log = dir.path().join("master.log");
+    let master = start_master(&config, &log);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut req = ReqSocket::new(master.ret, ReqOptions::default());
+        let mut old = RequestEnvelope::ping();
+        old.version = Some(1);
+        for body in [
+            RequestEnvelope::clear(map(vec![("cmd", text("publish"))])).encode(),
+            old.encode(),
+            RequestEnvelope::aes("../etc", b"x").encode(),
+            b"\x82\xa3enc".to_vec(),
+        ] {
+            req.request(vec![Bytes::from(body)], std::time::Duration::from_secs(30))
+                .await
+                .expect("a reply to every refused request");
+        }
+    });
+    let text = wait_for(
+        std::time::Duration::from_secs(10),
+        "the refusals in the log",
+        || {
+            let t = std::fs::read_to_string(&log).unwrap_or_default();
+            (t.matches("request refused").count() >= 4).then_some(t)
+        },
+    );
+    for reason in [
+        "clear command \"publish\" is not allowed",
+        "protocol version 1 is below the minimum 3",
+        "invalid id: minion id contains '/'",
+        "not msgpack",
+    ] {
+        assert!(text.contains(reason), "no {reason:?} in:\n{text}");
+    }
+}
