@@ -45,6 +45,7 @@ const KNOWN_KEYS: &[&str] = &[
     "autosign_file",
     "open_mode",
     "keep_jobs",
+    "keep_jobs_seconds",
     "file_roots",
     "pillar_roots",
     "worker_threads",
@@ -82,6 +83,7 @@ struct RawSaltMaster {
     autosign_file: Option<Sp<String>>,
     open_mode: Option<Sp<bool>>,
     keep_jobs: Option<Sp<u64>>,
+    keep_jobs_seconds: Option<Sp<u64>>,
     file_roots: Option<Sp<BTreeMap<String, Vec<String>>>>,
     pillar_roots: Option<Sp<BTreeMap<String, Vec<String>>>>,
     worker_threads: Option<Sp<u32>>,
@@ -137,8 +139,9 @@ pub struct SaltMasterConfig {
     pub sock_dir: PathBuf,
     pub auto_accept: bool,
     pub autosign_file: Option<PathBuf>,
-    /// Hours a job stays in the job cache (0 = never pruned, as in Salt).
-    pub keep_jobs_hours: u64,
+    /// Seconds a job stays in the job cache (0 = never pruned, as in Salt): `keep_jobs_seconds`
+    /// (Salt 3006+) or `keep_jobs` hours (older name, default 24 h).
+    pub keep_jobs_secs: u64,
     pub file_roots: BTreeMap<String, Vec<PathBuf>>,
     pub pillar_roots: BTreeMap<String, Vec<PathBuf>>,
     /// Replay window for request timestamps and nonces, seconds.
@@ -160,7 +163,7 @@ impl SaltMasterConfig {
             sock_dir: defaults::SOCK_DIR.into(),
             auto_accept: false,
             autosign_file: None,
-            keep_jobs_hours: defaults::KEEP_JOBS_HOURS,
+            keep_jobs_secs: defaults::KEEP_JOBS_HOURS * 3600,
             file_roots: roots(defaults::FILE_ROOT),
             pillar_roots: roots(defaults::PILLAR_ROOT),
             request_window_secs: defaults::NONCE_WINDOW_SECS,
@@ -329,7 +332,10 @@ pub fn parse_salt_master(
         }
     }
     if let Some(v) = &raw.keep_jobs {
-        c.keep_jobs_hours = v.value;
+        c.keep_jobs_secs = v.value.saturating_mul(3600);
+    }
+    if let Some(v) = &raw.keep_jobs_seconds {
+        c.keep_jobs_secs = v.value;
     }
     if let Some(v) = &raw.request_server_ttl {
         if v.value > 0 {
@@ -518,7 +524,7 @@ mod tests {
         assert_eq!(l.config.publish_port, 4505);
         assert_eq!(l.config.ret_port, 4506);
         assert_eq!(l.config.interface.to_string(), "0.0.0.0");
-        assert_eq!(l.config.keep_jobs_hours, 24);
+        assert_eq!(l.config.keep_jobs_secs, 24 * 3600);
         assert!(!l.config.auto_accept);
         assert!(l.config.id.ends_with("_master"));
         assert_eq!(l.config.pki_dir, PathBuf::from("/etc/salt/pki/master"));
@@ -534,7 +540,11 @@ mod tests {
         assert_eq!(c.interface.to_string(), "127.0.1.5");
         assert_eq!((c.publish_port, c.ret_port), (14505, 14506));
         assert!(c.auto_accept);
-        assert_eq!(c.keep_jobs_hours, 2);
+        assert_eq!(c.keep_jobs_secs, 2 * 3600);
+        let secs = parse_salt_master("keep_jobs: 2\nkeep_jobs_seconds: 60\n", None)
+            .unwrap()
+            .config;
+        assert_eq!(secs.keep_jobs_secs, 60);
         assert_eq!(c.pillar_roots["base"], vec![PathBuf::from("/srv/p")]);
         assert_eq!(c.file_roots["base"], vec![PathBuf::from("/srv/a")]);
     }

@@ -212,7 +212,7 @@ pub async fn run(
 }
 
 async fn prune_loop(master: Arc<Master>) {
-    let keep = Duration::from_secs(master.config.keep_jobs_hours.saturating_mul(3600));
+    let keep = Duration::from_secs(master.config.keep_jobs_secs);
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
