@@ -64,7 +64,7 @@ fn parse_request(line: &str) -> Result<(PublishRequest, Target, Duration), Strin
         .get("timeout_secs")
         .and_then(Json::as_f64)
         .filter(|t| t.is_finite() && *t > 0.0)
-        .map(Duration::from_secs_f64)
+        .map(|t| Duration::try_from_secs_f64(t).unwrap_or(MAX_TIMEOUT))
         .unwrap_or(Duration::from_secs(5))
         .min(MAX_TIMEOUT);
     let user = s("user").unwrap_or("root").to_string();
@@ -223,7 +223,10 @@ mod tests {
         ] {
             assert!(parse_request(bad).is_err(), "{bad}");
         }
-        let (_, _, t) = parse_request(r#"{"tgt":"*","fun":"a.b","timeout_secs":1e12}"#).unwrap();
-        assert_eq!(t, MAX_TIMEOUT);
+        for huge in ["1e12", "1e300"] {
+            let line = format!(r#"{{"tgt":"*","fun":"a.b","timeout_secs":{huge}}}"#);
+            let (_, _, t) = parse_request(&line).unwrap();
+            assert_eq!(t, MAX_TIMEOUT, "{huge}");
+        }
     }
 }

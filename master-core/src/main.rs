@@ -311,7 +311,10 @@ fn publish(c: &SaltMasterConfig, p: PublishArgs) -> Result<ExitCode> {
     let outcome = rt
         .block_on(async {
             tokio::time::timeout(
-                Duration::from_secs_f64(p.timeout) + Duration::from_secs(30),
+                Duration::try_from_secs_f64(p.timeout)
+                    .unwrap_or(cli::MAX_TIMEOUT)
+                    .min(cli::MAX_TIMEOUT)
+                    + Duration::from_secs(30),
                 cli::publish(&socket, &req),
             )
             .await
