@@ -12,6 +12,7 @@ pub mod emit;
 pub mod error;
 pub mod haproxy;
 pub mod model;
+pub mod salt_master;
 pub mod yaml;
 mod yaml_tree;
 mod yaml_values;

@@ -1,1 +1,26 @@
-//! saltgate-master: a Salt-wire-compatible master. Work in progress (issue 8).
+//! saltgate-master: a Salt-wire-compatible master that stock `salt-minion` 3008 authenticates
+//! with, takes jobs from and returns to.
+//!
+//! * [`id`] — minion id validation (before any path is built);
+//! * [`keys`] — the PKI directory in Salt's layout, the master key pair;
+//! * [`auth`] — Salt's key-state rules for `_auth`, `autosign_file`;
+//! * [`request`] — the request port: decoding, refusals, `_auth`, `_pillar`, `_return`, ...;
+//! * [`state`] — shared state: AES keys, sessions, replay guard, publishing;
+//! * [`jobs`] — JIDs and the job cache; [`pillar`] — `pillar_roots`; [`target`] — matching;
+//! * [`server`] — `run`: the sockets; [`cli`] — the local publish socket and its client;
+//! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns.
+//!
+//! Depends on `wire` and `config`, never on `proxy`.
+
+pub mod auth;
+pub mod cli;
+pub mod cluster;
+pub mod convert;
+pub mod id;
+pub mod jobs;
+pub mod keys;
+pub mod pillar;
+pub mod request;
+pub mod server;
+pub mod state;
+pub mod target;

@@ -1,4 +1,377 @@
-fn main() {
-    eprintln!("saltgate-master: not built yet (issue 8)");
-    std::process::exit(2);
+//! The `saltgate-master` binary: a thin CLI over the `saltgate_master` library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use saltgate_config::salt_master::{load_salt_master, SaltMasterConfig};
+use saltgate_master::keys::{KeyState, KeyStore};
+use saltgate_master::{cli, jobs::JobCache, server};
+use serde_json::{json, Value as Json};
+
+#[derive(Parser)]
+#[command(
+    name = "saltgate-master",
+    version,
+    about = "A Salt-wire-compatible master"
+)]
+struct Cli {
+    /// Salt master configuration file (YAML).
+    #[arg(
+        short = 'c',
+        long = "config",
+        global = true,
+        default_value = "/etc/salt/master"
+    )]
+    config: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve minions until SIGINT/SIGTERM.
+    Run,
+    /// Manage minion keys in the PKI directory (like salt-key; works with or without a running master).
+    #[command(subcommand)]
+    Key(KeyCmd),
+    /// Publish a job through the running master and print the returns.
+    Publish(PublishArgs),
+    /// Look at the job cache.
+    #[command(subcommand)]
+    Jobs(JobsCmd),
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Out {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// List keys by state: accepted, pending (unaccepted), rejected, denied.
+    List {
+        #[arg(long, value_enum, default_value = "text")]
+        out: Out,
+    },
+    /// Accept a pending key.
+    Accept(IdOrAll),
+    /// Reject a pending key.
+    Reject(IdOrAll),
+    /// Delete every key of a minion (denied included).
+    Delete { id: String },
+    /// Print key fingerprints (all keys, or one minion's).
+    Finger { id: Option<String> },
+}
+
+#[derive(Args)]
+struct IdOrAll {
+    id: Option<String>,
+    #[arg(long, conflicts_with = "id")]
+    all: bool,
+}
+
+#[derive(Args)]
+struct PublishArgs {
+    #[arg(long = "tgt-type", default_value = "glob", value_parser = ["glob", "list", "pcre"])]
+    tgt_type: String,
+    /// Seconds to wait for returns.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
+    #[arg(long, value_enum, default_value = "text")]
+    out: Out,
+    target: String,
+    function: String,
+    /// Arguments; `key=value` becomes a keyword argument.
+    #[arg(allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum JobsCmd {
+    /// JIDs in the job cache, with function, target and return count.
+    List,
+    /// One job's load and returns, as JSON.
+    Show { jid: String },
+}
+
+fn load_config(path: &std::path::Path) -> Result<SaltMasterConfig> {
+    let loaded = load_salt_master(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(loaded.config)
+}
+
+fn keystore(c: &SaltMasterConfig) -> KeyStore {
+    KeyStore::new(
+        c.cluster
+            .as_ref()
+            .map(|cl| cl.pki_dir.clone())
+            .unwrap_or_else(|| c.pki_dir.clone()),
+    )
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = if matches!(cli.cmd, Cmd::Run) {
+        "info"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .init();
+    match real_main(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("saltgate-master: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<ExitCode> {
+    let config = load_config(&cli.config)?;
+    match cli.cmd {
+        Cmd::Run => run(config),
+        Cmd::Key(k) => key(&config, k),
+        Cmd::Publish(p) => publish(&config, p),
+        Cmd::Jobs(j) => jobs(&config, j),
+    }
+}
+
+fn run(config: SaltMasterConfig) -> Result<ExitCode> {
+    let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
+    rt.block_on(async {
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = term.recv() => {},
+            }
+        };
+        server::run(config, shutdown, |b| {
+            let cluster = b
+                .cluster
+                .map(|c| format!(" cluster={c}"))
+                .unwrap_or_default();
+            println!(
+                "saltgate-master ready ret={} publish={} socket={}{cluster}",
+                b.ret,
+                b.publish,
+                b.cli_socket.display()
+            );
+        })
+        .await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
+    let ks = keystore(c);
+    match cmd {
+        KeyCmd::List { out } => {
+            let l = ks.list()?;
+            match out {
+                Out::Json => println!("{}", serde_json::to_string_pretty(&l)?),
+                Out::Text => {
+                    for (title, state) in [
+                        ("Accepted Keys:", KeyState::Accepted),
+                        ("Denied Keys:", KeyState::Denied),
+                        ("Unaccepted Keys:", KeyState::Pending),
+                        ("Rejected Keys:", KeyState::Rejected),
+                    ] {
+                        println!("{title}");
+                        for id in l.ids(state) {
+                            println!("{id}");
+                        }
+                    }
+                }
+            }
+        }
+        KeyCmd::Accept(a) | KeyCmd::Reject(a) if !a.all && a.id.is_none() => {
+            bail!("name a minion id, or pass --all")
+        }
+        KeyCmd::Accept(a) => {
+            let ids = if a.all {
+                ks.list()?.minions_pre
+            } else {
+                a.id.into_iter().collect()
+            };
+            for id in ids {
+                ks.accept(&id).with_context(|| format!("accepting {id}"))?;
+                println!("Key for minion {id} accepted.");
+            }
+        }
+        KeyCmd::Reject(a) => {
+            let ids = if a.all {
+                ks.list()?.minions_pre
+            } else {
+                a.id.into_iter().collect()
+            };
+            for id in ids {
+                ks.reject(&id).with_context(|| format!("rejecting {id}"))?;
+                println!("Key for minion {id} rejected.");
+            }
+        }
+        KeyCmd::Delete { id } => {
+            if !ks.delete(&id)? {
+                bail!("no key for minion {id:?}");
+            }
+            println!("Key for minion {id} deleted.");
+        }
+        KeyCmd::Finger { id } => {
+            let l = ks.list()?;
+            for state in [
+                KeyState::Accepted,
+                KeyState::Denied,
+                KeyState::Pending,
+                KeyState::Rejected,
+            ] {
+                for m in l.ids(state) {
+                    if id.as_deref().is_some_and(|want| want != m) {
+                        continue;
+                    }
+                    if let Some(f) = ks.finger(m, state)? {
+                        println!("{state} {m}: {f}");
+                    }
+                }
+            }
+            let master_pub = c.pki_dir.join("master.pub");
+            if id.is_none() {
+                if let Ok(text) = std::fs::read_to_string(&master_pub) {
+                    println!(
+                        "local master.pub: {}",
+                        saltgate_wire::pem::pem_finger(&text)
+                    );
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Salt's CLI turns `k=v` into a keyword argument and YAML-ish scalars into values.
+fn parse_arg(a: &str) -> (Option<String>, Json) {
+    let scalar = |s: &str| -> Json {
+        if let Ok(i) = s.parse::<i64>() {
+            return json!(i);
+        }
+        match s {
+            "True" | "true" => json!(true),
+            "False" | "false" => json!(false),
+            "None" | "null" => Json::Null,
+            _ => json!(s),
+        }
+    };
+    if let Some((k, v)) = a.split_once('=') {
+        if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return (Some(k.to_string()), scalar(v));
+        }
+    }
+    (None, scalar(a))
+}
+
+fn publish(c: &SaltMasterConfig, p: PublishArgs) -> Result<ExitCode> {
+    let mut arg = Vec::new();
+    let mut kwargs = serde_json::Map::new();
+    for a in &p.args {
+        match parse_arg(a) {
+            (Some(k), v) => {
+                kwargs.insert(k, v);
+            }
+            (None, v) => arg.push(v),
+        }
+    }
+    if !kwargs.is_empty() {
+        kwargs.insert("__kwarg__".into(), json!(true));
+        arg.push(Json::Object(kwargs));
+    }
+    if !(p.timeout.is_finite() && p.timeout > 0.0) {
+        bail!("--timeout must be a positive number of seconds");
+    }
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let req = json!({
+        "tgt": p.target, "tgt_type": p.tgt_type, "fun": p.function, "arg": arg,
+        "timeout_secs": p.timeout, "user": user,
+    });
+    let socket = server::cli_socket_path(c);
+    let rt = tokio::runtime::Runtime::new()?;
+    let outcome = rt
+        .block_on(async {
+            tokio::time::timeout(
+                Duration::try_from_secs_f64(p.timeout)
+                    .unwrap_or(cli::MAX_TIMEOUT)
+                    .min(cli::MAX_TIMEOUT)
+                    + Duration::from_secs(30),
+                cli::publish(&socket, &req),
+            )
+            .await
+            .unwrap_or_else(|_| Err("no answer from the master".into()))
+        })
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut all = serde_json::Map::new();
+    for (m, r) in &outcome.returns {
+        all.insert(m.clone(), r.get("return").cloned().unwrap_or(Json::Null));
+    }
+    match p.out {
+        Out::Json => println!("{}", serde_json::to_string_pretty(&Json::Object(all))?),
+        Out::Text => {
+            for (m, r) in &all {
+                println!("{m}:");
+                let text = match r {
+                    Json::String(s) => s.clone(),
+                    other => serde_json::to_string_pretty(other)?,
+                };
+                for line in text.lines() {
+                    println!("    {line}");
+                }
+            }
+        }
+    }
+    if outcome.expected.is_empty() {
+        eprintln!("No minions matched the target. No command was sent, no jid was assigned.");
+        return Ok(ExitCode::from(1));
+    }
+    for m in &outcome.missing {
+        eprintln!("{m}: Minion did not return. [No response]");
+    }
+    eprintln!("jid: {}", outcome.jid);
+    Ok(if outcome.missing.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn jobs(c: &SaltMasterConfig, cmd: JobsCmd) -> Result<ExitCode> {
+    let cache = JobCache::new(&c.cachedir);
+    match cmd {
+        JobsCmd::List => {
+            for jid in cache.list()? {
+                let job = cache.show(&jid)?;
+                let load = &job["load"];
+                println!(
+                    "{jid}  {}  {}  {}/{} returned",
+                    load["fun"].as_str().unwrap_or("?"),
+                    load["tgt"].as_str().unwrap_or("?"),
+                    job["returns"].as_object().map_or(0, |o| o.len()),
+                    load["minions"].as_array().map_or(0, |a| a.len()),
+                );
+            }
+        }
+        JobsCmd::Show { jid } => println!("{}", serde_json::to_string_pretty(&cache.show(&jid)?)?),
+    }
+    Ok(ExitCode::SUCCESS)
 }

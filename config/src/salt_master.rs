@@ -1,0 +1,617 @@
+//! Salt's master configuration file (`/etc/salt/master`), as `saltgate-master` reads it.
+//!
+//! Owns the raw serde structs (with source spans), Salt's defaults, and the validation into
+//! [`SaltMasterConfig`]. Keys Salt knows but `saltgate-master` does not use are accepted with a
+//! warning, never an error, so an existing master file works unchanged. Errors name the file,
+//! line, key and the fix. Does not touch the file system beyond reading the file.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::error::{ConfigError, ConfigErrors, ConfigWarning, Position};
+
+type Sp<T> = Spanned<T>;
+
+/// Salt's defaults (`salt/config/__init__.py`, `DEFAULT_MASTER_OPTS`).
+pub mod defaults {
+    pub const INTERFACE: &str = "0.0.0.0";
+    pub const PUBLISH_PORT: u16 = 4505;
+    pub const RET_PORT: u16 = 4506;
+    pub const PKI_DIR: &str = "/etc/salt/pki/master";
+    pub const CACHEDIR: &str = "/var/cache/salt/master";
+    pub const SOCK_DIR: &str = "/var/run/salt/master";
+    pub const KEEP_JOBS_HOURS: u64 = 24;
+    pub const CLUSTER_POOL_PORT: u16 = 4520;
+    pub const FILE_ROOT: &str = "/srv/salt";
+    pub const PILLAR_ROOT: &str = "/srv/pillar";
+    /// Our replay window for request nonces when `request_server_ttl` is 0 (Salt: no window).
+    pub const NONCE_WINDOW_SECS: u64 = 600;
+}
+
+/// The keys `saltgate-master` reads. Everything else is warned about and ignored.
+const KNOWN_KEYS: &[&str] = &[
+    "id",
+    "interface",
+    "publish_port",
+    "ret_port",
+    "pki_dir",
+    "cachedir",
+    "sock_dir",
+    "auto_accept",
+    "autosign_file",
+    "open_mode",
+    "keep_jobs",
+    "keep_jobs_seconds",
+    "file_roots",
+    "pillar_roots",
+    "worker_threads",
+    "request_server_ttl",
+    "cluster_id",
+    "cluster_peers",
+    "cluster_pki_dir",
+    "cluster_pool_port",
+    "cluster_secret",
+    "cluster_allow_insecure_empty_secret",
+];
+
+/// Keys that do not change what a stock minion sees, accepted silently (common in real files).
+const QUIET_KEYS: &[&str] = &[
+    "user",
+    "log_file",
+    "log_level",
+    "log_level_logfile",
+    "key_logfile",
+    "pidfile",
+    "max_open_files",
+    "sqlite_queue_dir",
+];
+
+#[derive(Debug, Default, Deserialize)]
+struct RawSaltMaster {
+    id: Option<Sp<String>>,
+    interface: Option<Sp<String>>,
+    publish_port: Option<Sp<u16>>,
+    ret_port: Option<Sp<u16>>,
+    pki_dir: Option<Sp<String>>,
+    cachedir: Option<Sp<String>>,
+    sock_dir: Option<Sp<String>>,
+    auto_accept: Option<Sp<bool>>,
+    autosign_file: Option<Sp<String>>,
+    open_mode: Option<Sp<bool>>,
+    keep_jobs: Option<Sp<u64>>,
+    keep_jobs_seconds: Option<Sp<u64>>,
+    file_roots: Option<Sp<BTreeMap<String, Vec<String>>>>,
+    pillar_roots: Option<Sp<BTreeMap<String, Vec<String>>>>,
+    worker_threads: Option<Sp<u32>>,
+    request_server_ttl: Option<Sp<u64>>,
+    cluster_id: Option<Sp<String>>,
+    cluster_peers: Option<Sp<Vec<String>>>,
+    cluster_pki_dir: Option<Sp<String>>,
+    cluster_pool_port: Option<Sp<u16>>,
+    cluster_secret: Option<Sp<String>>,
+    cluster_allow_insecure_empty_secret: Option<Sp<bool>>,
+}
+
+/// Salt 3008 cluster settings (`cluster_id` set).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub cluster_id: String,
+    /// Peer master addresses (`host` or `host:port`; port defaults to `cluster_pool_port`).
+    pub peers: Vec<String>,
+    pub pki_dir: PathBuf,
+    pub pool_port: u16,
+    /// The join pre-shared key. Never printed by `Debug`.
+    pub secret: String,
+    /// Allows an empty `cluster_secret` (Salt does, silently; we refuse unless this is set).
+    pub allow_insecure_empty_secret: bool,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConfig")
+            .field("cluster_id", &self.cluster_id)
+            .field("peers", &self.peers)
+            .field("pki_dir", &self.pki_dir)
+            .field("pool_port", &self.pool_port)
+            .field("secret", &"<masked>")
+            .field(
+                "allow_insecure_empty_secret",
+                &self.allow_insecure_empty_secret,
+            )
+            .finish()
+    }
+}
+
+/// A validated master configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaltMasterConfig {
+    /// The master id (Salt default: `<hostname>_master`).
+    pub id: String,
+    pub interface: IpAddr,
+    pub publish_port: u16,
+    pub ret_port: u16,
+    pub pki_dir: PathBuf,
+    pub cachedir: PathBuf,
+    pub sock_dir: PathBuf,
+    pub auto_accept: bool,
+    pub autosign_file: Option<PathBuf>,
+    /// Seconds a job stays in the job cache (0 = never pruned, as in Salt): `keep_jobs_seconds`
+    /// (Salt 3006+) or `keep_jobs` hours (older name, default 24 h).
+    pub keep_jobs_secs: u64,
+    pub file_roots: BTreeMap<String, Vec<PathBuf>>,
+    pub pillar_roots: BTreeMap<String, Vec<PathBuf>>,
+    /// Replay window for request timestamps and nonces, seconds.
+    pub request_window_secs: u64,
+    pub cluster: Option<ClusterConfig>,
+}
+
+impl SaltMasterConfig {
+    /// Salt's defaults, with `id` as given.
+    pub fn with_defaults(id: &str) -> Self {
+        let roots = |p: &str| BTreeMap::from([("base".to_string(), vec![PathBuf::from(p)])]);
+        SaltMasterConfig {
+            id: id.to_string(),
+            interface: IpAddr::from([0, 0, 0, 0]),
+            publish_port: defaults::PUBLISH_PORT,
+            ret_port: defaults::RET_PORT,
+            pki_dir: defaults::PKI_DIR.into(),
+            cachedir: defaults::CACHEDIR.into(),
+            sock_dir: defaults::SOCK_DIR.into(),
+            auto_accept: false,
+            autosign_file: None,
+            keep_jobs_secs: defaults::KEEP_JOBS_HOURS * 3600,
+            file_roots: roots(defaults::FILE_ROOT),
+            pillar_roots: roots(defaults::PILLAR_ROOT),
+            request_window_secs: defaults::NONCE_WINDOW_SECS,
+            cluster: None,
+        }
+    }
+}
+
+/// A parsed master file and what the operator should be told about it.
+#[derive(Debug, Clone)]
+pub struct LoadedSaltMaster {
+    pub config: SaltMasterConfig,
+    pub warnings: Vec<ConfigWarning>,
+}
+
+/// Reads and validates a Salt master configuration file.
+pub fn load_salt_master(path: &Path) -> Result<LoadedSaltMaster, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors::one(ConfigError::new(
+            Position::new(Some(path), 0, 0),
+            "",
+            format!("cannot read the master configuration: {e}"),
+            "check the path given with -c and its permissions",
+        ))
+    })?;
+    parse_salt_master(&text, Some(path))
+}
+
+fn default_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}_master")
+}
+
+/// Parses and validates master configuration text. `file` is used in messages only.
+pub fn parse_salt_master(
+    text: &str,
+    file: Option<&Path>,
+) -> Result<LoadedSaltMaster, ConfigErrors> {
+    let has_content = text.lines().any(|l| {
+        let t = l.trim();
+        !t.is_empty() && !t.starts_with('#') && t != "---"
+    });
+    let raw: RawSaltMaster = if has_content {
+        serde_saphyr::from_str(text).map_err(|e| ConfigErrors::one(serde_error(&e, text, file)))?
+    } else {
+        RawSaltMaster::default()
+    };
+    let mut warnings = Vec::new();
+    for (key, line) in top_level_keys(text) {
+        if QUIET_KEYS.contains(&key.as_str()) {
+            continue;
+        }
+        if !KNOWN_KEYS.contains(&key.as_str()) {
+            warnings.push(ConfigWarning {
+                at: Position::new(file, line, 1),
+                message: format!("{key}: not used by saltgate-master; ignored"),
+            });
+        }
+    }
+    let mut errors = Vec::new();
+    let at = |s: &Position| s.clone();
+    let pos = |line: u64, col: u64| {
+        Position::new(
+            file,
+            u32::try_from(line).unwrap_or(u32::MAX),
+            u32::try_from(col).unwrap_or(u32::MAX),
+        )
+    };
+    macro_rules! span {
+        ($s:expr) => {
+            pos($s.referenced.line(), $s.referenced.column())
+        };
+    }
+
+    let id = match &raw.id {
+        Some(s) if s.value.trim().is_empty() => {
+            errors.push(ConfigError::new(
+                span!(s),
+                "id",
+                "empty master id",
+                "write a name for this master, or remove the key to use <hostname>_master",
+            ));
+            String::new()
+        }
+        Some(s) if !safe_name(s.value.trim()) => {
+            errors.push(ConfigError::new(
+                span!(s),
+                "id",
+                format!("master id {:?} is not a safe file name", s.value),
+                "use letters, digits, '-', '_' and '.' only",
+            ));
+            String::new()
+        }
+        Some(s) => s.value.trim().to_string(),
+        None => default_id(),
+    };
+    let mut c = SaltMasterConfig::with_defaults(&id);
+    if let Some(s) = &raw.interface {
+        match s.value.trim().parse::<IpAddr>() {
+            Ok(ip) => c.interface = ip,
+            Err(_) => errors.push(ConfigError::new(
+                span!(s),
+                "interface",
+                format!("{:?} is not an IP address", s.value),
+                "write the address to listen on, e.g. 0.0.0.0 or 10.0.0.5",
+            )),
+        }
+    }
+    // Port 0 asks the OS for a free port (tests); the bound port is what minions are told.
+    if let Some(p) = &raw.publish_port {
+        c.publish_port = p.value;
+    }
+    if let Some(p) = &raw.ret_port {
+        c.ret_port = p.value;
+    }
+    if c.publish_port == c.ret_port && c.ret_port != 0 {
+        errors.push(ConfigError::new(
+            raw.ret_port
+                .as_ref()
+                .map(|p| span!(p))
+                .unwrap_or_else(|| pos(0, 0)),
+            "ret_port",
+            format!("publish_port and ret_port are both {}", c.ret_port),
+            "give the publish and request ports different numbers",
+        ));
+    }
+    for (field, raw_dir, slot) in [
+        ("pki_dir", &raw.pki_dir, &mut c.pki_dir),
+        ("cachedir", &raw.cachedir, &mut c.cachedir),
+        ("sock_dir", &raw.sock_dir, &mut c.sock_dir),
+    ] {
+        if let Some(d) = raw_dir {
+            if d.value.trim().is_empty() {
+                errors.push(ConfigError::new(
+                    span!(d),
+                    field,
+                    "empty path",
+                    "write a directory path, or remove the key for Salt's default",
+                ));
+            } else {
+                *slot = PathBuf::from(d.value.trim());
+            }
+        }
+    }
+    if let Some(v) = &raw.auto_accept {
+        c.auto_accept = v.value;
+    }
+    if let Some(v) = &raw.autosign_file {
+        if !v.value.trim().is_empty() {
+            c.autosign_file = Some(PathBuf::from(v.value.trim()));
+        }
+    }
+    if let Some(v) = &raw.open_mode {
+        if v.value {
+            errors.push(ConfigError::new(
+                span!(v),
+                "open_mode",
+                "open_mode accepts any key for any id, so anyone can impersonate any minion",
+                "remove open_mode; accept keys with `saltgate-master key accept`, or use \
+                 auto_accept/autosign_file",
+            ));
+        }
+    }
+    if let Some(v) = &raw.keep_jobs {
+        c.keep_jobs_secs = v.value.saturating_mul(3600);
+    }
+    if let Some(v) = &raw.keep_jobs_seconds {
+        c.keep_jobs_secs = v.value;
+    }
+    if let Some(v) = &raw.request_server_ttl {
+        if v.value > 0 {
+            c.request_window_secs = v.value;
+        }
+    }
+    for (field, raw_roots, slot) in [
+        ("file_roots", &raw.file_roots, &mut c.file_roots),
+        ("pillar_roots", &raw.pillar_roots, &mut c.pillar_roots),
+    ] {
+        if let Some(r) = raw_roots {
+            let mut out = BTreeMap::new();
+            for (env, dirs) in &r.value {
+                if !safe_name(env) {
+                    errors.push(ConfigError::new(
+                        span!(r),
+                        format!("{field}.{env}"),
+                        format!("environment name {env:?} is not a plain name"),
+                        "use letters, digits, '-', '_' and '.' (e.g. base)",
+                    ));
+                    continue;
+                }
+                out.insert(env.clone(), dirs.iter().map(PathBuf::from).collect());
+            }
+            *slot = out;
+        }
+    }
+    if let Some(w) = &raw.worker_threads {
+        warnings.push(ConfigWarning {
+            at: span!(w),
+            message: format!(
+                "worker_threads: {} ignored; saltgate-master serves requests on an async runtime \
+                 sized to the machine",
+                w.value
+            ),
+        });
+    }
+    if let Some(cid) = &raw.cluster_id {
+        let mut cl = ClusterConfig {
+            cluster_id: cid.value.trim().to_string(),
+            peers: Vec::new(),
+            pki_dir: c.pki_dir.clone(),
+            pool_port: defaults::CLUSTER_POOL_PORT,
+            secret: String::new(),
+            allow_insecure_empty_secret: raw
+                .cluster_allow_insecure_empty_secret
+                .as_ref()
+                .is_some_and(|v| v.value),
+        };
+        if !safe_name(&cl.cluster_id) {
+            errors.push(ConfigError::new(
+                span!(cid),
+                "cluster_id",
+                format!("{:?} is not a plain name", cid.value),
+                "use letters, digits, '-', '_' and '.'",
+            ));
+        }
+        match &raw.cluster_peers {
+            Some(p) if !p.value.is_empty() => {
+                for peer in &p.value {
+                    if peer.trim().is_empty() || peer.contains(char::is_whitespace) {
+                        errors.push(ConfigError::new(
+                            span!(p),
+                            "cluster_peers",
+                            format!("invalid peer address {peer:?}"),
+                            "list each peer master as host or host:port",
+                        ));
+                    }
+                }
+                cl.peers = p.value.iter().map(|s| s.trim().to_string()).collect();
+            }
+            other => errors.push(ConfigError::new(
+                other
+                    .as_ref()
+                    .map(|p| span!(p))
+                    .unwrap_or_else(|| span!(cid)),
+                "cluster_peers",
+                "a cluster needs its peers listed",
+                "list the other masters' addresses under cluster_peers",
+            )),
+        }
+        if let Some(d) = &raw.cluster_pki_dir {
+            cl.pki_dir = PathBuf::from(d.value.trim());
+        }
+        if let Some(p) = &raw.cluster_pool_port {
+            cl.pool_port = p.value;
+        }
+        match &raw.cluster_secret {
+            Some(s) => cl.secret = s.value.clone(),
+            None => cl.secret = String::new(),
+        }
+        if cl.secret.is_empty() && !cl.allow_insecure_empty_secret {
+            errors.push(ConfigError::new(
+                raw.cluster_secret
+                    .as_ref()
+                    .map(|s| span!(s))
+                    .unwrap_or_else(|| span!(cid)),
+                "cluster_secret",
+                "an empty cluster_secret lets any host join the cluster",
+                "set cluster_secret to a long random string on every master (or, for a lab \
+                 only, cluster_allow_insecure_empty_secret: true)",
+            ));
+        }
+        c.cluster = Some(cl);
+    } else if let Some(p) = &raw.cluster_peers {
+        warnings.push(ConfigWarning {
+            at: at(&span!(p)),
+            message: "cluster_peers: ignored without cluster_id".to_string(),
+        });
+    }
+    if !errors.is_empty() {
+        return Err(ConfigErrors(errors));
+    }
+    Ok(LoadedSaltMaster {
+        config: c,
+        warnings,
+    })
+}
+
+/// Ids, environment and cluster names: what may become one path component.
+fn safe_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 255
+        && s != "."
+        && s != ".."
+        && s.chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.'))
+}
+
+/// The top-level keys of a block-style YAML mapping with their 1-based lines.
+fn top_level_keys(text: &str) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for (no, line) in text.lines().enumerate() {
+        let Some(first) = line.chars().next() else {
+            continue;
+        };
+        if first.is_whitespace() || matches!(first, '#' | '-' | '{' | '[' | '}' | ']') {
+            continue;
+        }
+        if let Some((key, _)) = line.split_once(':') {
+            let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
+            if !key.is_empty() {
+                out.push((key.to_string(), u32::try_from(no + 1).unwrap_or(u32::MAX)));
+            }
+        }
+    }
+    out
+}
+
+fn serde_error(e: &serde_saphyr::Error, text: &str, file: Option<&Path>) -> ConfigError {
+    let (line, column) = e
+        .location()
+        .map(|l| {
+            (
+                u32::try_from(l.line()).unwrap_or(u32::MAX),
+                u32::try_from(l.column()).unwrap_or(u32::MAX),
+            )
+        })
+        .unwrap_or((0, 0));
+    let display = e.to_string();
+    let first = display.lines().next().unwrap_or("invalid YAML").trim();
+    let message = first
+        .strip_prefix("error: ")
+        .map(|rest| match rest.split_once(": ") {
+            Some((p, m)) if p.starts_with("line ") => m,
+            _ => rest,
+        })
+        .unwrap_or(first)
+        .to_string();
+    let field = crate::yaml::yaml_path_at(text, line);
+    let fix = if line == 0 {
+        "check that the file is YAML"
+    } else {
+        "write a value of the type Salt expects for this key (see docs/master.md)"
+    };
+    ConfigError::new(Position::new(file, line, column), field, message, fix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_salt_defaults() {
+        let l = parse_salt_master("# nothing\n", None).unwrap();
+        assert_eq!(l.config.publish_port, 4505);
+        assert_eq!(l.config.ret_port, 4506);
+        assert_eq!(l.config.interface.to_string(), "0.0.0.0");
+        assert_eq!(l.config.keep_jobs_secs, 24 * 3600);
+        assert!(!l.config.auto_accept);
+        assert!(l.config.id.ends_with("_master"));
+        assert_eq!(l.config.pki_dir, PathBuf::from("/etc/salt/pki/master"));
+    }
+
+    #[test]
+    fn known_keys_are_read() {
+        let text = "id: m1\ninterface: 127.0.1.5\npublish_port: 14505\nret_port: 14506\n\
+                    pki_dir: /tmp/p\ncachedir: /tmp/c\nsock_dir: /tmp/s\nauto_accept: true\n\
+                    keep_jobs: 2\nfile_roots:\n  base:\n    - /srv/a\npillar_roots:\n  base: [/srv/p]\n";
+        let c = parse_salt_master(text, None).unwrap().config;
+        assert_eq!(c.id, "m1");
+        assert_eq!(c.interface.to_string(), "127.0.1.5");
+        assert_eq!((c.publish_port, c.ret_port), (14505, 14506));
+        assert!(c.auto_accept);
+        assert_eq!(c.keep_jobs_secs, 2 * 3600);
+        let secs = parse_salt_master("keep_jobs: 2\nkeep_jobs_seconds: 60\n", None)
+            .unwrap()
+            .config;
+        assert_eq!(secs.keep_jobs_secs, 60);
+        assert_eq!(c.pillar_roots["base"], vec![PathBuf::from("/srv/p")]);
+        assert_eq!(c.file_roots["base"], vec![PathBuf::from("/srv/a")]);
+    }
+
+    #[test]
+    fn unknown_keys_are_warned_not_fatal() {
+        let l =
+            parse_salt_master("id: m\nfoo_bar: 1\nuser: root\nworker_threads: 5\n", None).unwrap();
+        let msgs: Vec<String> = l.warnings.iter().map(|w| w.to_string()).collect();
+        assert!(
+            msgs.iter()
+                .any(|m| m.contains(":2:") && m.contains("foo_bar")),
+            "{msgs:?}"
+        );
+        assert!(
+            msgs.iter().any(|m| m.contains("worker_threads")),
+            "{msgs:?}"
+        );
+        assert!(!msgs.iter().any(|m| m.contains("user")), "{msgs:?}");
+    }
+
+    #[test]
+    fn open_mode_is_refused_with_its_line() {
+        let e = parse_salt_master("id: m\nopen_mode: True\n", None).unwrap_err();
+        let f = e.first();
+        assert_eq!((f.field.as_str(), f.at.line), ("open_mode", 2));
+        assert!(f.fix.contains("key accept"));
+    }
+
+    #[test]
+    fn bad_values_name_line_field_and_fix() {
+        let e = parse_salt_master("id: m\npublish_port: seventy\n", Some(Path::new("m.yaml")))
+            .unwrap_err();
+        let s = e.to_string();
+        assert!(s.contains("m.yaml:2"), "{s}");
+        assert!(s.contains("publish_port"), "{s}");
+        let e = parse_salt_master("interface: not-an-ip\n", None).unwrap_err();
+        assert_eq!(e.first().field, "interface");
+        assert_eq!(e.first().at.line, 1);
+        let e = parse_salt_master("publish_port: 4506\n", None).unwrap_err();
+        assert_eq!(e.first().field, "ret_port");
+        let e = parse_salt_master("id: ../etc\n", None).unwrap_err();
+        assert_eq!(e.first().field, "id");
+    }
+
+    #[test]
+    fn cluster_needs_peers_and_a_secret_unless_insecure_flag() {
+        let e = parse_salt_master("cluster_id: c\ncluster_peers: [10.0.0.2]\n", None).unwrap_err();
+        assert_eq!(e.first().field, "cluster_secret");
+        let e = parse_salt_master("cluster_id: c\ncluster_secret: s\n", None).unwrap_err();
+        assert_eq!(e.first().field, "cluster_peers");
+        let c = parse_salt_master(
+            "cluster_id: c\ncluster_peers: [a]\ncluster_allow_insecure_empty_secret: true\n",
+            None,
+        )
+        .unwrap()
+        .config;
+        assert!(c.cluster.unwrap().allow_insecure_empty_secret);
+        let c = parse_salt_master(
+            "pki_dir: /p\ncluster_id: c\ncluster_peers: [a]\ncluster_secret: hunter2\n",
+            None,
+        )
+        .unwrap()
+        .config;
+        let cl = c.cluster.unwrap();
+        assert_eq!(cl.pki_dir, PathBuf::from("/p"));
+        assert_eq!(cl.pool_port, 4520);
+        assert!(!format!("{cl:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,632 @@
+//! saltgate's master cluster: masters sharing `cluster_pki_dir` (and, as in Salt's default
+//! topology, `cachedir`) serve any minion any of them accepted; publishes are forwarded to the
+//! peers, returns to the master whose publish waits.
+//!
+//! Keys (Salt 3008's layout in `cluster_pki_dir`): `cluster.pem`/`cluster.pub` (the key minions
+//! see: auth replies and publishes are signed with it), `.aes` (the shared publish key),
+//! `peers/<id>.pub` (each master's own key), and the minion key directories. The first master to
+//! start creates them (create-if-absent via `link`, so two starting masters agree).
+//!
+//! The peer protocol is ours (interop with Salt's cluster is not a goal): TCP on
+//! `cluster_pool_port`, one message per connection, 4-byte big-endian length (≤ 16 MiB) then
+//! msgpack `{"peer_id","body","sig"}` where `sig` is PKCS#1 v1.5 (SHA-224) by the sender's own
+//! master key over `body`. Kinds:
+//! * `join` — `{peer_id, cluster_id, pub, addr, ts, nonce, proof}`, `proof` =
+//!   HMAC-SHA256(cluster_secret, the other fields), checked in constant time; `sig` is checked
+//!   with the `pub` inside (possession). A known peer id with a different key is refused. The
+//!   answer `join_ok` carries the receiver's `pub`/`addr` and its own proof over the joiner's
+//!   nonce, signed; the joiner verifies both. Both sides then store `peers/<id>.pub`.
+//! * `publish` — `{jid, job, origin}`; `return` — `{jid, minion, ret}`. Accepted only from a
+//!   joined peer, `sig` checked against `peers/<peer_id>.pub`.
+//!
+//! Peer ids pass the same checks as minion ids before any path is built.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use saltgate_config::salt_master::ClusterConfig;
+use saltgate_wire::crypticle::CrypticleKey;
+use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, raw_str, text, Value};
+use saltgate_wire::rsa::{PrivateKey, PublicKey, SigAlgo, KEY_BITS};
+use sha2::Sha256;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::id::validate_minion_id;
+use crate::keys::{make_dir, same_key, KeyError, MasterKey};
+use crate::state::{unix_now, Master, ReturnEvent};
+
+/// Largest peer message.
+pub const MAX_PEER_MESSAGE: usize = 16 * 1024 * 1024;
+const PEER_SIG: SigAlgo = SigAlgo::Pkcs1v15Sha224;
+/// Join messages older or newer than this are refused.
+const JOIN_WINDOW_SECS: i64 = 300;
+
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Keys(#[from] KeyError),
+    #[error("{path}: {message}")]
+    Setup { path: PathBuf, message: String },
+}
+
+/// Creates `path` with `data` unless it exists (atomic against a concurrent creator);
+/// returns the content that won.
+fn create_if_absent(path: &Path, data: &[u8], mode: u32) -> Result<Vec<u8>, ClusterError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(existing) = std::fs::read(path) {
+        return Ok(existing);
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".create.{:016x}.tmp", rand::random::<u64>()));
+    let setup = |e: std::io::Error| ClusterError::Setup {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(setup)?;
+    f.write_all(data)
+        .and_then(|()| f.sync_all())
+        .map_err(setup)?;
+    drop(f);
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(data.to_vec()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::read(path).map_err(setup)
+        }
+        Err(e) => Err(setup(e)),
+    }
+}
+
+/// The cluster key pair and AES key, shared by every member.
+pub fn load_cluster_keys(
+    cfg: &ClusterConfig,
+    own_id: &str,
+    own: &MasterKey,
+) -> Result<(MasterKey, CrypticleKey), ClusterError> {
+    let dir = &cfg.pki_dir;
+    make_dir(dir, 0o700)?;
+    make_dir(&dir.join("peers"), 0o750)?;
+    let bad = |path: PathBuf, message: String| ClusterError::Setup { path, message };
+    let pem_path = dir.join("cluster.pem");
+    let fresh = if pem_path.exists() {
+        Vec::new()
+    } else {
+        let key =
+            PrivateKey::generate(KEY_BITS).map_err(|e| bad(pem_path.clone(), e.to_string()))?;
+        key.to_pem()
+            .map_err(|e| bad(pem_path.clone(), e.to_string()))?
+            .into_bytes()
+    };
+    let pem = create_if_absent(&pem_path, &fresh, 0o400)?;
+    let private = PrivateKey::from_pem(&String::from_utf8_lossy(&pem))
+        .map_err(|e| bad(pem_path.clone(), e.to_string()))?;
+    let public = private.public_key();
+    let pub_text = public
+        .to_pem()
+        .map_err(|e| bad(pem_path.clone(), e.to_string()))?;
+    create_if_absent(&dir.join("cluster.pub"), pub_text.as_bytes(), 0o644)?;
+    let aes_path = dir.join(".aes");
+    let aes_text = create_if_absent(
+        &aes_path,
+        CrypticleKey::generate().to_key_string().as_bytes(),
+        0o600,
+    )?;
+    let aes = CrypticleKey::from_key_string(&String::from_utf8_lossy(&aes_text))
+        .map_err(|e| bad(aes_path, e.to_string()))?;
+    // peers/<own id>.pub: ours, or refuse to start (Salt does the same).
+    validate_minion_id(own_id).map_err(KeyError::from)?;
+    let own_pub = own
+        .public
+        .to_pem()
+        .map_err(|e| bad(dir.clone(), e.to_string()))?;
+    let peer_path = dir.join("peers").join(format!("{own_id}.pub"));
+    let stored = create_if_absent(&peer_path, own_pub.as_bytes(), 0o644)?;
+    if !same_key(&String::from_utf8_lossy(&stored), &own_pub) {
+        return Err(bad(
+            peer_path,
+            "holds a different key for this master id; another master uses the same id, or \
+             remove the file if this master's key was replaced"
+                .into(),
+        ));
+    }
+    Ok((
+        MasterKey {
+            pub_pem: saltgate_wire::pem::clean_key(&pub_text),
+            private,
+            public,
+        },
+        aes,
+    ))
+}
+
+/// A master's cluster membership at run time.
+pub struct ClusterState {
+    pub config: ClusterConfig,
+    pub own_id: String,
+    /// This master's own key (peer messages are signed with it).
+    pub own_key: MasterKey,
+    /// Where peers reach us.
+    pub pool_addr: SocketAddr,
+    /// Joined peers: id → pool address.
+    peers: Mutex<BTreeMap<String, SocketAddr>>,
+}
+
+impl std::fmt::Debug for ClusterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterState")
+            .field("own_id", &self.own_id)
+            .field("pool_addr", &self.pool_addr)
+            .finish()
+    }
+}
+
+impl ClusterState {
+    pub fn new(
+        config: ClusterConfig,
+        own_id: &str,
+        own_key: MasterKey,
+        pool_addr: SocketAddr,
+    ) -> Self {
+        ClusterState {
+            config,
+            own_id: own_id.to_string(),
+            own_key,
+            pool_addr,
+            peers: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn joined(&self) -> BTreeMap<String, SocketAddr> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn add_peer(&self, id: &str, addr: SocketAddr) {
+        let mut p = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if p.insert(id.to_string(), addr) != Some(addr) {
+            tracing::info!(peer = %id, %addr, "cluster peer joined");
+        }
+    }
+
+    fn peer_pub_path(&self, id: &str) -> Result<PathBuf, String> {
+        validate_minion_id(id).map_err(|e| format!("unsafe peer id: {e}"))?;
+        Ok(self.config.pki_dir.join("peers").join(format!("{id}.pub")))
+    }
+
+    /// The stored key of a peer, if it joined.
+    fn peer_pub(&self, id: &str) -> Result<PublicKey, String> {
+        let path = self.peer_pub_path(id)?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|_| format!("peer {id:?} has not joined"))?;
+        PublicKey::from_pem(&text).map_err(|e| format!("peer key unusable: {e}"))
+    }
+
+    /// Stores a peer's key, or refuses when a different one is already stored.
+    fn remember_peer_key(&self, id: &str, pub_pem: &str) -> Result<(), String> {
+        let path = self.peer_pub_path(id)?;
+        let stored =
+            create_if_absent(&path, pub_pem.as_bytes(), 0o644).map_err(|e| e.to_string())?;
+        if same_key(&String::from_utf8_lossy(&stored), pub_pem) {
+            Ok(())
+        } else {
+            Err(format!(
+                "peer {id:?} offers a key different from peers/{id}.pub"
+            ))
+        }
+    }
+
+    fn proof(&self, parts: &[&str]) -> Vec<u8> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(self.config.secret.as_bytes())
+            .unwrap_or_else(|_| <Hmac<Sha256> as Mac>::new_from_slice(b"-").expect("hmac key"));
+        mac.update(b"saltgate-cluster-v1");
+        for p in parts {
+            mac.update(&(p.len() as u64).to_be_bytes());
+            mac.update(p.as_bytes());
+        }
+        mac.finalize().into_bytes().to_vec()
+    }
+
+    fn proof_ok(&self, parts: &[&str], got: &[u8]) -> bool {
+        let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(self.config.secret.as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return false,
+        };
+        mac.update(b"saltgate-cluster-v1");
+        for p in parts {
+            mac.update(&(p.len() as u64).to_be_bytes());
+            mac.update(p.as_bytes());
+        }
+        // `verify_slice` compares in constant time.
+        mac.verify_slice(got).is_ok()
+    }
+
+    /// Wraps a body: `{"peer_id","body","sig"}` signed by our own key.
+    fn seal(&self, body: &Value) -> Vec<u8> {
+        let body = envelope::encode(&envelope::salt_compat(body.clone()));
+        let sig = self
+            .own_key
+            .private
+            .sign(PEER_SIG, &body)
+            .unwrap_or_default();
+        envelope::encode(&map(vec![
+            ("peer_id", text(&self.own_id)),
+            ("body", raw_str(body)),
+            ("sig", raw_str(sig)),
+        ]))
+    }
+
+    fn join_message(&self, nonce: &str, ts: i64) -> Value {
+        let pub_pem = self.own_key.pub_pem.clone();
+        let addr = self.pool_addr.to_string();
+        let ts_s = ts.to_string();
+        let proof = self.proof(&[
+            "join",
+            &self.config.cluster_id,
+            &self.own_id,
+            &pub_pem,
+            &addr,
+            &ts_s,
+            nonce,
+        ]);
+        map(vec![
+            ("kind", text("join")),
+            ("cluster_id", text(&self.config.cluster_id)),
+            ("peer_id", text(&self.own_id)),
+            ("pub", text(&pub_pem)),
+            ("addr", text(&addr)),
+            ("ts", Value::from(ts)),
+            ("nonce", text(nonce)),
+            ("proof", raw_str(proof)),
+        ])
+    }
+}
+
+/// One message on a peer connection: `(peer_id, body map, body bytes, sig)`.
+type Opened = (String, Value, Vec<u8>, Vec<u8>);
+
+/// Decodes a peer frame body without trusting it yet.
+pub fn open_message(frame: &[u8]) -> Result<Opened, String> {
+    let v = envelope::decode(frame).map_err(|e| format!("not msgpack: {e}"))?;
+    let peer_id = get(&v, "peer_id")
+        .and_then(as_str)
+        .ok_or("no peer_id")?
+        .to_string();
+    validate_minion_id(&peer_id).map_err(|e| format!("unsafe peer id: {e}"))?;
+    let body_bytes = get(&v, "body")
+        .and_then(as_bytes)
+        .ok_or("no body")?
+        .to_vec();
+    let sig = get(&v, "sig").and_then(as_bytes).ok_or("no sig")?.to_vec();
+    let body = envelope::decode(&body_bytes).map_err(|e| format!("body not msgpack: {e}"))?;
+    if !body.is_map() {
+        return Err("body is not a map".into());
+    }
+    Ok((peer_id, body, body_bytes, sig))
+}
+
+async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = s.read_u32().await? as usize;
+    if len > MAX_PEER_MESSAGE {
+        return Err(std::io::Error::other(format!(
+            "peer message of {len} bytes is over the limit"
+        )));
+    }
+    let mut buf = vec![0u8; len];
+    s.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn write_frame(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
+    let len = u32::try_from(data.len()).map_err(|_| std::io::Error::other("message too large"))?;
+    s.write_u32(len).await?;
+    s.write_all(data).await?;
+    s.flush().await
+}
+
+/// Sends one message to `addr` and returns the reply frame, if the peer sends one.
+async fn send(addr: SocketAddr, frame: &[u8], want_reply: bool) -> Result<Option<Vec<u8>>, String> {
+    let go = async {
+        let mut s = TcpStream::connect(addr).await?;
+        write_frame(&mut s, frame).await?;
+        if want_reply {
+            Ok::<_, std::io::Error>(Some(read_frame(&mut s).await?))
+        } else {
+            Ok(None)
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), go)
+        .await
+        .map_err(|_| format!("peer {addr} timed out"))?
+        .map_err(|e| format!("peer {addr}: {e}"))
+}
+
+/// Accepts peer connections and handles their messages.
+pub async fn serve(listener: TcpListener, master: Arc<Master>) {
+    loop {
+        match listener.accept().await {
+            Ok((mut s, from)) => {
+                let m = master.clone();
+                tokio::spawn(async move {
+                    let frame =
+                        match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s))
+                            .await
+                        {
+                            Ok(Ok(f)) => f,
+                            Ok(Err(e)) => {
+                                tracing::warn!(%from, error = %e, "cluster message refused");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                    let m2 = m.clone();
+                    let reply =
+                        tokio::task::spawn_blocking(move || handle_message(&m2, &frame)).await;
+                    match reply {
+                        Ok(Ok(Some(r))) => {
+                            let _ = write_frame(&mut s, &r).await;
+                        }
+                        Ok(Ok(None)) => {}
+                        Ok(Err(e)) => tracing::warn!(%from, reason = %e, "cluster message refused"),
+                        Err(e) => tracing::error!(error = %e, "cluster handler failed"),
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster accept failed; backing off");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Handles one peer message; returns the reply frame for a join.
+pub fn handle_message(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
+    let (peer_id, body, body_bytes, sig) = open_message(frame)?;
+    if peer_id == cl.own_id {
+        return Err("message claims to come from ourselves".into());
+    }
+    let kind = get(&body, "kind").and_then(as_str).unwrap_or("");
+    if kind == "join" {
+        return handle_join(master, cl, &peer_id, &body, &body_bytes, &sig).map(Some);
+    }
+    let key = cl.peer_pub(&peer_id)?;
+    if !key.verify(PEER_SIG, &body_bytes, &sig) {
+        return Err(format!("bad signature from peer {peer_id:?}"));
+    }
+    match kind {
+        "publish" => {
+            let jid = get(&body, "jid")
+                .and_then(as_str)
+                .ok_or("publish without jid")?;
+            let origin = get(&body, "origin")
+                .and_then(as_str)
+                .ok_or("publish without origin")?;
+            let job = get(&body, "job").cloned().ok_or("publish without job")?;
+            if crate::jobs::jid_time(jid).is_none() {
+                return Err(format!("bad jid {jid:?}"));
+            }
+            master.publish_from_peer(jid, origin, &job);
+            Ok(None)
+        }
+        "return" => {
+            let jid = get(&body, "jid")
+                .and_then(as_str)
+                .ok_or("return without jid")?;
+            let minion = get(&body, "minion")
+                .and_then(as_str)
+                .ok_or("return without minion")?;
+            validate_minion_id(minion).map_err(|e| e.to_string())?;
+            let ret = get(&body, "ret")
+                .and_then(as_str)
+                .ok_or("return without ret")?;
+            let ret: serde_json::Value = serde_json::from_str(ret).map_err(|e| e.to_string())?;
+            if !master.jobs.exists(jid) {
+                return Err(format!("return for unknown job {jid}"));
+            }
+            if let Err(e) = master.jobs.save_return(jid, minion, &ret) {
+                tracing::warn!(%jid, error = %e, "forwarded return not stored");
+            }
+            master.notify_return(
+                jid,
+                ReturnEvent {
+                    minion: minion.to_string(),
+                    ret,
+                },
+            );
+            Ok(None)
+        }
+        other => Err(format!("unknown cluster message kind {other:?}")),
+    }
+}
+
+fn handle_join(
+    master: &Master,
+    cl: &ClusterState,
+    peer_id: &str,
+    body: &Value,
+    body_bytes: &[u8],
+    sig: &[u8],
+) -> Result<Vec<u8>, String> {
+    let _ = master;
+    let f = |k: &str| {
+        get(body, k)
+            .and_then(as_str)
+            .ok_or(format!("join without {k}"))
+    };
+    let (cid, pub_pem, addr, nonce) = (f("cluster_id")?, f("pub")?, f("addr")?, f("nonce")?);
+    if f("peer_id")? != peer_id {
+        return Err("join peer_id differs from the envelope".into());
+    }
+    let ts = get(body, "ts")
+        .and_then(Value::as_i64)
+        .ok_or("join without ts")?;
+    let proof = get(body, "proof")
+        .and_then(as_bytes)
+        .ok_or("join without proof")?;
+    if cid != cl.config.cluster_id {
+        return Err(format!(
+            "join for cluster {cid:?}, we are {:?}",
+            cl.config.cluster_id
+        ));
+    }
+    let now = i64::try_from(unix_now()).unwrap_or(i64::MAX);
+    if (now - ts).abs() > JOIN_WINDOW_SECS {
+        return Err("join timestamp outside the window".into());
+    }
+    if cl.config.secret.is_empty() && !cl.config.allow_insecure_empty_secret {
+        return Err("empty cluster_secret: joins refused".into());
+    }
+    let ts_s = ts.to_string();
+    if !cl.proof_ok(&["join", cid, peer_id, pub_pem, addr, &ts_s, nonce], proof) {
+        return Err(format!(
+            "join from {peer_id:?}: cluster_secret proof does not match"
+        ));
+    }
+    let key = PublicKey::from_pem(pub_pem).map_err(|e| format!("join key unusable: {e}"))?;
+    if !key.verify(PEER_SIG, body_bytes, sig) {
+        return Err("join signature does not verify with the offered key".into());
+    }
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("bad peer address {addr:?}"))?;
+    cl.remember_peer_key(peer_id, pub_pem)?;
+    cl.add_peer(peer_id, addr);
+    let my_addr = cl.pool_addr.to_string();
+    let my_pub = cl.own_key.pub_pem.clone();
+    let proof = cl.proof(&["join_ok", cid, &cl.own_id, &my_pub, &my_addr, nonce]);
+    Ok(cl.seal(&map(vec![
+        ("kind", text("join_ok")),
+        ("peer_id", text(&cl.own_id)),
+        ("pub", text(&my_pub)),
+        ("addr", text(&my_addr)),
+        ("nonce", text(nonce)),
+        ("proof", raw_str(proof)),
+    ])))
+}
+
+/// Joins one configured peer: sends `join`, verifies `join_ok`.
+pub async fn join(master: &Master, peer: SocketAddr) -> Result<String, String> {
+    let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
+    let nonce = format!("{:032x}", rand::random::<u128>());
+    let ts = i64::try_from(unix_now()).unwrap_or(0);
+    let frame = cl.seal(&cl.join_message(&nonce, ts));
+    let reply = send(peer, &frame, true).await?.ok_or("no join reply")?;
+    let (peer_id, body, body_bytes, sig) = open_message(&reply)?;
+    let f = |k: &str| {
+        get(&body, k)
+            .and_then(as_str)
+            .ok_or(format!("join_ok without {k}"))
+    };
+    if f("kind")? != "join_ok" || f("nonce")? != nonce || f("peer_id")? != peer_id {
+        return Err("join_ok does not answer our join".into());
+    }
+    let (pub_pem, addr) = (f("pub")?, f("addr")?);
+    let proof = get(&body, "proof")
+        .and_then(as_bytes)
+        .ok_or("join_ok without proof")?;
+    if !cl.proof_ok(
+        &[
+            "join_ok",
+            &cl.config.cluster_id,
+            &peer_id,
+            pub_pem,
+            addr,
+            &nonce,
+        ],
+        proof,
+    ) {
+        return Err(format!("{peer_id:?} does not know the cluster_secret"));
+    }
+    let key = PublicKey::from_pem(pub_pem).map_err(|e| e.to_string())?;
+    if !key.verify(PEER_SIG, &body_bytes, &sig) {
+        return Err("join_ok signature does not verify".into());
+    }
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("bad peer address {addr:?}"))?;
+    cl.remember_peer_key(&peer_id, pub_pem)?;
+    cl.add_peer(&peer_id, addr);
+    Ok(peer_id)
+}
+
+/// Keeps trying to join every configured peer until it answered once.
+pub async fn join_loop(master: Arc<Master>, peers: Vec<SocketAddr>) {
+    let mut pending = peers;
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for p in pending {
+            match join(&master, p).await {
+                Ok(id) => tracing::info!(peer = %id, addr = %p, "joined cluster peer"),
+                Err(e) => {
+                    tracing::debug!(addr = %p, error = %e, "cluster join failed; will retry");
+                    still.push(p);
+                }
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+}
+
+/// Sends a signed message to every joined peer (or one), in the background.
+pub fn forward(master: &Master, body: Value, only: Option<&str>) {
+    let Some(cl) = master.cluster.as_ref() else {
+        return;
+    };
+    let frame = cl.seal(&body);
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("no runtime to forward a cluster message");
+        return;
+    };
+    for (id, addr) in cl.joined() {
+        if only.is_some_and(|o| o != id) {
+            continue;
+        }
+        let frame = frame.clone();
+        handle.spawn(async move {
+            if let Err(e) = send(addr, &frame, false).await {
+                tracing::warn!(peer = %id, error = %e, "cluster forward failed");
+            }
+        });
+    }
+}
+
+/// Resolves configured peers (`host` or `host:port`) to socket addresses.
+pub fn peer_addrs(cfg: &ClusterConfig) -> Vec<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    cfg.peers
+        .iter()
+        .filter_map(|p| {
+            let with_port = if p.parse::<SocketAddr>().is_ok()
+                || p.rsplit_once(':')
+                    .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
+            {
+                p.clone()
+            } else {
+                format!("{p}:{}", cfg.pool_port)
+            };
+            match with_port.to_socket_addrs() {
+                Ok(mut a) => a.next(),
+                Err(e) => {
+                    tracing::warn!(peer = %p, error = %e, "cluster peer does not resolve");
+                    None
+                }
+            }
+        })
+        .collect()
+}

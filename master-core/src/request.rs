@@ -1,0 +1,498 @@
+//! The request port (`ret_port`, 4506): decode a request, refuse what must be refused, and
+//! answer what a stock minion asks, byte-compatible with a Salt 3008 master.
+//!
+//! [`decode_request`] is pure (the fuzz target drives it): it bounds what it accepts before any
+//! state is touched. Clear requests are an allowlist: `_auth` and `ping`; anything else gets
+//! Salt's reply to an unknown clear command (`{}`) without touching disk. Encrypted (`aes`,
+//! version 3) requests are decrypted with the minion's session key, then the load's `id` must
+//! equal the envelope's, `tok` must verify against the accepted key on disk, and the nonce must
+//! be fresh. Every refusal is logged with its reason and answered as Salt would (`"bad load"`
+//! in most cases).
+
+use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
+use saltgate_wire::envelope::{self, as_bytes, as_str, get, raw_str, salt_compat, text, Value};
+use saltgate_wire::rsa::{EncAlgo, PublicKey, SigAlgo};
+use sha2::{Digest, Sha256};
+
+use crate::auth::{autosign_file_matches, decide, AuthDecision};
+use crate::convert;
+use crate::id::validate_minion_id;
+use crate::state::{unix_now, Master, NonceRefusal, ReturnEvent};
+
+/// Salt 3008's `minimum_auth_version`.
+pub const MIN_VERSION: i64 = 3;
+
+/// Clear commands we answer.
+pub const CLEAR_ALLOWLIST: &[&str] = &["_auth", "ping"];
+
+/// A decoded request that passed the structural checks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// `_auth` or `ping`, with its load map.
+    Clear { cmd: String, load: Value },
+    /// A version-3 encrypted request from minion `id`.
+    Aes {
+        id: String,
+        ciphertext: Vec<u8>,
+        enc_algo: EncAlgo,
+        sig_algo: SigAlgo,
+    },
+}
+
+/// Why a request was refused, and Salt's reply to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub reason: String,
+    pub reply: Value,
+}
+
+impl Refusal {
+    fn bad_load(reason: impl Into<String>) -> Self {
+        Refusal {
+            reason: reason.into(),
+            reply: text("bad load"),
+        }
+    }
+}
+
+/// Parses one request frame. Never panics; never touches state.
+pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
+    let v = envelope::decode(frame).map_err(|e| Refusal::bad_load(format!("not msgpack: {e}")))?;
+    if !v.is_map() {
+        return Err(Refusal::bad_load("request is not a map"));
+    }
+    let enc = get(&v, "enc").and_then(as_str);
+    let load = get(&v, "load");
+    let (Some(enc), Some(load)) = (enc, load) else {
+        return Err(Refusal::bad_load("request without enc or load"));
+    };
+    let version = get(&v, "version").and_then(Value::as_i64).unwrap_or(0);
+    if version < MIN_VERSION {
+        return Err(Refusal::bad_load(format!(
+            "protocol version {version} is below the minimum {MIN_VERSION}"
+        )));
+    }
+    match enc {
+        "clear" => {
+            if !load.is_map() {
+                return Err(Refusal {
+                    reason: "clear load is not a map".into(),
+                    reply: text("payload and load must be a dict"),
+                });
+            }
+            let cmd = get(load, "cmd").and_then(as_str).unwrap_or("");
+            if !CLEAR_ALLOWLIST.contains(&cmd) {
+                return Err(Refusal {
+                    reason: format!("clear command {cmd:?} is not allowed"),
+                    reply: Value::Map(Vec::new()),
+                });
+            }
+            Ok(Request::Clear {
+                cmd: cmd.to_string(),
+                load: load.clone(),
+            })
+        }
+        "aes" => {
+            let id = get(&v, "id")
+                .and_then(as_str)
+                .ok_or_else(|| Refusal::bad_load("aes request without id"))?;
+            validate_minion_id(id).map_err(|e| Refusal::bad_load(format!("invalid id: {e}")))?;
+            let ciphertext = as_bytes(load)
+                .ok_or_else(|| Refusal::bad_load("aes load is not bytes"))?
+                .to_vec();
+            let algo = |k: &str| get(&v, k).and_then(as_str);
+            let enc_algo = EncAlgo::parse(algo("enc_algo").unwrap_or("OAEP-SHA1"))
+                .map_err(|e| Refusal::bad_load(e.to_string()))?;
+            let sig_algo = SigAlgo::parse(algo("sig_algo").unwrap_or("PKCS1v15-SHA1"))
+                .map_err(|e| Refusal::bad_load(e.to_string()))?;
+            Ok(Request::Aes {
+                id: id.to_string(),
+                ciphertext,
+                enc_algo,
+                sig_algo,
+            })
+        }
+        other => Err(Refusal::bad_load(format!("unknown enc {other:?}"))),
+    }
+}
+
+/// Handles one request frame and returns the encoded reply.
+pub fn handle(master: &Master, frame: &[u8]) -> Vec<u8> {
+    let reply = match decode_request(frame) {
+        Err(r) => {
+            tracing::warn!(reason = %r.reason, "request refused");
+            r.reply
+        }
+        Ok(Request::Clear { cmd, load }) => match cmd.as_str() {
+            // Salt echoes the load of a clear ping.
+            "ping" => load,
+            _ => handle_auth(master, &load),
+        },
+        Ok(Request::Aes {
+            id,
+            ciphertext,
+            enc_algo,
+            sig_algo,
+        }) => match handle_aes(master, &id, &ciphertext, enc_algo, sig_algo) {
+            Ok(v) => v,
+            Err(r) => {
+                tracing::warn!(minion = %id, reason = %r.reason, "request refused");
+                r.reply
+            }
+        },
+    };
+    envelope::encode(&salt_compat(reply))
+}
+
+/// Salt's signed clear reply: `{"enc":"clear","load":msgpack(inner),"sig":PKCS1v15(load)}`.
+fn clear_signed(master: &Master, inner: Value, sig_algo: SigAlgo) -> Value {
+    let load = envelope::encode(&salt_compat(inner));
+    match master.master_key.private.sign(sig_algo, &load) {
+        Ok(sig) => envelope::map(vec![
+            ("enc", text("clear")),
+            ("load", raw_str(load)),
+            ("sig", raw_str(sig)),
+        ]),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot sign an auth reply");
+            text("Some exception handling minion payload")
+        }
+    }
+}
+
+fn auth_ret(master: &Master, ret: Value, nonce: &str, sig_algo: SigAlgo) -> Value {
+    clear_signed(
+        master,
+        envelope::map(vec![("ret", ret), ("nonce", text(nonce))]),
+        sig_algo,
+    )
+}
+
+fn handle_auth(master: &Master, load: &Value) -> Value {
+    let field = |k: &str| get(load, k).and_then(as_str);
+    let Some(nonce) = field("nonce") else {
+        tracing::warn!("_auth without a nonce refused");
+        return text("bad load");
+    };
+    let Ok(enc_algo) = EncAlgo::parse(field("enc_algo").unwrap_or("OAEP-SHA1")) else {
+        return envelope::map(vec![
+            ("enc", text("clear")),
+            ("load", envelope::map(vec![("ret", text("bad enc algo"))])),
+        ]);
+    };
+    let Ok(sig_algo) = SigAlgo::parse(field("sig_algo").unwrap_or("PKCS1v15-SHA1")) else {
+        return envelope::map(vec![
+            ("enc", text("clear")),
+            ("load", envelope::map(vec![("ret", text("bad sig algo"))])),
+        ]);
+    };
+    let id = field("id").unwrap_or("");
+    if let Err(e) = validate_minion_id(id) {
+        tracing::warn!(minion = ?id, reason = %e, "_auth from an invalid id refused");
+        return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+    }
+    let offered = field("pub").unwrap_or("").trim().to_string();
+    let minion_pub = match PublicKey::from_pem(&offered) {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!(minion = %id, reason = %e, "_auth with an unusable public key refused");
+            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+        }
+    };
+    let existing = match master.keys.fetch(id) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(minion = %id, error = %e, "cannot read the key store");
+            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+        }
+    };
+    let auto_sign = master.config.auto_accept
+        || master
+            .config
+            .autosign_file
+            .as_deref()
+            .is_some_and(|f| autosign_file_matches(f, id));
+    let decision = decide(
+        existing.as_ref().map(|(s, k)| (*s, k.as_str())),
+        &offered,
+        auto_sign,
+    );
+    let stored = match decision {
+        AuthDecision::Pending { store: true } => {
+            master
+                .keys
+                .store(id, crate::keys::KeyState::Pending, &offered)
+        }
+        AuthDecision::Accept { store: true } => {
+            master
+                .keys
+                .store(id, crate::keys::KeyState::Accepted, &offered)
+        }
+        AuthDecision::Denied => match master.keys.denied(id) {
+            Ok(Some(d)) if crate::keys::same_key(&d, &offered) => Ok(()),
+            _ => master.keys.store_denied(id, &offered),
+        },
+        _ => Ok(()),
+    };
+    if let Err(e) = stored {
+        tracing::error!(minion = %id, error = %e, "cannot store the key");
+        return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+    }
+    match decision {
+        AuthDecision::Accept { .. } => {}
+        AuthDecision::Pending { .. } => {
+            tracing::info!(minion = %id, "key pending; accept it with `saltgate-master key accept`");
+            return auth_ret(master, Value::Boolean(true), nonce, sig_algo);
+        }
+        AuthDecision::Rejected => {
+            tracing::warn!(minion = %id, "_auth refused: key rejected");
+            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+        }
+        AuthDecision::Denied => {
+            tracing::error!(minion = %id, "_auth refused: the key differs from the stored one (denied)");
+            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+        }
+    }
+    match accept_reply(master, id, load, &minion_pub, enc_algo) {
+        Ok(inner) => {
+            tracing::info!(minion = %id, "authenticated");
+            clear_signed(master, inner, sig_algo)
+        }
+        Err(e) => {
+            tracing::error!(minion = %id, error = %e, "cannot build the auth reply");
+            auth_ret(master, Value::Boolean(false), nonce, sig_algo)
+        }
+    }
+}
+
+fn accept_reply(
+    master: &Master,
+    id: &str,
+    load: &Value,
+    minion_pub: &PublicKey,
+    enc_algo: EncAlgo,
+) -> Result<Value, saltgate_wire::rsa::RsaError> {
+    let aes = master.aes.to_key_string();
+    let session = master.sessions.get_or_create(id).to_key_string();
+    let mut m = vec![
+        ("enc", text("pub")),
+        ("pub_key", text(&master.master_key.pub_pem)),
+        ("publish_port", Value::from(master.publish_port)),
+    ];
+    if let Some(token) = get(load, "token").and_then(as_bytes) {
+        // Proves we hold the private key the minion pinned: decrypt its token, send it back.
+        match master.master_key.private.decrypt(enc_algo, token) {
+            Ok(t) => m.push(("token", raw_str(minion_pub.encrypt(enc_algo, &t)?))),
+            Err(e) => tracing::warn!(minion = %id, error = %e, "auth token did not decrypt"),
+        }
+    }
+    m.push((
+        "aes",
+        raw_str(minion_pub.encrypt(enc_algo, aes.as_bytes())?),
+    ));
+    m.push((
+        "session",
+        raw_str(minion_pub.encrypt(enc_algo, session.as_bytes())?),
+    ));
+    let digest: String = Sha256::digest(aes.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    m.push((
+        "sig",
+        raw_str(
+            master
+                .master_key
+                .private
+                .private_encrypt_x931(digest.as_bytes())?,
+        ),
+    ));
+    m.push(("nonce", get(load, "nonce").cloned().unwrap_or(Value::Nil)));
+    Ok(envelope::map(m))
+}
+
+/// Removes `key` from a map and returns its value.
+fn pop(load: &mut Value, key: &str) -> Option<Value> {
+    let Value::Map(m) = load else { return None };
+    let i = m
+        .iter()
+        .position(|(k, _)| as_bytes(k) == Some(key.as_bytes()))?;
+    Some(m.remove(i).1)
+}
+
+fn handle_aes(
+    master: &Master,
+    id: &str,
+    ciphertext: &[u8],
+    enc_algo: EncAlgo,
+    sig_algo: SigAlgo,
+) -> Result<Value, Refusal> {
+    let session = master
+        .sessions
+        .get(id)
+        .ok_or_else(|| Refusal::bad_load("no session key for this id (re-auth needed)"))?;
+    let mut load = Crypticle::new(session.clone())
+        .loads(ciphertext, None)
+        .map_err(|e| Refusal::bad_load(format!("does not decrypt with the session key: {e}")))?;
+    if !load.is_map() {
+        return Err(Refusal {
+            reason: "decrypted load is not a map".into(),
+            reply: text("payload and load must be a dict"),
+        });
+    }
+    let nonce = pop(&mut load, "nonce");
+    let nonce = nonce
+        .as_ref()
+        .and_then(as_str)
+        .filter(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .ok_or_else(|| Refusal::bad_load("missing or malformed nonce"))?
+        .to_string();
+    if get(&load, "id").and_then(as_str) != Some(id) {
+        return Err(Refusal::bad_load("load id differs from the envelope id"));
+    }
+    let tok = pop(&mut load, "tok");
+    let tok = tok
+        .as_ref()
+        .and_then(as_bytes)
+        .ok_or_else(|| Refusal::bad_load("no tok"))?;
+    let accepted = master
+        .keys
+        .accepted(id)
+        .ok()
+        .flatten()
+        .ok_or_else(|| Refusal::bad_load("no accepted key for this id"))?;
+    let pubkey = PublicKey::from_pem(&accepted)
+        .map_err(|e| Refusal::bad_load(format!("accepted key unusable: {e}")))?;
+    if pubkey.public_decrypt_x931(tok).ok().as_deref() != Some(b"salt") {
+        return Err(Refusal::bad_load(
+            "tok does not verify against the accepted key",
+        ));
+    }
+    let ts = get(&load, "ts").and_then(Value::as_i64);
+    master
+        .nonces
+        .check(id, &nonce, ts, unix_now())
+        .map_err(|r| match r {
+            NonceRefusal::Stale => Refusal::bad_load("ts outside the request window (stale)"),
+            NonceRefusal::Replay => Refusal::bad_load("nonce already seen (replay)"),
+        })?;
+    let cmd = get(&load, "cmd").and_then(as_str).unwrap_or("").to_string();
+    let session = Crypticle::new(session);
+    let send = |v: Value| raw_str(session.dumps(&salt_compat(v), Some(&nonce)));
+    Ok(match cmd.as_str() {
+        "_pillar" => pillar_reply(master, id, &pubkey, &nonce, enc_algo, sig_algo)?,
+        "_return" => {
+            store_return(master, id, &load);
+            send(Value::Nil)
+        }
+        "_minion_event" | "_register_resources" | "_master_tops" => send(Value::Map(Vec::new())),
+        "_file_envs" => send(Value::Array(
+            master.config.file_roots.keys().map(|e| text(e)).collect(),
+        )),
+        c if c.starts_with("__") => send(Value::Map(Vec::new())),
+        other => {
+            tracing::debug!(minion = %id, cmd = %other, "command not available on this master");
+            send(Value::Boolean(false))
+        }
+    })
+}
+
+/// Salt's `send_private` for `_pillar`: a fresh key K wrapped to the minion, and the pillar
+/// signed together with that wrapped key and the request nonce, encrypted under K.
+fn pillar_reply(
+    master: &Master,
+    id: &str,
+    minion_pub: &PublicKey,
+    nonce: &str,
+    enc_algo: EncAlgo,
+    sig_algo: SigAlgo,
+) -> Result<Value, Refusal> {
+    let roots = master
+        .config
+        .pillar_roots
+        .get("base")
+        .cloned()
+        .unwrap_or_default();
+    let pillar = convert::from_json(&crate::pillar::compile(&roots, id));
+    let k = CrypticleKey::generate();
+    let internal = |e: saltgate_wire::rsa::RsaError| Refusal {
+        reason: format!("pillar reply: {e}"),
+        reply: text("Some exception handling minion payload"),
+    };
+    let key_blob = minion_pub
+        .encrypt(enc_algo, k.to_key_string().as_bytes())
+        .map_err(internal)?;
+    let tosign = envelope::encode(&salt_compat(envelope::map(vec![
+        ("key", raw_str(key_blob.clone())),
+        ("pillar", pillar),
+        ("nonce", text(nonce)),
+    ])));
+    let sig = master
+        .master_key
+        .private
+        .sign(sig_algo, &tosign)
+        .map_err(internal)?;
+    let signed = envelope::map(vec![("data", raw_str(tosign)), ("sig", raw_str(sig))]);
+    Ok(envelope::map(vec![
+        ("key", raw_str(key_blob)),
+        (
+            "pillar",
+            raw_str(Crypticle::new(k).dumps(&salt_compat(signed), None)),
+        ),
+    ]))
+}
+
+fn store_return(master: &Master, id: &str, load: &Value) {
+    let Some(jid) = get(load, "jid").and_then(as_str) else {
+        tracing::warn!(minion = %id, "_return without a jid dropped");
+        return;
+    };
+    let mut jid = jid.to_string();
+    if jid == "req" {
+        // A minion-initiated job (salt-call with a returner): give it a JID, as Salt does.
+        jid = master.jids.next();
+        let rec = serde_json::json!({
+            "fun": get(load, "fun").map(convert::to_json),
+            "minions": [id], "tgt": id, "tgt_type": "list", "origin": "minion",
+        });
+        if let Err(e) = master.jobs.save_load(&jid, &rec) {
+            tracing::warn!(minion = %id, error = %e, "minion-initiated job not saved");
+            return;
+        }
+    }
+    let mut ret = serde_json::Map::new();
+    for k in ["return", "retcode", "success", "fun", "fun_args", "out"] {
+        if let Some(v) = get(load, k) {
+            ret.insert(k.to_string(), convert::to_json(v));
+        }
+    }
+    let ret = serde_json::Value::Object(ret);
+    match master.jobs.save_return(&jid, id, &ret) {
+        Ok(()) => {
+            tracing::info!(minion = %id, %jid, "return stored");
+            if let Some(cl) = &master.cluster {
+                match master.job_origin(&jid) {
+                    Some(origin) if origin != cl.own_id => crate::cluster::forward(
+                        master,
+                        envelope::map(vec![
+                            ("kind", text("return")),
+                            ("jid", text(&jid)),
+                            ("minion", text(id)),
+                            ("ret", text(&ret.to_string())),
+                        ]),
+                        Some(&origin),
+                    ),
+                    _ => {}
+                }
+            }
+            master.notify_return(
+                &jid,
+                ReturnEvent {
+                    minion: id.to_string(),
+                    ret,
+                },
+            );
+        }
+        Err(e) => tracing::warn!(minion = %id, %jid, error = %e, "return refused"),
+    }
+}

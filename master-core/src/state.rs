@@ -1,0 +1,355 @@
+//! The master's shared state: its keys, the publish and session AES keys, the replay guard,
+//! the job cache and the jobs waiting for returns. Sockets live in [`crate::server`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use saltgate_config::salt_master::SaltMasterConfig;
+use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
+use saltgate_wire::envelope::{self, text, Value};
+use saltgate_wire::rsa::SigAlgo;
+use saltgate_wire::zmtp::Publisher;
+use serde_json::{json, Value as Json};
+use tokio::sync::mpsc;
+
+use crate::convert;
+use crate::jobs::{JidGen, JobCache};
+use crate::keys::{make_dir, write_atomic, KeyStore, MasterKey};
+use crate::target::{Target, TargetType};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// One minion's return, as the publish CLI sees it.
+#[derive(Debug, Clone)]
+pub struct ReturnEvent {
+    pub minion: String,
+    pub ret: Json,
+}
+
+/// Per-minion session keys (Salt: `cachedir/sessions/<id>`, one key string per file).
+#[derive(Debug)]
+pub struct Sessions {
+    dir: PathBuf,
+    keys: Mutex<HashMap<String, CrypticleKey>>,
+}
+
+impl Sessions {
+    pub fn new(cachedir: &std::path::Path) -> Self {
+        Sessions {
+            dir: cachedir.join("sessions"),
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The session key of an already validated id, if one was issued.
+    pub fn get(&self, id: &str) -> Option<CrypticleKey> {
+        if let Some(k) = lock(&self.keys).get(id) {
+            return Some(k.clone());
+        }
+        let text = std::fs::read_to_string(self.dir.join(id)).ok()?;
+        let key = CrypticleKey::from_key_string(&text).ok()?;
+        lock(&self.keys).insert(id.to_string(), key.clone());
+        Some(key)
+    }
+
+    /// The session key of `id`, created (and saved, mode 0600) when there is none.
+    pub fn get_or_create(&self, id: &str) -> CrypticleKey {
+        if let Some(k) = self.get(id) {
+            return k;
+        }
+        let key = CrypticleKey::generate();
+        if make_dir(&self.dir, 0o700).is_ok() {
+            if let Err(e) = write_atomic(&self.dir.join(id), key.to_key_string().as_bytes(), 0o600)
+            {
+                tracing::warn!(error = %e, "session key not saved; it lives until restart");
+            }
+        }
+        lock(&self.keys).insert(id.to_string(), key.clone());
+        key
+    }
+}
+
+/// Why a nonce was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonceRefusal {
+    /// `ts` is outside the window around our clock.
+    Stale,
+    /// The same (id, nonce) was seen within the window.
+    Replay,
+}
+
+/// Remembers (id, nonce) pairs for `window`; refuses repeats and requests whose `ts` is outside
+/// the window. Salt itself only echoes the nonce; this guard is ours.
+#[derive(Debug)]
+pub struct NonceGuard {
+    window: u64,
+    seen: Mutex<HashMap<String, u64>>,
+}
+
+/// Entries kept before expired ones are swept.
+const NONCE_SWEEP_AT: usize = 100_000;
+
+impl NonceGuard {
+    pub fn new(window: Duration) -> Self {
+        NonceGuard {
+            window: window.as_secs().max(1),
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn check(
+        &self,
+        id: &str,
+        nonce: &str,
+        ts: Option<i64>,
+        now: u64,
+    ) -> Result<(), NonceRefusal> {
+        if let Some(ts) = ts {
+            let now_i = i64::try_from(now).unwrap_or(i64::MAX);
+            if now_i.saturating_sub(ts).unsigned_abs() > self.window {
+                return Err(NonceRefusal::Stale);
+            }
+        }
+        let mut seen = lock(&self.seen);
+        let key = format!("{id}\n{nonce}");
+        if seen.get(&key).is_some_and(|exp| *exp > now) {
+            return Err(NonceRefusal::Replay);
+        }
+        if seen.len() >= NONCE_SWEEP_AT {
+            seen.retain(|_, exp| *exp > now);
+        }
+        seen.insert(key, now + self.window);
+        Ok(())
+    }
+}
+
+/// A publish request (from the CLI socket or a cluster peer).
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    pub tgt: String,
+    pub tgt_type: TargetType,
+    pub fun: String,
+    pub arg: Vec<Json>,
+    pub user: String,
+}
+
+/// The state every request handler shares.
+pub struct Master {
+    pub config: SaltMasterConfig,
+    /// Minion keys (`pki_dir`, or `cluster_pki_dir` in a cluster).
+    pub keys: KeyStore,
+    pub master_key: MasterKey,
+    /// The publish key ("aes"): shared by all minions, new on every start.
+    pub aes: CrypticleKey,
+    pub sessions: Sessions,
+    pub nonces: NonceGuard,
+    pub jobs: JobCache,
+    pub jids: JidGen,
+    /// The port minions are told to subscribe to (the bound one).
+    pub publish_port: u16,
+    pub publisher: Option<Publisher>,
+    /// Cluster membership (`cluster_id` set): the master key and `aes` above are the cluster's.
+    pub cluster: Option<crate::cluster::ClusterState>,
+    serial: AtomicI64,
+    waiters: Mutex<HashMap<String, mpsc::UnboundedSender<ReturnEvent>>>,
+}
+
+impl std::fmt::Debug for Master {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Master")
+            .field("id", &self.config.id)
+            .finish()
+    }
+}
+
+impl Master {
+    pub fn new(
+        config: SaltMasterConfig,
+        master_key: MasterKey,
+        publish_port: u16,
+        publisher: Option<Publisher>,
+    ) -> Self {
+        let keys_root = config
+            .cluster
+            .as_ref()
+            .map(|c| c.pki_dir.clone())
+            .unwrap_or_else(|| config.pki_dir.clone());
+        Master {
+            keys: KeyStore::new(keys_root),
+            sessions: Sessions::new(&config.cachedir),
+            nonces: NonceGuard::new(Duration::from_secs(config.request_window_secs)),
+            jobs: JobCache::new(&config.cachedir),
+            jids: JidGen::default(),
+            aes: CrypticleKey::generate(),
+            master_key,
+            publish_port,
+            publisher,
+            cluster: None,
+            // Start from the clock so a restart with the same key never reuses a serial.
+            serial: AtomicI64::new(i64::try_from(unix_now()).unwrap_or(0) * 1000),
+            waiters: Mutex::new(HashMap::new()),
+            config,
+        }
+    }
+
+    /// Turns this master into a cluster member: the cluster key and publish key replace its own
+    /// towards minions (Salt 3008 does the same).
+    pub fn with_cluster(
+        mut self,
+        cluster_key: MasterKey,
+        cluster_aes: CrypticleKey,
+        cluster: crate::cluster::ClusterState,
+    ) -> Self {
+        self.master_key = cluster_key;
+        self.aes = cluster_aes;
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// Accepted minion ids matched by `target`.
+    pub fn expected_minions(&self, target: &Target) -> Vec<String> {
+        match self.keys.list() {
+            Ok(l) => l
+                .minions
+                .into_iter()
+                .filter(|id| target.matches(id))
+                .collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list accepted keys");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Registers a waiter for `jid`'s returns (dropped by [`Master::unwait`]).
+    pub fn wait_returns(&self, jid: &str) -> mpsc::UnboundedReceiver<ReturnEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.waiters).insert(jid.to_string(), tx);
+        rx
+    }
+
+    pub fn unwait(&self, jid: &str) {
+        lock(&self.waiters).remove(jid);
+    }
+
+    /// Hands a stored return to whoever waits for the job.
+    pub fn notify_return(&self, jid: &str, ev: ReturnEvent) {
+        if let Some(tx) = lock(&self.waiters).get(jid) {
+            let _ = tx.send(ev);
+        }
+    }
+
+    /// The job load as published (Salt's field names).
+    pub fn job_load(&self, jid: &str, req: &PublishRequest) -> Value {
+        envelope::map(vec![
+            ("fun", text(&req.fun)),
+            (
+                "arg",
+                Value::Array(req.arg.iter().map(convert::from_json).collect()),
+            ),
+            ("tgt", text(&req.tgt)),
+            ("jid", text(jid)),
+            ("ret", text("")),
+            ("tgt_type", text(req.tgt_type.as_str())),
+            ("user", text(&req.user)),
+        ])
+    }
+
+    /// Encrypts and signs a job for the publish port (`{"enc":"aes","load","sig_algo","sig"}`);
+    /// `serial` is added for the minion's replay guard, as a non-cluster Salt master does.
+    pub fn seal_publish(&self, job: &Value) -> Result<Vec<u8>, saltgate_wire::rsa::RsaError> {
+        let mut job = job.clone();
+        // No serial in a cluster: members cannot share a counter (Salt omits it too).
+        if let (Value::Map(m), None) = (&mut job, &self.cluster) {
+            let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+            m.push((text("serial"), Value::from(serial)));
+        }
+        let load = Crypticle::new(self.aes.clone()).dumps(&envelope::salt_compat(job), None);
+        let sig = self.master_key.private.sign(SigAlgo::Pkcs1v15Sha1, &load)?;
+        Ok(envelope::PublishEnvelope {
+            enc: "aes".into(),
+            load,
+            sig: Some(sig),
+            sig_algo: Some("PKCS1v15-SHA1".into()),
+        }
+        .encode())
+    }
+
+    /// Saves job `jid` (from [`Master::jids`]), publishes it, and returns the expected minions.
+    /// Register with [`Master::wait_returns`] first so no return is missed.
+    pub fn publish(
+        &self,
+        jid: &str,
+        req: &PublishRequest,
+        target: &Target,
+    ) -> Result<Vec<String>, String> {
+        let expected = self.expected_minions(target);
+        let job = self.job_load(jid, req);
+        let mut record = convert::to_json(&job);
+        record["minions"] = json!(expected);
+        record["master_id"] = json!(self.config.id);
+        if let Err(e) = self.jobs.save_load(jid, &record) {
+            tracing::error!(%jid, error = %e, "job load not saved; returns will not be cached");
+        }
+        let frame = self
+            .seal_publish(&job)
+            .map_err(|e| format!("cannot sign the publish: {e}"))?;
+        if let Some(p) = &self.publisher {
+            let r = p.publish(vec![bytes::Bytes::from(frame)]);
+            tracing::info!(%jid, fun = %req.fun, tgt = %req.tgt, expected = expected.len(),
+                queued = r.queued, dropped = r.dropped, "published");
+        }
+        if self.cluster.is_some() {
+            crate::cluster::forward(
+                self,
+                envelope::map(vec![
+                    ("kind", text("publish")),
+                    ("jid", text(jid)),
+                    ("origin", text(&self.config.id)),
+                    ("job", job),
+                ]),
+                None,
+            );
+        }
+        Ok(expected)
+    }
+
+    /// A job a cluster peer published: recorded (unless the shared cache has it) and sent to
+    /// our own minions.
+    pub fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) {
+        if !self.jobs.exists(jid) {
+            let mut record = convert::to_json(job);
+            record["master_id"] = json!(origin);
+            if let Err(e) = self.jobs.save_load(jid, &record) {
+                tracing::warn!(%jid, error = %e, "peer job not recorded; its returns will be dropped");
+            }
+        }
+        match self.seal_publish(job) {
+            Ok(frame) => {
+                if let Some(p) = &self.publisher {
+                    let r = p.publish(vec![bytes::Bytes::from(frame)]);
+                    tracing::info!(%jid, %origin, queued = r.queued, "published for a cluster peer");
+                }
+            }
+            Err(e) => tracing::error!(%jid, error = %e, "cannot sign a peer publish"),
+        }
+    }
+
+    /// The master whose publish created `jid`, from the job cache.
+    pub fn job_origin(&self, jid: &str) -> Option<String> {
+        let job = self.jobs.show(jid).ok()?;
+        job["load"]["master_id"].as_str().map(str::to_string)
+    }
+}

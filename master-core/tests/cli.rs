@@ -1,0 +1,149 @@
+//! The `key`, `jobs` and `publish` commands without a running master, and config errors.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+const PUB: &str = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+
+fn err(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn key_commands_work_on_the_pki_dir_like_salt_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_master_config(dir.path(), "127.0.1.30", "");
+    let pki = dir.path().join("pki");
+    for (sub, id) in [
+        ("minions_pre", "p1"),
+        ("minions_pre", "p2"),
+        ("minions_pre", "p3"),
+        ("minions", "a1"),
+    ] {
+        std::fs::create_dir_all(pki.join(sub)).unwrap();
+        std::fs::write(pki.join(sub).join(id), PUB).unwrap();
+    }
+    let list = || stdout_json(&cli(&config, &["key", "list", "--out", "json"]));
+    assert_eq!(list()["minions_pre"], json!(["p1", "p2", "p3"]));
+
+    assert!(cli(&config, &["key", "accept", "p1"]).status.success());
+    assert!(cli(&config, &["key", "reject", "p2"]).status.success());
+    let l = list();
+    assert_eq!(l["minions"], json!(["a1", "p1"]));
+    assert_eq!(l["minions_rejected"], json!(["p2"]));
+
+    // Refusals: unknown id, wrong state, unsafe id, nothing named.
+    let o = cli(&config, &["key", "accept", "nope"]);
+    assert!(
+        !o.status.success() && err(&o).contains("no key"),
+        "{}",
+        err(&o)
+    );
+    let o = cli(&config, &["key", "accept", "p2"]);
+    assert!(
+        !o.status.success() && err(&o).contains("rejected"),
+        "{}",
+        err(&o)
+    );
+    let o = cli(&config, &["key", "delete", "../pki/minions/a1"]);
+    assert!(
+        !o.status.success() && err(&o).contains("not allowed"),
+        "{}",
+        err(&o)
+    );
+    assert!(pki.join("minions/a1").exists());
+    assert!(!cli(&config, &["key", "accept"]).status.success());
+
+    assert!(cli(&config, &["key", "accept", "--all"]).status.success());
+    assert_eq!(list()["minions"], json!(["a1", "p1", "p3"]));
+    let finger = cli(&config, &["key", "finger", "a1"]);
+    assert!(String::from_utf8_lossy(&finger.stdout).contains("accepted a1: "));
+    assert!(cli(&config, &["key", "delete", "a1"]).status.success());
+    assert!(!cli(&config, &["key", "delete", "a1"]).status.success());
+    assert_eq!(list()["minions"], json!(["p1", "p3"]));
+
+    let text = String::from_utf8(cli(&config, &["key", "list"]).stdout).unwrap();
+    assert!(
+        text.starts_with(
+            "Accepted Keys:\np1\np3\nDenied Keys:\nUnaccepted Keys:\nRejected Keys:\np2\n"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn config_errors_and_a_missing_master_are_reported_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("master");
+    std::fs::write(&bad, "id: m\nopen_mode: true\n").unwrap();
+    let o = cli(&bad, &["key", "list"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = err(&o);
+    assert!(
+        e.contains(":2") && e.contains("open_mode") && e.contains("fix:"),
+        "{e}"
+    );
+
+    let config = write_master_config(dir.path(), "127.0.1.30", "");
+    let o = cli(&config, &["publish", "*", "test.ping"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("is `saltgate-master run` running"),
+        "{}",
+        err(&o)
+    );
+
+    let o = cli(&config, &["jobs", "show", "../../etc"]);
+    assert!(
+        !o.status.success() && err(&o).contains("not a job id"),
+        "{}",
+        err(&o)
+    );
+    assert!(cli(&config, &["jobs", "list"]).status.success());
+}
+
+/// Refusals are logged with their reason by the running binary.
+#[test]
+fn refusals_are_logged_with_their_reason() {
+    use bytes::Bytes;
+    use saltgate_wire::envelope::{map, text, RequestEnvelope};
+    use saltgate_wire::zmtp::{ReqOptions, ReqSocket};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_master_config(dir.path(), "127.0.1.31", "");
+    let log = dir.path().join("master.log");
+    let master = start_master(&config, &log);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut req = ReqSocket::new(master.ret, ReqOptions::default());
+        let mut old = RequestEnvelope::ping();
+        old.version = Some(1);
+        for body in [
+            RequestEnvelope::clear(map(vec![("cmd", text("publish"))])).encode(),
+            old.encode(),
+            RequestEnvelope::aes("../etc", b"x").encode(),
+            b"\x82\xa3enc".to_vec(),
+        ] {
+            req.request(vec![Bytes::from(body)], std::time::Duration::from_secs(30))
+                .await
+                .expect("a reply to every refused request");
+        }
+    });
+    let text = wait_for(
+        std::time::Duration::from_secs(10),
+        "the refusals in the log",
+        || {
+            let t = std::fs::read_to_string(&log).unwrap_or_default();
+            (t.matches("request refused").count() >= 4).then_some(t)
+        },
+    );
+    for reason in [
+        "clear command \"publish\" is not allowed",
+        "protocol version 1 is below the minimum 3",
+        "invalid id: minion id contains '/'",
+        "not msgpack",
+    ] {
+        assert!(text.contains(reason), "no {reason:?} in:\n{text}");
+    }
+}

@@ -1,0 +1,266 @@
+//! Two saltgate-masters in one cluster (127.0.1.40 and .41, shared cluster_pki_dir and
+//! cachedir): a minion authenticated on B is accepted through the shared keys, answers a job
+//! published through A's CLI (A forwards the publish to B, B forwards the return to A), and sees
+//! the cluster key. Joins with a wrong secret or an unsafe peer id are refused.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use bytes::Bytes;
+use saltgate_config::salt_master::{parse_salt_master, SaltMasterConfig};
+use saltgate_master::cluster::{self, ClusterState};
+use saltgate_master::keys::{same_key, MasterKey};
+use saltgate_master::server::{self, Bound};
+use saltgate_master::state::Master;
+use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
+use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, text, RequestEnvelope, Value};
+use saltgate_wire::rsa::{EncAlgo, PrivateKey, PublicKey};
+use saltgate_wire::zmtp::{ReqOptions, ReqSocket, SubOptions, Subscriber};
+
+fn openssl_pem() -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl genrsa");
+    assert!(out.status.success());
+    out.stdout
+}
+
+fn config(root: &Path, name: &str, ip: &str, peers: &str, secret: &str) -> SaltMasterConfig {
+    let d = root.display();
+    std::fs::create_dir_all(root.join(name).join("pki")).unwrap();
+    std::fs::write(root.join(name).join("pki/master.pem"), openssl_pem()).unwrap();
+    let text = format!(
+        "id: {name}\ninterface: {ip}\npublish_port: 0\nret_port: 0\npki_dir: {d}/{name}/pki\n\
+         cachedir: {d}/shared/cache\nsock_dir: {d}/{name}/sock\nauto_accept: True\n\
+         cluster_id: c1\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/shared/cpki\n\
+         cluster_pool_port: 0\ncluster_secret: {secret}\n"
+    );
+    parse_salt_master(&text, None).unwrap().config
+}
+
+struct Running {
+    bound: Bound,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+async fn start(config: SaltMasterConfig) -> Running {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let mut ready_tx = Some(ready_tx);
+        let r = server::run(
+            config,
+            async {
+                let _ = stop_rx.await;
+            },
+            |b| {
+                if let Some(tx) = ready_tx.take() {
+                    let _ = tx.send(b.clone());
+                }
+            },
+        )
+        .await;
+        if let Err(e) = r {
+            panic!("master failed: {e}");
+        }
+    });
+    let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
+        .await
+        .expect("ready in time")
+        .expect("ready");
+    Running {
+        bound,
+        stop: Some(stop_tx),
+    }
+}
+
+async fn request(addr: SocketAddr, body: Vec<u8>) -> Value {
+    let mut req = ReqSocket::new(addr, ReqOptions::default());
+    let r = req
+        .request(vec![Bytes::from(body)], Duration::from_secs(30))
+        .await
+        .expect("reply");
+    envelope::decode(&r[0]).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_published_on_one_master_is_answered_through_another() {
+    let root = tempfile::Builder::new()
+        .prefix("sgcl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::create_dir_all(root.path().join("shared/cpki")).unwrap();
+    std::fs::write(root.path().join("shared/cpki/cluster.pem"), openssl_pem()).unwrap();
+    // A's configured peer is unreachable; B joins A and A learns B from the join.
+    let a = start(config(
+        root.path(),
+        "ma",
+        "127.0.1.40",
+        "127.0.1.41:1",
+        "s3cret",
+    ))
+    .await;
+    let a_pool = a.bound.cluster.expect("cluster port");
+    let b = start(config(
+        root.path(),
+        "mb",
+        "127.0.1.41",
+        &a_pool.to_string(),
+        "s3cret",
+    ))
+    .await;
+
+    // A Rust minion authenticates with B.
+    let key = PrivateKey::from_pem(&String::from_utf8(openssl_pem()).unwrap()).unwrap();
+    let id = "m-cluster";
+    let nonce = format!("{:032x}", rand::random::<u128>());
+    let auth = RequestEnvelope::clear(map(vec![
+        ("cmd", text("_auth")),
+        ("id", text(id)),
+        ("nonce", text(&nonce)),
+        ("enc_algo", text("OAEP-SHA1")),
+        ("sig_algo", text("PKCS1v15-SHA1")),
+        ("pub", text(&key.public_key().to_clean_pem().unwrap())),
+    ]));
+    let reply = request(b.bound.ret, auth.encode()).await;
+    let inner = envelope::decode(as_bytes(get(&reply, "load").unwrap()).unwrap()).unwrap();
+    // Minions see the cluster key, not B's own.
+    let cluster_pub = std::fs::read_to_string(root.path().join("shared/cpki/cluster.pub")).unwrap();
+    assert!(same_key(
+        get(&inner, "pub_key").and_then(as_str).unwrap(),
+        &cluster_pub
+    ));
+    let cpub = PublicKey::from_pem(&cluster_pub).unwrap();
+    assert!(cpub.verify(
+        saltgate_wire::rsa::SigAlgo::Pkcs1v15Sha1,
+        as_bytes(get(&reply, "load").unwrap()).unwrap(),
+        as_bytes(get(&reply, "sig").unwrap()).unwrap()
+    ));
+    let dec = |k: &str| {
+        let b = key
+            .decrypt(
+                EncAlgo::OaepSha1,
+                as_bytes(get(&inner, k).unwrap()).unwrap(),
+            )
+            .unwrap();
+        CrypticleKey::from_key_string(std::str::from_utf8(&b).unwrap()).unwrap()
+    };
+    let (aes, session) = (dec("aes"), dec("session"));
+    // The key was stored once, in the cluster PKI dir, so A knows the minion too.
+    assert!(root.path().join("shared/cpki/minions").join(id).exists());
+    assert!(!root.path().join("mb/pki/minions").join(id).exists());
+
+    let mut sub = Subscriber::connect(b.bound.publish, SubOptions::default());
+    sub.subscribe(Bytes::new());
+    assert!(sub.wait_connects(1, Duration::from_secs(10)).await);
+
+    let sock = a.bound.cli_socket.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let outcome = loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no cluster round trip within 60 s"
+        );
+        let s = sock.clone();
+        let cli = tokio::spawn(async move {
+            let req = serde_json::json!({"tgt": "m-*", "fun": "test.ping", "timeout_secs": 5});
+            saltgate_master::cli::publish(&s, &req).await
+        });
+        // The job reaches B's publish port (forwarded by A).
+        let Ok(Some(frames)) = tokio::time::timeout(Duration::from_secs(5), sub.recv()).await
+        else {
+            let _ = cli.await;
+            continue; // B had not joined yet
+        };
+        let publish = envelope::PublishEnvelope::decode(&frames[0]).unwrap();
+        assert!(cpub.verify(
+            saltgate_wire::rsa::SigAlgo::Pkcs1v15Sha1,
+            &publish.load,
+            publish.sig.as_deref().unwrap()
+        ));
+        let job = Crypticle::new(aes.clone())
+            .loads(&publish.load, None)
+            .unwrap();
+        assert_eq!(
+            get(&job, "serial"),
+            None,
+            "cluster publishes carry no serial"
+        );
+        let jid = get(&job, "jid").and_then(as_str).unwrap().to_string();
+        // The minion returns to B; B forwards the return to A, whose CLI waits.
+        let rn = format!("{:032x}", rand::random::<u128>());
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let load = envelope::salt_compat(map(vec![
+            ("cmd", text("_return")),
+            ("id", text(id)),
+            ("jid", text(&jid)),
+            ("fun", text("test.ping")),
+            ("return", Value::Boolean(true)),
+            ("retcode", Value::from(0)),
+            ("nonce", text(&rn)),
+            ("ts", Value::from(ts)),
+            (
+                "tok",
+                envelope::bin(&key.private_encrypt_x931(b"salt").unwrap()),
+            ),
+        ]));
+        let ct = Crypticle::new(session.clone()).dumps(&load, None);
+        let r = request(b.bound.ret, RequestEnvelope::aes(id, &ct).encode()).await;
+        assert!(as_bytes(&r).is_some(), "B refused the return: {r}");
+        break cli.await.unwrap().expect("publish through A");
+    };
+    assert_eq!(outcome.expected, vec![id.to_string()]);
+    assert_eq!(outcome.returns.len(), 1, "{outcome:?}");
+    assert_eq!(outcome.returns[0].1["return"], serde_json::json!(true));
+    assert!(outcome.missing.is_empty());
+    // Both masters' own keys are registered as peers.
+    for m in ["ma", "mb"] {
+        assert!(root
+            .path()
+            .join("shared/cpki/peers")
+            .join(format!("{m}.pub"))
+            .exists());
+    }
+
+    // Joins that must be refused: a wrong secret, an unsafe peer id.
+    // (The same code path with the right secret and a safe id is the positive control.)
+    for (secret, peer_id, ok) in [
+        ("wrong", "intruder", false),
+        ("s3cret", "../evil", false),
+        ("s3cret", "legit", true),
+    ] {
+        let cfg = config(root.path(), "intr", "127.0.1.42", "127.0.1.40:1", secret);
+        let own = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
+        let st = ClusterState::new(
+            cfg.cluster.clone().unwrap(),
+            peer_id,
+            own.clone(),
+            "127.0.1.42:9".parse().unwrap(),
+        );
+        let m =
+            Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st);
+        let r = cluster::join(&m, a_pool).await;
+        assert_eq!(r.is_ok(), ok, "{peer_id} with {secret}: {r:?}");
+        assert!(!root.path().join("shared/cpki/peers/intruder.pub").exists());
+        assert!(!root.path().join("shared/evil.pub").exists());
+        assert!(!root.path().join("shared/cpki/evil.pub").exists());
+    }
+    assert!(root.path().join("shared/cpki/peers/legit.pub").exists());
+    drop(sub);
+    drop(a);
+    drop(b);
+}

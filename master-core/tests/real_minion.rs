@@ -1,0 +1,208 @@
+//! A stock `salt-minion` 3008.5 against one `saltgate-master` on 127.0.1.10: key pending →
+//! `key accept` → `publish` of test.ping, test.echo and cmd.run answered with Salt's return
+//! values; the real `salt-key` on the same PKI dir agrees with `key list`; the job cache holds
+//! the jobs and their returns.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const IP: &str = "127.0.1.10";
+const MINION: &str = "sg-real-minion-1";
+
+fn write_minion_config(dir: &std::path::Path, ret_port: u16, pub_port: u16) -> std::path::PathBuf {
+    let d = dir.display();
+    let conf = dir.join("minion-conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("minion"),
+        format!(
+            "id: {MINION}\nmaster: {IP}\nmaster_port: {ret_port}\npublish_port: {pub_port}\n\
+             user: root\npki_dir: {d}/minion/pki\ncachedir: {d}/minion/cache\n\
+             sock_dir: {d}/minion/sock\npidfile: {d}/minion/minion.pid\n\
+             log_file: {d}/minion/minion.log\nlog_level_logfile: debug\n\
+             acceptance_wait_time: 1\nacceptance_wait_time_max: 1\nrandom_reauth_delay: 1\n\
+             auth_timeout: 10\nmaster_tries: -1\nmultiprocessing: False\n"
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+fn publish(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["publish", "--out", "json", "--timeout", "8"];
+    all.extend_from_slice(args);
+    cli(config, &all)
+}
+
+#[test]
+fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
+    let venv = venv();
+    let dir = tempfile::Builder::new()
+        .prefix("sgm")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let config = write_master_config(dir.path(), IP, "");
+    let master = start_master(&config, &dir.path().join("master.log"));
+    assert_eq!(master.ret.ip().to_string(), IP);
+
+    std::fs::create_dir_all(dir.path().join("pillar")).unwrap();
+    std::fs::write(
+        dir.path().join("pillar/top.sls"),
+        format!("base:\n  '{MINION}':\n    - app\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("pillar/app.sls"),
+        "app:\n  colour: blue\n  port: 8080\n",
+    )
+    .unwrap();
+    let conf = write_minion_config(dir.path(), master.ret.port(), master.publish.port());
+    let mut cmd = Command::new(venv.join("bin/salt-minion"));
+    cmd.arg("-c")
+        .arg(&conf)
+        .args(["-l", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(dir.path().join("minion.stderr")).unwrap(),
+        ));
+    let _minion = ProcGuard::spawn(cmd);
+    let logs = || {
+        format!(
+            "--- master log\n{}\n--- minion log\n{}",
+            std::fs::read_to_string(&master.log).unwrap_or_default(),
+            std::fs::read_to_string(dir.path().join("minion/minion.log")).unwrap_or_default()
+        )
+    };
+
+    // 1. The minion's key shows up as pending.
+    let pending = std::panic::catch_unwind(|| {
+        wait_for(
+            Duration::from_secs(120),
+            "the minion key to be pending",
+            || {
+                let l = stdout_json(&cli(&config, &["key", "list", "--out", "json"]));
+                (l["minions_pre"] == json!([MINION])).then_some(l)
+            },
+        )
+    });
+    let pending = pending.unwrap_or_else(|_| panic!("no pending key\n{}", logs()));
+    assert_eq!(pending["minions"], json!([]));
+
+    // 2. Before acceptance a publish expects nobody and says so.
+    let o = publish(&config, &["*", "test.ping"]);
+    assert!(
+        !o.status.success(),
+        "publish with no accepted minion must fail"
+    );
+
+    // 3. Accept it; the minion retries `_auth` after acceptance_wait_time and subscribes.
+    let o = cli(&config, &["key", "accept", MINION]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = wait_for(Duration::from_secs(120), "test.ping to be answered", || {
+        let o = publish(&config, &["*", "test.ping"]);
+        o.status.success().then(|| stdout_json(&o))
+    });
+    assert_eq!(first, json!({ MINION: true }), "{}", logs());
+
+    let o = publish(&config, &[MINION, "test.echo", "hello world"]);
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        logs()
+    );
+    assert_eq!(stdout_json(&o), json!({ MINION: "hello world" }));
+
+    let o = publish(
+        &config,
+        &[
+            "--tgt-type",
+            "list",
+            &format!("{MINION},other"),
+            "cmd.run",
+            "echo hi",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        logs()
+    );
+    assert_eq!(stdout_json(&o), json!({ MINION: "hi" }));
+
+    let o = publish(
+        &config,
+        &["--tgt-type", "pcre", "sg-real-.*", "test.arg", "a1", "k=v"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ret = stdout_json(&o);
+    assert_eq!(ret[MINION]["args"], json!(["a1"]), "{ret}");
+    assert_eq!(ret[MINION]["kwargs"]["k"], json!("v"), "{ret}");
+
+    // Pillar from pillar_roots, through Salt's signed send_private reply.
+    // (3008 masks pillar values in output unless asked not to.)
+    let o = publish(&config, &[MINION, "pillar.get", "app", "unmask=True"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let ret = stdout_json(&o);
+    assert_eq!(
+        ret[MINION],
+        json!({"colour": "blue", "port": 8080}),
+        "{ret}"
+    );
+
+    // 4. A target matching no accepted key: nothing expected, non-zero exit.
+    let o = publish(&config, &["nobody*", "test.ping"]);
+    assert!(!o.status.success());
+    assert_eq!(stdout_json(&o), json!({}));
+
+    // 5. The real salt-key on the same PKI dir sees the same state.
+    let salt_key = Command::new(venv.join("bin/salt-key"))
+        .arg("-c")
+        .arg(config.parent().unwrap())
+        .args(["-L", "--out", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        salt_key.status.success(),
+        "{}",
+        String::from_utf8_lossy(&salt_key.stderr)
+    );
+    let ours = stdout_json(&cli(&config, &["key", "list", "--out", "json"]));
+    assert_eq!(stdout_json(&salt_key), ours);
+    assert_eq!(ours["minions"], json!([MINION]));
+
+    // An accepted key whose minion never answers: listed as missing, exit 1, the others printed.
+    let pki = dir.path().join("pki/minions");
+    std::fs::copy(pki.join(MINION), pki.join("sg-ghost-minion")).unwrap();
+    let o = cli(&config, &["publish", "--timeout", "3", "*", "test.ping"]);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text, format!("{MINION}:\n    true\n"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("sg-ghost-minion: Minion did not return. [No response]"),
+        "{err}"
+    );
+    std::fs::remove_file(pki.join("sg-ghost-minion")).unwrap();
+
+    // 6. The job cache has the jobs with their returns.
+    let jobs = cli(&config, &["jobs", "list"]);
+    let listing = String::from_utf8_lossy(&jobs.stdout).to_string();
+    assert!(listing.contains("cmd.run"), "{listing}");
+    let jid = listing
+        .lines()
+        .find(|l| l.contains("test.echo"))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("test.echo job listed")
+        .to_string();
+    let shown = stdout_json(&cli(&config, &["jobs", "show", &jid]));
+    assert_eq!(shown["returns"][MINION]["return"], json!("hello world"));
+    assert_eq!(shown["load"]["minions"], json!([MINION]));
+}

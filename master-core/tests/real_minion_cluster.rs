@@ -1,0 +1,146 @@
+//! A stock `salt-minion` 3008.5 attached to master B of a two-master saltgate cluster
+//! (127.0.1.50 and .51, shared cluster_pki_dir and cachedir) answers a job published through
+//! master A: it pins the cluster key, decrypts publishes made with the cluster AES key (no
+//! serial), and its return travels B → A.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const MINION: &str = "sg-cluster-minion-1";
+
+#[test]
+fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
+    let venv = venv();
+    let root = tempfile::Builder::new()
+        .prefix("sgmc")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let r = root.path();
+    let d = r.display();
+    let cpki = r.join("cpki");
+    std::fs::create_dir_all(&cpki).unwrap();
+    let key = Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .unwrap();
+    std::fs::write(cpki.join("cluster.pem"), key.stdout).unwrap();
+    let cluster = |peers: &str| {
+        format!(
+            "cluster_id: sgc\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/cpki\n\
+             cluster_pool_port: 0\ncluster_secret: a-long-random-secret\nauto_accept: True\n"
+        )
+    };
+    // Each master its own id; both share one cachedir (Salt's default cluster topology).
+    let fix = |path: &std::path::Path, id: &str| {
+        let own_dir = path
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(path)
+            .unwrap()
+            .replace("id: sg-test-master", &format!("id: {id}"))
+            .replace(
+                &format!("cachedir: {own_dir}/"),
+                &format!("cachedir: {d}/shared-"),
+            );
+        std::fs::write(path, text).unwrap();
+    };
+    std::fs::create_dir_all(r.join("a")).unwrap();
+    std::fs::create_dir_all(r.join("b")).unwrap();
+    let conf_a = write_master_config(&r.join("a"), "127.0.1.50", &cluster("127.0.1.51:1"));
+    fix(&conf_a, "sg-master-a");
+    let a = start_master(&conf_a, &r.join("a/master.log"));
+    let a_pool = a.cluster.expect("A reports its cluster port");
+    let conf_b = write_master_config(&r.join("b"), "127.0.1.51", &cluster(&a_pool.to_string()));
+    fix(&conf_b, "sg-master-b");
+    let b = start_master(&conf_b, &r.join("b/master.log"));
+
+    let mconf = r.join("minion-conf");
+    std::fs::create_dir_all(&mconf).unwrap();
+    std::fs::write(
+        mconf.join("minion"),
+        format!(
+            "id: {MINION}\nmaster: 127.0.1.51\nmaster_port: {}\npublish_port: {}\nuser: root\n\
+             pki_dir: {d}/minion/pki\ncachedir: {d}/minion/cache\nsock_dir: {d}/minion/sock\n\
+             pidfile: {d}/minion/minion.pid\nlog_file: {d}/minion/minion.log\n\
+             log_level_logfile: debug\nacceptance_wait_time: 1\nmultiprocessing: False\n",
+            b.ret.port(),
+            b.publish.port()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(venv.join("bin/salt-minion"));
+    cmd.arg("-c")
+        .arg(&mconf)
+        .args(["-l", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _minion = ProcGuard::spawn(cmd);
+    let logs = || {
+        let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap_or_default();
+        format!(
+            "--- A\n{}\n--- B\n{}\n--- minion\n{}",
+            read("a/master.log"),
+            read("b/master.log"),
+            read("minion/minion.log")
+        )
+    };
+
+    // Through A's CLI: the job goes A → B → minion, the return minion → B → A.
+    let got = std::panic::catch_unwind(|| {
+        wait_for(Duration::from_secs(180), "a cluster round trip", || {
+            let o = cli(
+                &conf_a,
+                &[
+                    "publish",
+                    "--out",
+                    "json",
+                    "--timeout",
+                    "5",
+                    "*",
+                    "test.ping",
+                ],
+            );
+            o.status.success().then(|| stdout_json(&o))
+        })
+    })
+    .unwrap_or_else(|_| panic!("no round trip\n{}", logs()));
+    assert_eq!(got, json!({ MINION: true }));
+    let o = cli(
+        &conf_a,
+        &[
+            "publish",
+            "--out",
+            "json",
+            "--timeout",
+            "10",
+            MINION,
+            "cmd.run",
+            "echo via-cluster",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        logs()
+    );
+    assert_eq!(stdout_json(&o), json!({ MINION: "via-cluster" }));
+
+    // The minion pinned the cluster key, and its key lives in the cluster PKI dir.
+    let pinned = std::fs::read_to_string(r.join("minion/pki/minion_master.pub")).unwrap();
+    let cluster_pub = std::fs::read_to_string(cpki.join("cluster.pub")).unwrap();
+    assert_eq!(pinned.trim(), cluster_pub.trim());
+    assert!(cpki.join("minions").join(MINION).exists());
+    let l = stdout_json(&cli(&conf_a, &["key", "list", "--out", "json"]));
+    assert_eq!(l["minions"], json!([MINION]));
+}
