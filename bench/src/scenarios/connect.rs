@@ -10,7 +10,7 @@ use crate::targets::TargetKind;
 use crate::{client, BenchError};
 
 pub async fn run(ctx: &Ctx, kind: TargetKind) -> Result<Vec<Sample>, BenchError> {
-    let (seq_n, par_n) = if ctx.quick { (50, 160) } else { (3000, 8000) };
+    let (seq_n, par_n) = if ctx.quick { (50, 160) } else { (5000, 10_000) };
     let mut out = Vec::new();
     for (case, n, parallel) in [("sequential", seq_n, 1usize), ("8 parallel", par_n, 8)] {
         let run = Run::start(ctx, kind, 2).await?;
