@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::watch;
 
@@ -45,12 +45,8 @@ pub async fn child_main(ips: Vec<IpAddr>) -> Result<(), BenchError> {
     let mut masters = Vec::new();
     let mut ports = Vec::new();
     for ip in ips {
-        let echo = TcpListener::bind((ip, 0))
-            .await
-            .map_err(|e| BenchError::Io(format!("backend bind {ip}:0: {e}")))?;
-        let stream = TcpListener::bind((ip, 0))
-            .await
-            .map_err(|e| BenchError::Io(format!("backend bind {ip}:0: {e}")))?;
+        let echo = listen(ip)?;
+        let stream = listen(ip)?;
         ports.push(echo.local_addr().map_err(io_err)?.port());
         ports.push(stream.local_addr().map_err(io_err)?.port());
         let live = Arc::new(AtomicUsize::new(0));
@@ -86,6 +82,25 @@ pub async fn child_main(ips: Vec<IpAddr>) -> Result<(), BenchError> {
     }
     Ok(())
 }
+
+/// A listener on `ip:0` with a backlog as deep as the kernel allows (somaxconn caps it): with
+/// tokio's default of 1024, a reconnect storm of a few thousand clients overflows the accept
+/// queue and the dropped SYNs come back a second later, which would be measured as the
+/// proxy's slowness.
+fn listen(ip: IpAddr) -> Result<TcpListener, BenchError> {
+    let bind = |e: std::io::Error| BenchError::Io(format!("backend bind {ip}:0: {e}"));
+    let sock = if ip.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(bind)?;
+    sock.bind(SocketAddr::new(ip, 0)).map_err(bind)?;
+    sock.listen(BACKLOG).map_err(bind)
+}
+
+/// The fake masters' listen backlog (as the proxies', see `ProxySettings::backlog`).
+const BACKLOG: u32 = 4096;
 
 fn obey(masters: &[Master], cmd: &str) -> String {
     let mut words = cmd.split_whitespace();

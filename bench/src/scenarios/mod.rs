@@ -141,8 +141,7 @@ impl Run {
             }
             if Instant::now() > deadline {
                 return Err(BenchError::Scenario(format!(
-                    "{}: the fake masters still hold {live} sessions after {limit:?} (expected ≤ {n}): sessions were not closed through the proxy",
-                    self.target.kind.label()
+                    "the fake masters still hold {live} sessions after {limit:?} (expected ≤ {n}): sessions were not closed through the proxy"
                 )));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -84,8 +84,8 @@ async fn loop_rr(mut s: TcpStream, stop: Arc<AtomicBool>) -> Result<Vec<u32>, Be
             client::echo(&mut s, &msg, &mut buf),
         )
         .await
-        .map_err(|_| BenchError::Scenario("rr: no response within 10 s".into()))?
-        .map_err(|e| BenchError::Scenario(format!("rr: {e}")))?;
+        .map_err(|_| BenchError::Scenario("no response within 10 s".into()))?
+        .map_err(|e| BenchError::Scenario(format!("request/response: {e}")))?;
         lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
     }
     Ok(lat)
