@@ -1,0 +1,76 @@
+//! `saltgate-bench --quick all` end to end: every scenario runs against direct, HAProxy and
+//! saltgate, and the JSON, Markdown and PNG come out whole. Checks that it runs, not figures.
+//! Needs HAProxy (installed by the bench with apt-get if missing) and builds the release
+//! `saltgate` (`cargo build --release -p saltgate-proxy`) unless SALTGATE_BIN names one.
+
+use std::process::Command;
+
+#[test]
+fn quick_run_covers_every_scenario_and_writes_json_markdown_and_chart() {
+    let out = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let res = Command::new(env!("CARGO_BIN_EXE_saltgate-bench"))
+        .args(["--quick", "--json", "--out"])
+        .arg(out.path())
+        .arg("all")
+        .output()
+        .expect("run saltgate-bench");
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(
+        res.status.success(),
+        "saltgate-bench --quick all failed:\n{stderr}"
+    );
+    eprintln!("quick run took {:?}", started.elapsed());
+
+    let report: serde_json::Value = serde_json::from_slice(&res.stdout).expect("JSON on stdout");
+    let rows = report["rows"].as_array().expect("rows");
+    for scenario in ["idle", "connect", "rr", "throughput", "storm"] {
+        let with_ratio = rows
+            .iter()
+            .filter(|r| r["scenario"] == scenario && r["ratio"].is_f64())
+            .count();
+        assert!(
+            with_ratio > 0,
+            "{scenario}: no saltgate/HAProxy ratio in {rows:#?}"
+        );
+    }
+    // Every goal of the issue is judged (met or not), whatever the figures.
+    let judged = rows.iter().filter(|r| r["met"].is_boolean()).count();
+    assert!(judged >= 4, "only {judged} goals judged");
+    assert!(report["meta"]["loadavg_before"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+    let samples = report["samples"].as_array().expect("samples");
+    assert!(samples.iter().any(|s| s["target"] == "direct"));
+
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.starts_with("| scenario | figure |"), "{md}");
+    let png = std::fs::read(out.path().join("ratios.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn swarm_is_refused_with_a_message_not_faked() {
+    let res = Command::new(env!("CARGO_BIN_EXE_saltgate-bench"))
+        .arg("swarm")
+        .output()
+        .expect("run saltgate-bench");
+    assert_eq!(res.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(stderr.contains("swarm: not built yet"), "{stderr}");
+    assert!(res.stdout.is_empty());
+}
+
+#[test]
+fn an_unknown_scenario_is_refused_naming_the_valid_ones() {
+    let res = Command::new(env!("CARGO_BIN_EXE_saltgate-bench"))
+        .arg("idel")
+        .output()
+        .expect("run saltgate-bench");
+    assert_eq!(res.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(
+        stderr.contains("\"idel\"") && stderr.contains("throughput"),
+        "{stderr}"
+    );
+}
