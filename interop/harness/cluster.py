@@ -1,7 +1,8 @@
 """The Salt cluster under test: three masters on 127.0.0.2-4 sharing one cluster_pki_dir and job cache
 (Salt 3008's `cluster_id`), their configs, the shared cluster key, fresh start / restart / partial start
 and readiness (each master logs 'opening request gate'), the minions behind each load balancer and
-their keys."""
+their keys. Masters and minions are started from a `processes.Command` (Salt's daemons by default);
+the key and cluster tools (salt-key, salt-run) are always Salt's, since the configs are Salt's."""
 import json
 import os
 import shutil
@@ -10,15 +11,18 @@ import time
 
 from .common import CLUSTER_ID, MASTERS, POOL_PORT, PUB_PORT, REQ_PORT, Failure, file_size, log, now, port_open, \
     read_from, wait_for
+from .processes import Command
 
 
 class Cluster:
-    def __init__(self, run, bin_dir, procs):
+    def __init__(self, run, bin_dir, procs, master_cmd=None, minion_cmd=None):
         self.run = run
         self.bin = bin_dir
         self.py = os.path.join(bin_dir, "python")
         self.shared = os.path.join(run, "shared")
         self.procs = procs
+        self.master_cmd = master_cmd or Command.salt(bin_dir, "salt-master")
+        self.minion_cmd = minion_cmd or Command.salt(bin_dir, "salt-minion")
         self.master_log_off = {}
         self.key_changed = False
 
@@ -176,9 +180,8 @@ pillar_roots:
                     raise Failure(f"{ip}:{port} already in use by something this suite did not start")
             self.write_master_conf(ip)
             self.master_log_off[ip] = file_size(self.master_log(ip))
-            self.procs.start("master-" + ip, [os.path.join(self.bin, "salt-master"), "-c",
-                                              os.path.dirname(self.mconf(ip)), "-l", "warning"],
-                             os.path.join(self.mdir(ip), "stdout.log"))
+            self.procs.start_command("master", ip, self.master_cmd, os.path.dirname(self.mconf(ip)),
+                                     os.path.join(self.mdir(ip), "stdout.log"))
         for ip in ips:
             if not wait_for(lambda: all(port_open(ip, p) for p in (PUB_PORT, REQ_PORT, POOL_PORT))
                             or not self.alive(ip), 90) or not self.alive(ip):
@@ -204,7 +207,7 @@ pillar_roots:
 
     # -- minions and their keys ---------------------------------------------------------------
     def start_minions(self, lbs):
-        """N_MINIONS minions behind each load balancer (its `minions`), as root"""
+        """N_MINIONS minions behind each load balancer (its `minions`), as root, from self.minion_cmd"""
         for lb in lbs:
             for mid in lb.minions:
                 d = os.path.join(self.run, "n", mid)
@@ -221,9 +224,8 @@ log_level_logfile: info
 enable_fqdns_grains: False
 acceptance_wait_time: 5
 """)
-                self.procs.start("minion-" + mid, [os.path.join(self.bin, "salt-minion"), "-c",
-                                                   os.path.join(d, "conf"), "-l", "warning"],
-                                 os.path.join(d, "stdout.log"))
+                self.procs.start_command("minion", mid, self.minion_cmd, os.path.join(d, "conf"),
+                                         os.path.join(d, "stdout.log"))
         log(f"started {sum(len(lb.minions) for lb in lbs)} minions: "
             f"{' '.join(m for lb in lbs for m in lb.minions)}")
 

@@ -1,12 +1,36 @@
 """Daemons of the suite: each started in its own session (pid == pgid), recorded in RUN/pids/<name>.pid
 (run.sh's trap stops whatever is left there), signalled and stopped by process group, never by name.
-Names carry the role as a prefix (`master-`, `minion-`, `lb-`, `pub-`): `stop_all` stops publishers first, masters last."""
+
+Masters and minions are started from a `Command`, so a scenario can run any implementation
+(`saltgate-master`, `saltgate-minion`, ...) where Salt's daemons run by default. Names carry the
+role as a prefix (`master-`, `minion-`, `lb-`, `pub-`): `stop_all` stops publishers first, masters last."""
 import os
 import signal
 import subprocess
 import time
 
 from .common import Failure, log, now
+
+
+class Command:
+    """How to start one master or minion: an argv template and extra environment variables.
+    Placeholders in the argv: {conf_dir} (the directory holding its `master`/`minion` config file)
+    and {id} (the master's address or the minion's id)."""
+
+    def __init__(self, argv, env=None):
+        self.argv = list(argv)
+        self.env = dict(env or {})
+
+    @classmethod
+    def salt(cls, bin_dir, prog):
+        """Salt's own daemon PROG (salt-master, salt-minion) from the venv's BIN_DIR"""
+        return cls([os.path.join(bin_dir, prog), "-c", "{conf_dir}", "-l", "warning"])
+
+    def argv_for(self, conf_dir, id_):
+        return [a.format(conf_dir=conf_dir, id=id_) for a in self.argv]
+
+    def env_for(self):
+        return dict(os.environ, **self.env) if self.env else None
 
 
 class Procs:
@@ -28,6 +52,10 @@ class Procs:
         with open(os.path.join(self.piddir, name + ".pid"), "w") as f:
             f.write(f"{p.pid}\n")
         return p.pid
+
+    def start_command(self, role, id_, cmd, conf_dir, logfile):
+        """start a master or minion (ROLE) from a Command; its process name is ROLE-ID"""
+        return self.start(f"{role}-{id_}", cmd.argv_for(conf_dir, id_), logfile, env=cmd.env_for())
 
     def pid(self, name):
         p = self.popen.get(name)
