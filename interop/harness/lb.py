@@ -227,6 +227,22 @@ class Watcher(threading.Thread):
         self.lbs = lbs
         self.halt = threading.Event()
 
+    @classmethod
+    def started(cls, lbs):
+        """poll every LB once now (the baseline), then every 0.2 s in the background"""
+        for lb in lbs:
+            lb.poll()
+        w = cls(lbs)
+        w.start()
+        return w
+
+    def finish(self):
+        """stop polling in the background, then poll once more (every flip up to now)"""
+        self.halt.set()
+        self.join(2)
+        for lb in self.lbs:
+            lb.poll()
+
     def run(self):
         while not self.halt.is_set():
             for lb in self.lbs:

@@ -75,10 +75,7 @@ def run(s, sid, kind):
         res["notes"].append("the cluster was not healthy when the scenario started (see the log)")
     log(f"victim {victim} (publish sessions before: {s.sg.label} {sp0['sg'][victim]}, "
         f"HAProxy {sp0['ha'][victim]}); publishing test.ping every 1 s through each of {observers}")
-    for lb in s.lbs:
-        lb.poll()
-    w = Watcher(s.lbs)
-    w.start()
+    w = Watcher.started(s.lbs)
     st = s.jobs.start_streams(f"s{sid}", observers)
     time.sleep(PRE_S)
     vname = "master-" + victim
@@ -106,10 +103,7 @@ def run(s, sid, kind):
             s.procs.signal(vname, signal.SIGCONT)
     t_end = now()
     s.jobs.stop_streams(st)
-    w.halt.set()
-    w.join(2)
-    for lb in s.lbs:
-        lb.poll()
+    w.finish()
     if kind == "kill":
         s.procs.forget(vname)
         s.killed = victim

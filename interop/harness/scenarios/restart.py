@@ -19,10 +19,7 @@ def run(s):
         s.record(res)
         return
     sp_down = s.spread()
-    w = Watcher(s.lbs)
-    for lb in s.lbs:
-        lb.poll()
-    w.start()
+    w = Watcher.started(s.lbs)
     t0 = now()
     ready_s = s.cluster.start_masters([victim])
     t_ready = now()
@@ -32,10 +29,7 @@ def run(s):
     t_spread = now()
     time.sleep(5)
     s.jobs.stop_streams(st)
-    w.halt.set()
-    w.join(2)
-    for lb in s.lbs:
-        lb.poll()
+    w.finish()
     missing = s.jobs.wait_healthy("after the restart", timeout=90)
     all_ok_s = now() - t0
     jobs, perr = s.jobs.read_jobs(st["files"])
