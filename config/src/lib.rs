@@ -12,6 +12,7 @@ pub mod emit;
 pub mod error;
 pub mod haproxy;
 pub mod model;
+pub mod salt_minion;
 pub mod yaml;
 
 use std::path::Path;
