@@ -71,6 +71,9 @@ enum Cmd {
         /// Publish port (default: what the master announces).
         #[arg(long)]
         publish_port: Option<u16>,
+        /// Request pillar after each authentication, as a real minion does (costly on the master).
+        #[arg(long)]
+        pillar: bool,
     },
 }
 
@@ -131,6 +134,7 @@ async fn main() -> anyhow::Result<()> {
             start_rate,
             acceptance_wait_time,
             publish_port,
+            pillar,
         } => {
             let (host, port) = split_host_port(&master)
                 .map_err(|e| anyhow::anyhow!("--master: {e}; write HOST or HOST:PORT"))?;
@@ -153,6 +157,7 @@ async fn main() -> anyhow::Result<()> {
                 start_rate,
                 acceptance_wait_time: secs(acceptance_wait_time, "--acceptance-wait-time")?,
                 publish_port,
+                pillar,
             };
             let stop = stop_signal();
             let summary = if processes > 1 {
@@ -210,6 +215,9 @@ async fn multi_process(
         }
         if let Some(d) = opts.duration {
             c.args(["--duration", &d.as_secs_f64().to_string()]);
+        }
+        if opts.pillar {
+            c.arg("--pillar");
         }
         if let Some(p) = opts.publish_port {
             c.args(["--publish-port", &p.to_string()]);

@@ -44,6 +44,10 @@ pub struct SwarmOptions {
     pub start_rate: u32,
     pub acceptance_wait_time: Duration,
     pub publish_port: Option<u16>,
+    /// Ask for pillar after authenticating, as a real minion does. Off by default: the master
+    /// compiles pillar per request (~0.1-0.5 s of master CPU each), which would make the swarm a
+    /// pillar benchmark.
+    pub pillar: bool,
 }
 
 #[derive(Debug, Error)]
@@ -195,6 +199,7 @@ pub async fn run_swarm(
     lc.keep_req_open = false;
     lc.publish_port = opts.publish_port;
     lc.acceptance_wait_time = opts.acceptance_wait_time;
+    lc.pillar = opts.pillar;
     let lc = Arc::new(lc);
     let host = Arc::new(HostGrains::collect());
     let statics = Arc::new(Vec::new());
