@@ -299,7 +299,8 @@ impl Link {
                 msg = sub.recv() => {
                     let Some(frames) = msg else { return ServeEnd::Dead("subscriber ended") };
                     self.stats.publishes_received.fetch_add(1, Ordering::Relaxed);
-                    if let Some(job) = self.on_publish(&mut est, &frames).await {
+                    // Boxed: the rare re-authentication inside must not size the idle future.
+                    if let Some(job) = Box::pin(self.on_publish(&mut est, &frames)).await {
                         self.start_job(job, &mut jobs, &mut running);
                     }
                 }
@@ -309,7 +310,7 @@ impl Link {
                         continue;
                     };
                     running.retain(|j| j.jid != job.jid);
-                    if self.send_return(&mut est, &job, outcome).await.is_err() && leave_when_dead {
+                    if Box::pin(self.send_return(&mut est, &job, outcome)).await.is_err() && leave_when_dead {
                         return ServeEnd::Dead("the master did not take a return");
                     }
                 }
@@ -325,7 +326,7 @@ impl Link {
                     }
                     if leave_when_dead && last_ping.elapsed() >= alive {
                         last_ping = tokio::time::Instant::now();
-                        if !self.chan.ping(alive.max(Duration::from_millis(500))).await {
+                        if !Box::pin(self.chan.ping(alive.max(Duration::from_millis(500)))).await {
                             return ServeEnd::Dead("no answer to ping on the request port");
                         }
                     }

@@ -115,11 +115,11 @@ pub async fn run(
                 tasks.spawn(async move {
                     loop {
                         let est = tokio::select! {
-                            est = link.establish(false) => est,
+                            est = Box::pin(link.establish(false)) => est,
                             _ = stop.changed() => return,
                         };
                         let Ok(est) = est else { continue };
-                        if link.serve(est, &mut stop, false).await == ServeEnd::Stopped {
+                        if Box::pin(link.serve(est, &mut stop, false)).await == ServeEnd::Stopped {
                             return;
                         }
                     }
