@@ -13,6 +13,7 @@ pub mod error;
 pub mod haproxy;
 pub mod model;
 pub mod salt_master;
+pub mod salt_minion;
 pub mod yaml;
 mod yaml_tree;
 mod yaml_values;

@@ -1,1 +1,23 @@
-//! saltgate-minion: a Salt-wire-compatible minion. Work in progress (issue 9).
+//! saltgate-minion: a Salt-wire-compatible minion (Salt 3008).
+//!
+//! * [`keys`] — the key pair on disk and the trusted master key (`minion_master.pub`);
+//! * [`auth`] — the `_auth` request and every check on the master's reply;
+//! * [`channel`] — the request channel: `_auth`, `_pillar`, `_return`, clear `ping`;
+//! * [`job`] — publishes as jobs, targeting, jid de-duplication;
+//! * [`exec`] — the execution functions (`test.*`, `cmd.run`, `grains.*`);
+//! * [`grains`] — host facts as Salt names them;
+//! * [`link`] — one minion's connection set to one master;
+//! * [`runner`] — a minion from a Salt config: one master, hot multi-master, failover;
+//! * [`swarm`] — thousands of simulated minions in one process.
+//!
+//! Depends on `wire` and `config`, never on `proxy`.
+
+pub mod auth;
+pub mod channel;
+pub mod exec;
+pub mod grains;
+pub mod job;
+pub mod keys;
+pub mod link;
+pub mod runner;
+pub mod swarm;

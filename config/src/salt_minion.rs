@@ -1,0 +1,827 @@
+//! Salt's minion configuration keys, as `saltgate-minion run -c minion.yaml` reads them.
+//!
+//! The file is a Salt minion config: the same keys, the same types and Salt's defaults
+//! (`salt/config/__init__.py`, `DEFAULT_MINION_OPTS`). Keys saltgate-minion does not use are
+//! accepted with a warning (Salt's own files carry dozens), never refused. Every error names the
+//! file, line, key and fix. Plain data: no sockets, no files other than the one read.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::error::{ConfigError, ConfigErrors, ConfigWarning, Position};
+
+/// Salt's defaults for the keys below.
+pub mod defaults {
+    pub const MASTER: &str = "salt";
+    pub const MASTER_PORT: u16 = 4506;
+    pub const PUBLISH_PORT: u16 = 4505;
+    pub const RANDOM_REAUTH_DELAY_S: u64 = 10;
+    pub const ACCEPTANCE_WAIT_TIME_S: u64 = 10;
+    pub const AUTH_TIMEOUT_S: u64 = 5;
+    pub const AUTH_TRIES: u32 = 7;
+    pub const PKI_DIR: &str = "/etc/salt/pki/minion";
+    pub const RECON_DEFAULT_MS: u64 = 1000;
+    pub const RECON_MAX_MS: u64 = 10000;
+    pub const MINION_JID_QUEUE_HWM: usize = 100;
+}
+
+/// `master_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MasterType {
+    /// One master, or a list of masters all used at once (hot multi-master).
+    Str,
+    /// A list of masters, one active at a time.
+    Failover,
+}
+
+/// One entry of `master`: a host (name or IP) and its request port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterAddr {
+    pub host: String,
+    /// The request (`ret`) port: `host:port` in the entry, else `master_port`.
+    pub port: u16,
+}
+
+impl std::fmt::Display for MasterAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// A validated Salt minion configuration (the keys saltgate-minion uses).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinionConfig {
+    /// `id`; `None` = the host name, as Salt uses the FQDN.
+    pub id: Option<String>,
+    pub masters: Vec<MasterAddr>,
+    /// True when `master` was written as a list (hot multi-master with `master_type: str`).
+    pub master_is_list: bool,
+    pub master_port: u16,
+    /// `publish_port`: `None` = the one the master announces in its `_auth` reply.
+    pub publish_port: Option<u16>,
+    pub master_type: MasterType,
+    /// 0 = no detection of a dead master (Salt's default).
+    pub master_alive_interval: Duration,
+    pub random_master: bool,
+    pub master_failback: bool,
+    /// Defaults to `master_alive_interval` (Salt does the same).
+    pub master_failback_interval: Duration,
+    pub random_reauth_delay: Duration,
+    pub acceptance_wait_time: Duration,
+    /// 0 = no doubling.
+    pub acceptance_wait_time_max: Duration,
+    pub auth_timeout: Duration,
+    pub auth_tries: u32,
+    pub pki_dir: PathBuf,
+    /// `master_finger`: the master key's fingerprint to pin on first contact.
+    pub master_finger: Option<String>,
+    pub recon_default: Duration,
+    pub recon_max: Duration,
+    pub recon_randomize: bool,
+    pub minion_jid_queue_hwm: usize,
+    /// `grains`: static grains merged over the collected ones.
+    pub grains: Vec<(String, GrainValue)>,
+}
+
+/// A static grain value from the config file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GrainValue {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    List(Vec<GrainValue>),
+    Map(Vec<(String, GrainValue)>),
+}
+
+impl Default for MinionConfig {
+    fn default() -> Self {
+        use defaults::*;
+        MinionConfig {
+            id: None,
+            masters: vec![MasterAddr {
+                host: MASTER.into(),
+                port: MASTER_PORT,
+            }],
+            master_is_list: false,
+            master_port: MASTER_PORT,
+            publish_port: None,
+            master_type: MasterType::Str,
+            master_alive_interval: Duration::ZERO,
+            random_master: false,
+            master_failback: false,
+            master_failback_interval: Duration::ZERO,
+            random_reauth_delay: Duration::from_secs(RANDOM_REAUTH_DELAY_S),
+            acceptance_wait_time: Duration::from_secs(ACCEPTANCE_WAIT_TIME_S),
+            acceptance_wait_time_max: Duration::ZERO,
+            auth_timeout: Duration::from_secs(AUTH_TIMEOUT_S),
+            auth_tries: AUTH_TRIES,
+            pki_dir: PathBuf::from(PKI_DIR),
+            master_finger: None,
+            recon_default: Duration::from_millis(RECON_DEFAULT_MS),
+            recon_max: Duration::from_millis(RECON_MAX_MS),
+            recon_randomize: true,
+            minion_jid_queue_hwm: MINION_JID_QUEUE_HWM,
+            grains: Vec::new(),
+        }
+    }
+}
+
+/// A loaded minion configuration and what the operator should be told about it.
+#[derive(Debug, Clone)]
+pub struct LoadedMinion {
+    pub config: MinionConfig,
+    pub warnings: Vec<ConfigWarning>,
+}
+
+/// Any YAML value, kept loosely typed so that each key can be checked with its own message.
+#[derive(Debug, Clone, PartialEq)]
+enum Raw {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    List(Vec<Raw>),
+    Map(Vec<(String, Raw)>),
+}
+
+impl Raw {
+    fn kind(&self) -> &'static str {
+        match self {
+            Raw::Null => "nothing",
+            Raw::Bool(_) => "a boolean",
+            Raw::Int(_) => "a number",
+            Raw::Float(_) => "a number",
+            Raw::Str(_) => "a string",
+            Raw::List(_) => "a list",
+            Raw::Map(_) => "a mapping",
+        }
+    }
+
+    fn to_grain(&self) -> GrainValue {
+        match self {
+            Raw::Null => GrainValue::Null,
+            Raw::Bool(b) => GrainValue::Bool(*b),
+            Raw::Int(i) => GrainValue::Int(*i),
+            Raw::Float(f) => GrainValue::Float(*f),
+            Raw::Str(s) => GrainValue::Str(s.clone()),
+            Raw::List(l) => GrainValue::List(l.iter().map(Raw::to_grain).collect()),
+            Raw::Map(m) => {
+                GrainValue::Map(m.iter().map(|(k, v)| (k.clone(), v.to_grain())).collect())
+            }
+        }
+    }
+}
+
+struct RawVisitor;
+
+impl<'de> Visitor<'de> for RawVisitor {
+    type Value = Raw;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a YAML value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Raw, E> {
+        Ok(Raw::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Raw, D::Error> {
+        Raw::deserialize(d)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Raw, E> {
+        Ok(Raw::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Raw, E> {
+        Ok(Raw::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Raw, E> {
+        Ok(i64::try_from(v)
+            .map(Raw::Int)
+            .unwrap_or(Raw::Float(v as f64)))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Raw, E> {
+        Ok(Raw::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Raw, E> {
+        Ok(Raw::Str(v.to_string()))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Raw, A::Error> {
+        let mut out = Vec::new();
+        while let Some(v) = seq.next_element::<Raw>()? {
+            out.push(v);
+        }
+        Ok(Raw::List(out))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Raw, A::Error> {
+        let mut out = Vec::new();
+        while let Some((k, v)) = map.next_entry::<Raw, Raw>()? {
+            let k = match k {
+                Raw::Str(s) => s,
+                Raw::Int(i) => i.to_string(),
+                Raw::Bool(b) => b.to_string(),
+                other => format!("{other:?}"),
+            };
+            out.push((k, v));
+        }
+        Ok(Raw::Map(out))
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(RawVisitor)
+    }
+}
+
+type Entry = (Spanned<String>, Spanned<Raw>);
+
+/// The top level: an ordered list of keys with their positions (an empty file is no keys).
+struct RawDoc(Vec<Entry>);
+
+impl<'de> Deserialize<'de> for RawDoc {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawDoc;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a mapping of Salt minion options (key: value)")
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<RawDoc, E> {
+                Ok(RawDoc(Vec::new()))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<RawDoc, E> {
+                Ok(RawDoc(Vec::new()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawDoc, A::Error> {
+                let mut out = Vec::new();
+                while let Some(e) = map.next_entry::<Spanned<String>, Spanned<Raw>>()? {
+                    out.push(e);
+                }
+                Ok(RawDoc(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Salt minion keys saltgate-minion knows it does not implement (warned as "ignored").
+const KNOWN_IGNORED: &[&str] = &[
+    "transport",
+    "log_level",
+    "log_file",
+    "log_level_logfile",
+    "cachedir",
+    "sock_dir",
+    "user",
+    "pidfile",
+    "ipv6",
+    "retry_dns",
+    "retry_dns_count",
+    "master_tries",
+    "rejected_retry",
+    "auth_safemode",
+    "ping_interval",
+    "tcp_keepalive",
+    "tcp_keepalive_idle",
+    "tcp_keepalive_cnt",
+    "tcp_keepalive_intvl",
+    "file_roots",
+    "pillar_roots",
+    "file_client",
+    "startup_states",
+    "schedule",
+    "return",
+    "sign_pub_messages",
+    "zmq_filtering",
+    "verify_master_pubkey_sign",
+    "always_verify_signature",
+    "multiprocessing",
+    "process_count_max",
+    "minion_sign_messages",
+    "hash_type",
+    "keysize",
+];
+
+struct Checker<'a> {
+    file: Option<&'a Path>,
+    errors: Vec<ConfigError>,
+    warnings: Vec<ConfigWarning>,
+}
+
+fn clamp(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+impl Checker<'_> {
+    fn at<T>(&self, s: &Spanned<T>) -> Position {
+        Position::new(
+            self.file,
+            clamp(s.referenced.line()),
+            clamp(s.referenced.column()),
+        )
+    }
+
+    fn err<T>(&mut self, s: &Spanned<T>, key: &str, message: impl Into<String>, fix: &str) {
+        let at = self.at(s);
+        self.errors.push(ConfigError::new(at, key, message, fix));
+    }
+
+    fn boolean(&mut self, v: &Spanned<Raw>, key: &str) -> Option<bool> {
+        match &v.value {
+            Raw::Bool(b) => Some(*b),
+            // Salt reads these through YAML 1.1, where yes/no/on/off are booleans.
+            Raw::Str(s) => match s.to_ascii_lowercase().as_str() {
+                "true" | "yes" | "on" => Some(true),
+                "false" | "no" | "off" => Some(false),
+                _ => {
+                    self.err(
+                        v,
+                        key,
+                        format!("{s:?} is not a boolean"),
+                        "write True or False",
+                    );
+                    None
+                }
+            },
+            other => {
+                let m = format!("expected a boolean, found {}", other.kind());
+                self.err(v, key, m, "write True or False");
+                None
+            }
+        }
+    }
+
+    /// A non-negative whole number (Salt writes these as ints; a numeric string is accepted).
+    fn number(&mut self, v: &Spanned<Raw>, key: &str, max: u64) -> Option<u64> {
+        let n = match &v.value {
+            Raw::Int(i) if *i >= 0 => Some(*i as u64),
+            Raw::Float(f) if *f >= 0.0 && f.fract() == 0.0 => Some(*f as u64),
+            Raw::Str(s) => s.trim().parse::<u64>().ok(),
+            _ => None,
+        };
+        match n {
+            Some(n) if n <= max => Some(n),
+            _ => {
+                let m = match &v.value {
+                    Raw::Int(_) | Raw::Float(_) | Raw::Str(_) => {
+                        format!("{} is not a whole number from 0 to {max}", show(&v.value))
+                    }
+                    other => format!("expected a number, found {}", other.kind()),
+                };
+                self.err(v, key, m, &format!("write a whole number from 0 to {max}"));
+                None
+            }
+        }
+    }
+
+    /// Seconds as Salt writes them (ints; fractions accepted).
+    fn seconds(&mut self, v: &Spanned<Raw>, key: &str) -> Option<Duration> {
+        const MAX: f64 = 10.0 * 365.0 * 86400.0;
+        match &v.value {
+            Raw::Int(i) if *i >= 0 && (*i as f64) <= MAX => Some(Duration::from_secs(*i as u64)),
+            Raw::Float(f) if *f >= 0.0 && *f <= MAX => Some(Duration::from_secs_f64(*f)),
+            other => {
+                let m = format!("{} is not a number of seconds", show(other));
+                self.err(v, key, m, "write a number of seconds, e.g. 10");
+                None
+            }
+        }
+    }
+
+    fn millis(&mut self, v: &Spanned<Raw>, key: &str) -> Option<Duration> {
+        self.number(v, key, 86_400_000).map(Duration::from_millis)
+    }
+
+    fn port(&mut self, v: &Spanned<Raw>, key: &str) -> Option<u16> {
+        match self.number(v, key, 65535) {
+            Some(0) => {
+                self.err(
+                    v,
+                    key,
+                    "port 0 is not a master port",
+                    "write the port the master listens on",
+                );
+                None
+            }
+            Some(p) => Some(p as u16),
+            None => None,
+        }
+    }
+
+    fn text(&mut self, v: &Spanned<Raw>, key: &str, fix: &str) -> Option<String> {
+        match &v.value {
+            Raw::Str(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+            Raw::Int(i) => Some(i.to_string()),
+            other => {
+                let m = format!("expected a non-empty string, found {}", show(other));
+                self.err(v, key, m, fix);
+                None
+            }
+        }
+    }
+}
+
+fn show(r: &Raw) -> String {
+    match r {
+        Raw::Str(s) => format!("{s:?}"),
+        Raw::Int(i) => i.to_string(),
+        Raw::Float(f) => f.to_string(),
+        Raw::Bool(b) => b.to_string(),
+        other => other.kind().to_string(),
+    }
+}
+
+/// Splits `host`, `host:port`, `[v6]` or `[v6]:port`.
+pub fn split_host_port(text: &str) -> Result<(String, Option<u16>), String> {
+    let t = text.trim();
+    if t.is_empty() || t.contains(char::is_whitespace) {
+        return Err(format!("{text:?} is not a host name or address"));
+    }
+    let port = |p: &str| -> Result<u16, String> {
+        match p.parse::<u16>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{text:?}: port {p:?} is not a number from 1 to 65535"
+            )),
+            Ok(p) => Ok(p),
+        }
+    };
+    if let Some(rest) = t.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("{text:?}: missing ']' after the IPv6 address"))?;
+        return match after.strip_prefix(':') {
+            Some(p) => Ok((host.to_string(), Some(port(p)?))),
+            None if after.is_empty() => Ok((host.to_string(), None)),
+            None => Err(format!("{text:?}: unexpected {after:?} after the address")),
+        };
+    }
+    // A bare IPv6 address has several colons and no port.
+    if t.matches(':').count() > 1 {
+        return Ok((t.to_string(), None));
+    }
+    match t.split_once(':') {
+        Some((h, p)) if !h.is_empty() => Ok((h.to_string(), Some(port(p)?))),
+        Some(_) => Err(format!("{text:?} has no host before the port")),
+        None => Ok((t.to_string(), None)),
+    }
+}
+
+/// Reads and validates a Salt minion configuration file.
+pub fn load_minion(path: &Path) -> Result<LoadedMinion, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors::one(ConfigError::new(
+            Position::new(Some(path), 0, 0),
+            "",
+            format!("cannot read the file: {e}"),
+            "check the path and its permissions",
+        ))
+    })?;
+    parse_minion(&text, Some(path))
+}
+
+/// Validates Salt minion configuration text. `file` is used in messages only.
+pub fn parse_minion(text: &str, file: Option<&Path>) -> Result<LoadedMinion, ConfigErrors> {
+    let doc: RawDoc = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map(|l| (clamp(l.line()), clamp(l.column())))
+            .unwrap_or((0, 0));
+        let msg = e.to_string();
+        let first = msg
+            .lines()
+            .next()
+            .unwrap_or("invalid YAML")
+            .trim()
+            .to_string();
+        ConfigErrors::one(ConfigError::new(
+            Position::new(file, line, column),
+            crate::yaml::yaml_path_at(text, line),
+            first,
+            "a Salt minion config is a YAML mapping of options, e.g. `master: 10.0.0.1`",
+        ))
+    })?;
+    let mut c = Checker {
+        file,
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let mut cfg = MinionConfig::default();
+    let mut master: Option<&Spanned<Raw>> = None;
+    let mut failback_interval = None;
+    let mut seen: Vec<&str> = Vec::new();
+    for (k, v) in &doc.0 {
+        let key = k.value.as_str();
+        if seen.contains(&key) {
+            c.err(k, key, "the key appears twice", "keep one of them");
+            continue;
+        }
+        seen.push(key);
+        match key {
+            "id" => {
+                if let Some(id) = c.text(v, key, "write the minion's id, e.g. id: web1") {
+                    if id.contains(['/', '\\', '\0']) || id == "." || id == ".." {
+                        c.err(
+                            v,
+                            key,
+                            format!("{id:?} is not a valid minion id"),
+                            "use no '/', '\\' or NUL",
+                        );
+                    } else {
+                        cfg.id = Some(id);
+                    }
+                }
+            }
+            "master" => master = Some(v),
+            "master_port" => cfg.master_port = c.port(v, key).unwrap_or(cfg.master_port),
+            "publish_port" => cfg.publish_port = c.port(v, key).or(cfg.publish_port),
+            "master_type" => match &v.value {
+                Raw::Str(s) if s == "str" => cfg.master_type = MasterType::Str,
+                Raw::Str(s) if s == "failover" => cfg.master_type = MasterType::Failover,
+                other => {
+                    let m = format!("master_type {} is not supported", show(other));
+                    c.err(
+                        v,
+                        key,
+                        m,
+                        "use str (one master or hot multi-master) or failover",
+                    );
+                }
+            },
+            "master_alive_interval" => {
+                cfg.master_alive_interval = c.seconds(v, key).unwrap_or_default()
+            }
+            "random_master" | "master_shuffle" => {
+                if key == "master_shuffle" {
+                    c.warnings.push(ConfigWarning {
+                        at: c.at(k),
+                        message: "master_shuffle is deprecated in Salt; use random_master".into(),
+                    });
+                }
+                if let Some(b) = c.boolean(v, key) {
+                    cfg.random_master |= b;
+                }
+            }
+            "master_failback" => cfg.master_failback = c.boolean(v, key).unwrap_or(false),
+            "master_failback_interval" => failback_interval = c.seconds(v, key),
+            "random_reauth_delay" => {
+                cfg.random_reauth_delay = c.seconds(v, key).unwrap_or(cfg.random_reauth_delay)
+            }
+            "acceptance_wait_time" => {
+                cfg.acceptance_wait_time = c.seconds(v, key).unwrap_or(cfg.acceptance_wait_time)
+            }
+            "acceptance_wait_time_max" => {
+                cfg.acceptance_wait_time_max = c.seconds(v, key).unwrap_or_default()
+            }
+            "auth_timeout" => match c.seconds(v, key) {
+                Some(d) if d.is_zero() => c.err(
+                    v,
+                    key,
+                    "must be greater than zero",
+                    "write a number of seconds, e.g. 5",
+                ),
+                Some(d) => cfg.auth_timeout = d,
+                None => {}
+            },
+            "auth_tries" => {
+                cfg.auth_tries = c
+                    .number(v, key, 1_000_000)
+                    .map_or(cfg.auth_tries, |n| n as u32)
+            }
+            "pki_dir" => {
+                if let Some(p) = c.text(v, key, "write a directory, e.g. /etc/salt/pki/minion") {
+                    cfg.pki_dir = PathBuf::from(p);
+                }
+            }
+            "master_finger" => match &v.value {
+                Raw::Null => {}
+                Raw::Str(s) if s.is_empty() => {}
+                Raw::Str(s) if valid_finger(s) => cfg.master_finger = Some(s.to_lowercase()),
+                other => {
+                    let m = format!("{} is not a key fingerprint", show(other));
+                    c.err(
+                        v,
+                        key,
+                        m,
+                        "copy the master's `salt-key -F master` output: hex pairs separated by ':'",
+                    );
+                }
+            },
+            "recon_default" => cfg.recon_default = c.millis(v, key).unwrap_or(cfg.recon_default),
+            "recon_max" => cfg.recon_max = c.millis(v, key).unwrap_or(cfg.recon_max),
+            "recon_randomize" => cfg.recon_randomize = c.boolean(v, key).unwrap_or(true),
+            "minion_jid_queue_hwm" => {
+                cfg.minion_jid_queue_hwm = c
+                    .number(v, key, 1_000_000)
+                    .map_or(cfg.minion_jid_queue_hwm, |n| n as usize)
+            }
+            "grains" => match &v.value {
+                Raw::Map(m) => {
+                    cfg.grains = m.iter().map(|(k, v)| (k.clone(), v.to_grain())).collect()
+                }
+                Raw::Null => {}
+                other => {
+                    let m = format!("expected a mapping, found {}", other.kind());
+                    c.err(v, key, m, "write grains as `grains: {role: web}`");
+                }
+            },
+            other if KNOWN_IGNORED.contains(&other) => c.warnings.push(ConfigWarning {
+                at: c.at(k),
+                message: format!(
+                    "{other}: a Salt minion option saltgate-minion does not use; ignored"
+                ),
+            }),
+            other => c.warnings.push(ConfigWarning {
+                at: c.at(k),
+                message: format!("{other}: unknown option; ignored (check the spelling)"),
+            }),
+        }
+    }
+    if let Some(v) = master {
+        let entries: Vec<&Raw> = match &v.value {
+            Raw::List(l) => {
+                cfg.master_is_list = true;
+                l.iter().collect()
+            }
+            other => vec![other],
+        };
+        let mut masters = Vec::new();
+        for e in entries {
+            let text = match e {
+                Raw::Str(s) => s.clone(),
+                other => {
+                    let m = format!("{} is not a master address", show(other));
+                    c.err(v, "master", m, "write a host name or IP, or a list of them");
+                    continue;
+                }
+            };
+            match split_host_port(&text) {
+                Ok((host, port)) => {
+                    let m = MasterAddr {
+                        host,
+                        port: port.unwrap_or(cfg.master_port),
+                    };
+                    if masters.contains(&m) {
+                        c.err(
+                            v,
+                            "master",
+                            format!("{m} is listed twice"),
+                            "list each master once",
+                        );
+                    } else {
+                        masters.push(m);
+                    }
+                }
+                Err(m) => c.err(
+                    v,
+                    "master",
+                    m,
+                    "write HOST or HOST:PORT (PORT = the request port)",
+                ),
+            }
+        }
+        if masters.is_empty() && c.errors.is_empty() {
+            c.err(
+                v,
+                "master",
+                "no master is listed",
+                "write at least one master address",
+            );
+        }
+        cfg.masters = masters;
+        if cfg.master_type == MasterType::Failover && !cfg.master_is_list {
+            c.err(
+                v,
+                "master",
+                "master_type failover needs a list of masters",
+                "write master as a list, e.g. master: [m1, m2]",
+            );
+        }
+    } else if cfg.master_type == MasterType::Failover {
+        c.errors.push(ConfigError::new(
+            Position::new(file, 0, 0),
+            "master",
+            "master_type failover needs a list of masters",
+            "add master: [m1, m2]",
+        ));
+    }
+    cfg.master_failback_interval = failback_interval
+        .filter(|d| !d.is_zero())
+        .unwrap_or(cfg.master_alive_interval);
+    if cfg.master_failback && cfg.master_failback_interval.is_zero() {
+        c.warnings.push(ConfigWarning {
+            at: Position::new(file, 0, 0),
+            message: "master_failback without master_alive_interval or master_failback_interval \
+                      never fails back (as in Salt); set master_alive_interval"
+                .into(),
+        });
+    }
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
+    Ok(LoadedMinion {
+        config: cfg,
+        warnings: c.warnings,
+    })
+}
+
+fn valid_finger(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    parts.len() >= 16
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(text: &str) -> LoadedMinion {
+        parse_minion(text, Some(Path::new("minion"))).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn err(text: &str) -> ConfigError {
+        parse_minion(text, Some(Path::new("minion")))
+            .expect_err("must fail")
+            .first()
+            .clone()
+    }
+
+    #[test]
+    fn empty_file_gives_salt_defaults() {
+        let c = ok("").config;
+        assert_eq!(c, MinionConfig::default());
+        assert_eq!(c.masters[0].host, "salt");
+        assert_eq!(c.masters[0].port, 4506);
+        assert_eq!(c.acceptance_wait_time, Duration::from_secs(10));
+        assert_eq!(c.auth_tries, 7);
+        assert_eq!(c.recon_max, Duration::from_millis(10000));
+    }
+
+    #[test]
+    fn master_list_with_ports_and_failover_keys_parse() {
+        let c = ok(
+            "id: m1\nmaster:\n  - 10.0.0.1\n  - 10.0.0.2:5506\n  - '[::1]:7'\nmaster_port: 4510\n\
+                    master_type: failover\nmaster_alive_interval: 5\nmaster_failback: True\n",
+        )
+        .config;
+        assert_eq!(c.id.as_deref(), Some("m1"));
+        assert!(c.master_is_list);
+        assert_eq!(c.masters[0].port, 4510);
+        assert_eq!(c.masters[1].port, 5506);
+        assert_eq!(c.masters[2].host, "::1");
+        assert_eq!(c.master_type, MasterType::Failover);
+        assert_eq!(c.master_failback_interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn unknown_and_unused_keys_are_warned_not_refused() {
+        let l = ok("master: m\nlog_level: debug\nmastr: x\n");
+        assert_eq!(l.warnings.len(), 2);
+        assert!(l.warnings[1].message.contains("mastr"));
+        assert_eq!(l.warnings[1].at.line, 3);
+    }
+
+    #[test]
+    fn bad_values_name_line_key_and_fix() {
+        let e = err("master: m\nauth_tries: many\n");
+        assert_eq!((e.at.line, e.field.as_str()), (2, "auth_tries"));
+        assert!(e.fix.contains("whole number"));
+        let e = err("master_type: distributed\n");
+        assert_eq!(e.field, "master_type");
+        let e = err("master: [a, 'b:0']\n");
+        assert!(e.message.contains("port"), "{e}");
+        let e = err("master_type: failover\nmaster: one\n");
+        assert!(e.message.contains("list"), "{e}");
+        let e = err("master_finger: nope\n");
+        assert_eq!(e.field, "master_finger");
+        let e = err("id: a/b\n");
+        assert_eq!(e.field, "id");
+    }
+
+    #[test]
+    fn not_yaml_is_an_error_with_a_position() {
+        let e = err("master: [unclosed\n");
+        assert!(e.at.line >= 1, "{e}");
+    }
+
+    #[test]
+    fn host_port_split() {
+        assert_eq!(split_host_port("a").unwrap(), ("a".into(), None));
+        assert_eq!(split_host_port("a:1").unwrap(), ("a".into(), Some(1)));
+        assert_eq!(split_host_port("::1").unwrap(), ("::1".into(), None));
+        assert!(split_host_port("a:x").is_err());
+        assert!(split_host_port("").is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! One minion from a Salt minion config (`saltgate-minion run`): one master, hot multi-master
+//! (`master` is a list, `master_type: str`: one link per master, all used at once) or failover
+//! (`master_type: failover`: one active master; a dead one is left and put at the end of the
+//! list, as Salt's `eval_master(failed=True)`; `master_failback` returns to the first master
+//! when it answers a clear `ping` again).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use saltgate_config::salt_minion::{MasterAddr, MasterType, MinionConfig};
+use saltgate_wire::zmtp::ReconnectPolicy;
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::channel::{Identity, ReqChannel};
+use crate::exec::ExecContext;
+use crate::grains::HostGrains;
+use crate::job::JidQueue;
+use crate::keys::{KeyError, MasterKeyStore, MinionKey};
+use crate::link::{Link, LinkConfig, ServeEnd, Stats};
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("cannot resolve master {0}: {1}")]
+    Resolve(String, String),
+    #[error("key task failed: {0}")]
+    Task(String),
+}
+
+/// The link settings a minion config implies for one master.
+pub fn link_config(cfg: &MinionConfig, req_addr: SocketAddr) -> LinkConfig {
+    let mut l = LinkConfig::new(req_addr);
+    l.publish_port = cfg.publish_port;
+    l.auth_timeout = cfg.auth_timeout;
+    l.auth_tries = cfg.auth_tries;
+    l.acceptance_wait_time = cfg.acceptance_wait_time;
+    l.acceptance_wait_time_max = cfg.acceptance_wait_time_max;
+    l.alive_interval = cfg.master_alive_interval;
+    l.recon = ReconnectPolicy {
+        recon_default: cfg.recon_default,
+        recon_max: cfg.recon_max,
+        recon_randomize: cfg.recon_randomize,
+    };
+    l
+}
+
+/// Resolves a master entry (first address; Salt also uses the first).
+pub async fn resolve(m: &MasterAddr) -> Result<SocketAddr, RunError> {
+    let mut addrs = tokio::net::lookup_host((m.host.as_str(), m.port))
+        .await
+        .map_err(|e| RunError::Resolve(m.to_string(), e.to_string()))?;
+    addrs
+        .next()
+        .ok_or_else(|| RunError::Resolve(m.to_string(), "no address".into()))
+}
+
+/// The host name Salt would use as the id when none is configured.
+pub fn default_id() -> String {
+    let g = HostGrains::collect();
+    let v = g.for_minion("", &[]);
+    saltgate_wire::envelope::get(&v, "fqdn")
+        .and_then(saltgate_wire::envelope::as_str)
+        .unwrap_or("localhost")
+        .to_owned()
+}
+
+/// Runs the minion until `stop` fires.
+pub async fn run(
+    cfg: MinionConfig,
+    stats: Arc<Stats>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), RunError> {
+    let id: Arc<str> = cfg.id.clone().unwrap_or_else(default_id).into();
+    let pki = cfg.pki_dir.clone();
+    let key = tokio::task::spawn_blocking(move || MinionKey::load_or_create(&pki, "minion"))
+        .await
+        .map_err(|e| RunError::Task(e.to_string()))??;
+    let store = MasterKeyStore::open(&cfg.pki_dir, cfg.master_finger.clone())?;
+    let ident = Identity {
+        id: id.clone(),
+        key: Arc::new(key),
+        store: Arc::new(store),
+    };
+    let ctx = ExecContext {
+        id: id.clone(),
+        host: Arc::new(HostGrains::collect()),
+        statics: Arc::new(cfg.grains.clone()),
+    };
+    let jids = Arc::new(Mutex::new(JidQueue::new(cfg.minion_jid_queue_hwm)));
+    let mut masters = cfg.masters.clone();
+    if cfg.random_master {
+        // With failover + failback only the tail is shuffled (Salt keeps the first master first).
+        let from = usize::from(cfg.master_type == MasterType::Failover && cfg.master_failback);
+        if let Some(tail) = masters.get_mut(from..) {
+            tail.shuffle(&mut rand::rng());
+        }
+    }
+    let mut addrs = Vec::new();
+    for m in &masters {
+        addrs.push(resolve(m).await?);
+    }
+    tracing::info!(%id, masters = ?addrs, mode = ?cfg.master_type, "minion starting");
+    match cfg.master_type {
+        MasterType::Str => {
+            let mut tasks = tokio::task::JoinSet::new();
+            for addr in addrs {
+                let lc = Arc::new(link_config(&cfg, addr));
+                let mut link =
+                    Link::new(lc, ident.clone(), ctx.clone(), jids.clone(), stats.clone());
+                let mut stop = stop.clone();
+                tasks.spawn(async move {
+                    loop {
+                        let est = tokio::select! {
+                            est = Box::pin(link.establish(false)) => est,
+                            _ = stop.changed() => return,
+                        };
+                        let Ok(est) = est else { continue };
+                        if Box::pin(link.serve(est, &mut stop, false)).await == ServeEnd::Stopped {
+                            return;
+                        }
+                    }
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+        MasterType::Failover => {
+            failover(&cfg, addrs, ident, ctx, jids, stats, &mut stop).await;
+        }
+    }
+    Ok(())
+}
+
+/// Failover: one active master at a time.
+async fn failover(
+    cfg: &MinionConfig,
+    mut order: Vec<SocketAddr>,
+    ident: Identity,
+    ctx: ExecContext,
+    jids: Arc<Mutex<JidQueue>>,
+    stats: Arc<Stats>,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let first = order.first().copied();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut connected = false;
+        for i in 0..order.len() {
+            let addr = order[i];
+            let lc = Arc::new(link_config(cfg, addr));
+            let mut link = Link::new(lc, ident.clone(), ctx.clone(), jids.clone(), stats.clone());
+            let est = tokio::select! {
+                est = link.establish(true) => est,
+                _ = stop.changed() => return,
+            };
+            let Ok(est) = est else {
+                tracing::warn!(master = %addr, "failover: master unavailable, trying the next");
+                continue;
+            };
+            tracing::info!(master = %addr, "failover: connected");
+            connected = true;
+            let is_first = Some(addr) == first;
+            let end = if cfg.master_failback && !is_first && !cfg.master_failback_interval.is_zero()
+            {
+                let fb = first.unwrap_or(addr);
+                tokio::select! {
+                    end = link.serve(est, stop, true) => Some(end),
+                    _ = failback_ready(ident.clone(), fb, cfg.master_failback_interval) => None,
+                }
+            } else {
+                Some(link.serve(est, stop, true).await)
+            };
+            match end {
+                Some(ServeEnd::Stopped) => return,
+                Some(ServeEnd::Dead(why)) => {
+                    tracing::warn!(master = %addr, reason = why, "failover: master is dead, leaving it");
+                    // Salt moves the failed master to the end of the list.
+                    let failed = order.remove(i);
+                    order.push(failed);
+                }
+                None => {
+                    tracing::info!(master = ?first, "failback: the first master answers again");
+                    if let Some(f) = first {
+                        order.retain(|a| *a != f);
+                        order.insert(0, f);
+                    }
+                }
+            }
+            break;
+        }
+        if !connected {
+            tokio::select! {
+                _ = tokio::time::sleep(cfg.acceptance_wait_time) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+/// Resolves once `master` answers a clear `ping` (checked every `interval`), as Salt's
+/// `status.ping_master` failback job.
+async fn failback_ready(ident: Identity, master: SocketAddr, interval: Duration) {
+    let mut chan = ReqChannel::new(ident, master, false);
+    loop {
+        tokio::time::sleep(interval).await;
+        if chan.ping(interval.max(Duration::from_secs(1))).await {
+            return;
+        }
+    }
+}
