@@ -96,9 +96,9 @@ impl FrameDecoder {
         self.max_frame_size
     }
 
-    /// Takes one complete frame off the front of `src`, or returns `Ok(None)` if more bytes are
-    /// needed. The size is checked as soon as the header is complete, before the body arrives.
-    pub fn decode(&self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+    /// Parses the header at the front of `src`: `Ok(None)` while it is incomplete, else the
+    /// flags, the header length and the body size, the size already checked against the limit.
+    fn header(&self, src: &[u8]) -> Result<Option<(u8, usize, usize)>, FrameError> {
         let Some(&flags) = src.first() else {
             return Ok(None);
         };
@@ -128,10 +128,36 @@ impl FrameDecoder {
             });
         }
         // size <= max_frame_size: usize, so the cast is lossless.
-        let size = size as usize;
+        Ok(Some((flags, header_len, size as usize)))
+    }
+
+    /// How many more bytes the frame at the front of `src` needs before [`decode`] can return
+    /// it (at least 1 while its header is incomplete; 0 if it is complete). Errors as `decode`.
+    ///
+    /// [`decode`]: FrameDecoder::decode
+    pub fn bytes_needed(&self, src: &[u8]) -> Result<usize, FrameError> {
+        Ok(match self.header(src)? {
+            None => match src.first() {
+                Some(flags) if flags & FLAG_LONG != 0 => 9 - src.len(),
+                Some(_) => 2 - src.len(),
+                None => 2,
+            },
+            Some((_, header_len, size)) => {
+                header_len.saturating_add(size).saturating_sub(src.len())
+            }
+        })
+    }
+
+    /// Takes one complete frame off the front of `src`, or returns `Ok(None)` if more bytes are
+    /// needed. The size is checked as soon as the header is complete, before the body arrives,
+    /// and nothing is reserved for the announced body: a buffer grows only as bytes arrive (a
+    /// 9-byte header announcing 64 MiB costs nothing).
+    pub fn decode(&self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        let Some((flags, header_len, size)) = self.header(src)? else {
+            return Ok(None);
+        };
         let total = header_len.saturating_add(size);
         if src.len() < total {
-            src.reserve(total - src.len());
             return Ok(None);
         }
         src.advance(header_len);
@@ -277,6 +303,39 @@ mod tests {
                 size: u64::MAX,
                 max: 1024
             }
+        );
+    }
+
+    #[test]
+    fn a_header_announcing_a_huge_frame_reserves_nothing() {
+        let dec = FrameDecoder::new(DEFAULT_MAX_FRAME_SIZE);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&[0x02, 0, 0, 0, 0, 4, 0, 0, 0]); // 64 MiB announced
+        let before = buf.capacity();
+        assert_eq!(dec.decode(&mut buf), Ok(None));
+        assert_eq!(
+            buf.capacity(),
+            before,
+            "decode reserved for the announced body"
+        );
+        assert!(buf.capacity() < 1024);
+        assert_eq!(dec.bytes_needed(&buf), Ok(64 * 1024 * 1024));
+    }
+
+    #[test]
+    fn bytes_needed_counts_the_missing_header_and_body() {
+        let dec = FrameDecoder::new(1024);
+        assert_eq!(dec.bytes_needed(b""), Ok(2));
+        assert_eq!(dec.bytes_needed(b"\x00"), Ok(1));
+        assert_eq!(dec.bytes_needed(b"\x02\x00"), Ok(7));
+        assert_eq!(dec.bytes_needed(b"\x00\x05ab"), Ok(3));
+        assert_eq!(dec.bytes_needed(b"\x00\x02abNEXT"), Ok(0));
+        assert_eq!(
+            dec.bytes_needed(b"\x02\x00\x00\x00\x00\x00\x00\x08\x00"),
+            Err(FrameError::TooLarge {
+                size: 2048,
+                max: 1024
+            })
         );
     }
 
