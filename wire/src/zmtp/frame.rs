@@ -22,6 +22,16 @@ const FLAGS_KNOWN: u8 = FLAG_MORE | FLAG_LONG | FLAG_COMMAND;
 /// allocate gigabytes.
 pub const DEFAULT_MAX_FRAME_SIZE: usize = 64 * 1024 * 1024;
 
+/// Default frame limit of a PUB socket: its peers only send SUBSCRIBE/CANCEL (topics are minion
+/// ids or their hashes), PING/PONG and a READY, so 8 KiB is generous.
+pub const PUB_DEFAULT_MAX_FRAME_SIZE: usize = 8 * 1024;
+
+/// Default frame limit of a ROUTER socket (a master's request port): 16 MiB. Minions send
+/// requests and job returns there; Salt's file-server chunks are 1 MiB (`file_buffer_size`).
+/// Salt itself sets no limit (`ZMQ_MAXMSGSIZE` -1): a return bigger than this closes the
+/// connection with a `TooLarge` error naming the option to raise.
+pub const ROUTER_DEFAULT_MAX_FRAME_SIZE: usize = 16 * 1024 * 1024;
+
 /// A decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {

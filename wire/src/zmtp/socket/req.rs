@@ -165,6 +165,8 @@ impl ReqSocket {
             let inbound = Inbound::Channel {
                 tx,
                 peer: Bytes::new(),
+                // Only the reply is expected; anything unsolicited beyond it is dropped.
+                dropped: Default::default(),
             };
             let reason = drive(conn, out_rx, inbound, cfg).await;
             tracing::debug!(%addr, ?reason, "req connection closed");

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use crate::zmtp::conn::{Connection, HandshakeConfig};
-use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
+use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
 use crate::zmtp::SocketType;
 
@@ -27,11 +27,16 @@ use crate::zmtp::SocketType;
 pub struct RouterOptions {
     /// Salt 3008 pooled ROUTERs: PING every 10 s, drop after 30 s of silence.
     pub heartbeat: Option<Heartbeat>,
+    /// Largest frame, and largest whole message, a peer may send; checked on the frame header
+    /// before anything is allocated (default [`ROUTER_DEFAULT_MAX_FRAME_SIZE`], 16 MiB).
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
     /// Per-peer outgoing queue.
     pub hwm: usize,
-    /// Received messages buffered before we stop reading.
+    /// Received messages (from all peers) buffered for [`Router::recv`]; beyond it messages are
+    /// dropped and counted ([`Router::dropped_inbound`]) while every connection keeps reading
+    /// and answering PINGs (libzmq's `ZMQ_RCVHWM`). A dropped request is retried by Salt's
+    /// minions after their request timeout.
     pub queue: usize,
 }
 
@@ -39,7 +44,7 @@ impl Default for RouterOptions {
     fn default() -> Self {
         RouterOptions {
             heartbeat: Some(Heartbeat::salt_master()),
-            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            max_frame_size: ROUTER_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
             hwm: 1000,
             queue: 1000,
@@ -74,6 +79,7 @@ struct Shared {
     peers: Mutex<HashMap<Bytes, PeerSlot>>,
     next_id: AtomicU32,
     next_conn: AtomicU64,
+    dropped: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -98,6 +104,7 @@ impl Router {
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(rand::random()),
             next_conn: AtomicU64::new(0),
+            dropped: Arc::default(),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let accept = tokio::spawn(accept_loop(listener, shared.clone(), tx, opts));
@@ -140,6 +147,11 @@ impl Router {
         frames.push(Bytes::new());
         frames.extend(parts);
         self.send(peer, frames).await
+    }
+
+    /// Messages received but dropped because the receive queue (`queue`) was full.
+    pub fn dropped_inbound(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
     }
 
     pub fn peer_count(&self) -> usize {
@@ -223,6 +235,7 @@ async fn serve(
     let inbound = Inbound::Channel {
         tx,
         peer: id.clone(),
+        dropped: shared.dropped.clone(),
     };
     let reason = drive(
         conn,

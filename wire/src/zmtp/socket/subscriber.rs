@@ -80,7 +80,9 @@ pub struct SubOptions {
     pub heartbeat: Option<Heartbeat>,
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
-    /// Received messages buffered before we stop reading from the socket.
+    /// Received messages buffered for [`Subscriber::recv`]; beyond it messages are dropped and
+    /// counted ([`Subscriber::dropped_inbound`]) while the connection keeps reading and
+    /// answering PINGs (libzmq's `ZMQ_RCVHWM`).
     pub queue: usize,
 }
 
@@ -103,6 +105,7 @@ enum Ctl {
 
 struct State {
     connects: AtomicU64,
+    dropped: Arc<AtomicU64>,
     connected: AtomicBool,
     changed: Notify,
 }
@@ -124,6 +127,7 @@ impl Subscriber {
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let state = Arc::new(State {
             connects: AtomicU64::new(0),
+            dropped: Arc::default(),
             connected: AtomicBool::new(false),
             changed: Notify::new(),
         });
@@ -158,6 +162,11 @@ impl Subscriber {
     /// Successful connections so far (1 after the first, +1 per reconnect).
     pub fn connect_count(&self) -> u64 {
         self.state.connects.load(Ordering::SeqCst)
+    }
+
+    /// Messages dropped so far because the receive queue (`queue`) was full.
+    pub fn dropped_inbound(&self) -> u64 {
+        self.state.dropped.load(Ordering::Relaxed)
     }
 
     /// The randomised base reconnect interval this socket picked.
@@ -219,6 +228,7 @@ async fn run(
                 let inbound = Inbound::Channel {
                     tx: tx.clone(),
                     peer: Bytes::new(),
+                    dropped: state.dropped.clone(),
                 };
                 let cfg = DriverConfig::new(opts.heartbeat, opts.max_frame_size);
                 let driver = drive(conn, out_rx, inbound, cfg);
