@@ -250,11 +250,25 @@ impl Connection<TcpStream> {
         addr: std::net::SocketAddr,
         cfg: &HandshakeConfig,
     ) -> Result<Self, ZmtpError> {
+        Self::connect_with_keepalive(addr, cfg, None).await
+    }
+
+    /// As [`Connection::connect`], with TCP keepalive set on the socket when given.
+    pub async fn connect_with_keepalive(
+        addr: std::net::SocketAddr,
+        cfg: &HandshakeConfig,
+        keepalive: Option<&crate::accept::Keepalive>,
+    ) -> Result<Self, ZmtpError> {
         let stream = tokio::time::timeout(cfg.timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| ZmtpError::Timeout("connect"))??;
-        let _ = stream.set_nodelay(true);
+        crate::accept::tune_stream(&stream, keepalive);
         Self::handshake(stream, cfg).await
+    }
+
+    /// The underlying stream (e.g. to read its socket options).
+    pub fn stream(&self) -> &TcpStream {
+        &self.io
     }
 }
 
@@ -338,6 +352,36 @@ mod tests {
             }
         );
         assert_eq!(c.read_buffer_capacity(), 0, "idle again");
+    }
+
+    #[tokio::test]
+    async fn dialled_sockets_get_keepalive_only_when_asked() {
+        use crate::accept::Keepalive;
+        use crate::zmtp::{ReqOptions, Router, RouterOptions, SubOptions};
+        let router = Router::bind("127.0.0.1:0".parse().unwrap(), RouterOptions::default())
+            .await
+            .unwrap();
+        let ka = Keepalive {
+            time: Duration::from_secs(42),
+            interval: None,
+            retries: None,
+        };
+        let cfg = HandshakeConfig::new(SocketType::Req);
+        let c = Connection::connect_with_keepalive(router.local_addr(), &cfg, Some(&ka))
+            .await
+            .unwrap();
+        let s = socket2::SockRef::from(c.stream());
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(42));
+        assert!(c.stream().nodelay().unwrap());
+        let plain = Connection::connect(router.local_addr(), &cfg)
+            .await
+            .unwrap();
+        assert!(!socket2::SockRef::from(plain.stream()).keepalive().unwrap());
+        // The roles default to Salt's minion keepalive (idle 300 s).
+        assert_eq!(SubOptions::default().keepalive, Some(Keepalive::salt()));
+        assert_eq!(ReqOptions::default().keepalive, Some(Keepalive::salt()));
+        assert_eq!(RouterOptions::default().keepalive, Some(Keepalive::salt()));
     }
 
     #[tokio::test]

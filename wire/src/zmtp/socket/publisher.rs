@@ -18,9 +18,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::net::{TcpListener, TcpStream};
+
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use crate::accept::{AcceptOptions, AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::{encode_message, PUB_DEFAULT_MAX_FRAME_SIZE};
 use crate::zmtp::peer::{drive, DriverConfig, Heartbeat, Inbound, Outbound, TopicSet};
@@ -38,6 +40,12 @@ pub struct PubOptions {
     /// [`PUB_DEFAULT_MAX_FRAME_SIZE`], 8 KiB).
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
+    /// Connections served at once (handshaking or established); beyond it new ones wait in the
+    /// kernel backlog. `None` (default) = no cap but the descriptor limit, where accepting backs
+    /// off instead of spinning (see [`crate::accept`]).
+    pub max_connections: Option<usize>,
+    /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for PubOptions {
@@ -47,6 +55,8 @@ impl Default for PubOptions {
             heartbeat: Some(Heartbeat::salt_master()),
             max_frame_size: PUB_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
+            max_connections: None,
+            keepalive: Some(Keepalive::salt()),
         }
     }
 }
@@ -104,6 +114,7 @@ pub struct Publisher {
     local_addr: SocketAddr,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
+    accept_stats: Arc<AcceptStats>,
 }
 
 impl Publisher {
@@ -111,6 +122,15 @@ impl Publisher {
     pub async fn bind(addr: SocketAddr, opts: PubOptions) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        let acceptor = Acceptor::new(
+            listener,
+            AcceptOptions {
+                keepalive: opts.keepalive,
+                ..AcceptOptions::default()
+            },
+        )
+        .with_max_connections(opts.max_connections);
+        let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
             slots: Mutex::new(Arc::new(Vec::new())),
             changed: Arc::new(Notify::new()),
@@ -118,11 +138,12 @@ impl Publisher {
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
-        let accept = tokio::spawn(accept_loop(listener, shared.clone(), opts));
+        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), Arc::new(opts)));
         Ok(Publisher {
             local_addr,
             shared,
             accept,
+            accept_stats,
         })
     }
 
@@ -173,6 +194,12 @@ impl Publisher {
             .count()
     }
 
+    /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
+    /// `Arc` to export them.
+    pub fn accept_stats(&self) -> Arc<AcceptStats> {
+        self.accept_stats.clone()
+    }
+
     /// Messages dropped so far because a subscriber's queue was full.
     pub fn dropped_total(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
@@ -216,23 +243,20 @@ fn frame_once(parts: &[Bytes]) -> Bytes {
     buf.freeze()
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, opts: PubOptions) {
+async fn accept_loop(mut acceptor: Acceptor, shared: Arc<Shared>, opts: Arc<PubOptions>) {
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve(stream, peer, shared.clone(), opts.clone()));
-            }
-            Err(e) => {
-                // EMFILE/ENFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "pub accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let (stream, peer, permit) = acceptor.accept().await;
+        tokio::spawn(serve(stream, peer, shared.clone(), opts.clone(), permit));
     }
 }
 
-async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, opts: PubOptions) {
-    super::tune(&stream);
+async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    opts: Arc<PubOptions>,
+    _permit: ConnectionPermit,
+) {
     let mut hs = HandshakeConfig::new(SocketType::Pub);
     hs.as_server = true;
     hs.max_frame_size = opts.max_frame_size;

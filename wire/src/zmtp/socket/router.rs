@@ -14,9 +14,11 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
+
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::accept::{AcceptOptions, AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
@@ -31,6 +33,12 @@ pub struct RouterOptions {
     /// before anything is allocated (default [`ROUTER_DEFAULT_MAX_FRAME_SIZE`], 16 MiB).
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
+    /// Connections served at once (handshaking or established); beyond it new ones wait in the
+    /// kernel backlog. `None` (default) = no cap but the descriptor limit, where accepting backs
+    /// off instead of spinning (see [`crate::accept`]).
+    pub max_connections: Option<usize>,
+    /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
     /// Per-peer outgoing queue.
     pub hwm: usize,
     /// Received messages (from all peers) buffered for [`Router::recv`]; beyond it messages are
@@ -46,6 +54,8 @@ impl Default for RouterOptions {
             heartbeat: Some(Heartbeat::salt_master()),
             max_frame_size: ROUTER_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
+            max_connections: None,
+            keepalive: Some(Keepalive::salt()),
             hwm: 1000,
             queue: 1000,
         }
@@ -94,12 +104,22 @@ pub struct Router {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Delivered>,
     accept: JoinHandle<()>,
+    accept_stats: Arc<AcceptStats>,
 }
 
 impl Router {
     pub async fn bind(addr: SocketAddr, opts: RouterOptions) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        let acceptor = Acceptor::new(
+            listener,
+            AcceptOptions {
+                keepalive: opts.keepalive,
+                ..AcceptOptions::default()
+            },
+        )
+        .with_max_connections(opts.max_connections);
+        let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(rand::random()),
@@ -107,12 +127,13 @@ impl Router {
             dropped: Arc::default(),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let accept = tokio::spawn(accept_loop(listener, shared.clone(), tx, opts));
+        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, Arc::new(opts)));
         Ok(Router {
             local_addr,
             shared,
             rx,
             accept,
+            accept_stats,
         })
     }
 
@@ -154,6 +175,12 @@ impl Router {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 
+    /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
+    /// `Arc` to export them.
+    pub fn accept_stats(&self) -> Arc<AcceptStats> {
+        self.accept_stats.clone()
+    }
+
     pub fn peer_count(&self) -> usize {
         self.shared.peers().len()
     }
@@ -167,27 +194,21 @@ impl Drop for Router {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    mut acceptor: Acceptor,
     shared: Arc<Shared>,
     tx: mpsc::Sender<Delivered>,
-    opts: RouterOptions,
+    opts: Arc<RouterOptions>,
 ) {
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve(
-                    stream,
-                    peer,
-                    shared.clone(),
-                    tx.clone(),
-                    opts.clone(),
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "router accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let (stream, peer, permit) = acceptor.accept().await;
+        tokio::spawn(serve(
+            stream,
+            peer,
+            shared.clone(),
+            tx.clone(),
+            opts.clone(),
+            permit,
+        ));
     }
 }
 
@@ -203,9 +224,9 @@ async fn serve(
     addr: SocketAddr,
     shared: Arc<Shared>,
     tx: mpsc::Sender<Delivered>,
-    opts: RouterOptions,
+    opts: Arc<RouterOptions>,
+    _permit: ConnectionPermit,
 ) {
-    super::tune(&stream);
     let mut hs = HandshakeConfig::new(SocketType::Router);
     hs.as_server = true;
     hs.max_frame_size = opts.max_frame_size;

@@ -17,6 +17,7 @@ use rand::Rng;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use crate::accept::Keepalive;
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
@@ -80,6 +81,9 @@ pub struct SubOptions {
     pub heartbeat: Option<Heartbeat>,
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
+    /// TCP keepalive on the dialled socket (default: Salt's minion `tcp_keepalive*`, idle
+    /// 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
     /// Received messages buffered for [`Subscriber::recv`]; beyond it messages are dropped and
     /// counted ([`Subscriber::dropped_inbound`]) while the connection keeps reading and
     /// answering PINGs (libzmq's `ZMQ_RCVHWM`).
@@ -93,6 +97,7 @@ impl Default for SubOptions {
             heartbeat: None,
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
+            keepalive: Some(Keepalive::salt()),
             queue: 1000,
         }
     }
@@ -215,7 +220,7 @@ async fn run(
     hs.max_frame_size = opts.max_frame_size;
     hs.timeout = opts.handshake_timeout;
     loop {
-        match Connection::connect(addr, &hs).await {
+        match Connection::connect_with_keepalive(addr, &hs, opts.keepalive.as_ref()).await {
             Ok(conn) => {
                 failures = 0;
                 state.connects.fetch_add(1, Ordering::SeqCst);
