@@ -1,6 +1,7 @@
 //! A slow application or a slow subscriber must not make a connection stop reading: PINGs are
 //! still answered and messages beyond the high-water mark are dropped and counted. And per-role
-//! frame limits are enforced on the header, before the body arrives.
+//! frame limits are enforced on the header, before the body arrives; connection caps hold new
+//! connections in the backlog.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -195,4 +196,87 @@ async fn each_role_refuses_a_frame_over_its_default_limit_on_the_header() {
     assert!(announce(router.local_addr(), SocketType::Req, big + 1)
         .await
         .is_err());
+}
+
+#[tokio::test]
+async fn a_messages_frames_share_its_limit_so_the_header_of_the_excess_frame_is_refused() {
+    let mut router = Router::bind(
+        any(),
+        RouterOptions {
+            max_frame_size: 1000,
+            ..RouterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut ok = raw(router.local_addr(), SocketType::Req).await;
+    ok.send_message(&[
+        Bytes::new(),
+        Bytes::from(vec![1u8; 500]),
+        Bytes::from(vec![2u8; 500]),
+    ])
+    .await
+    .unwrap();
+    let m = tokio::time::timeout(T, router.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(m.frames.len(), 3);
+    // 600 + a header announcing 600: refused on that header, with no body sent.
+    let mut c = raw(router.local_addr(), SocketType::Req).await;
+    let mut bytes = bytes::BytesMut::new();
+    saltgate_wire::zmtp::frame::encode_frame(&mut bytes, 1, &[3u8; 600]);
+    bytes.extend_from_slice(&[0x02, 0, 0, 0, 0, 0, 0, 0x02, 0x58]);
+    c.send_encoded(&bytes).await.unwrap();
+    let closed = tokio::time::timeout(T, async {
+        loop {
+            if c.read_frame().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a message over the limit was not refused");
+}
+
+#[tokio::test]
+async fn router_at_max_connections_leaves_the_next_peer_in_the_backlog_until_one_leaves() {
+    let mut router = Router::bind(
+        any(),
+        RouterOptions {
+            max_connections: Some(1),
+            ..RouterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let addr = router.local_addr();
+    let first = raw(addr, SocketType::Req).await;
+    // The second peer's TCP connect completes (kernel backlog), but nobody greets it.
+    let mut hs = HandshakeConfig::new(SocketType::Req);
+    hs.timeout = Duration::from_millis(300);
+    let err = Connection::connect(addr, &hs).await.unwrap_err();
+    assert!(matches!(err, ZmtpError::Timeout(_)), "{err}");
+    assert_eq!(router.accept_stats().accepted(), 1);
+    drop(first);
+    // The permit comes back when the first connection ends; the next peer is served.
+    let mut second = tokio::time::timeout(T, async {
+        loop {
+            match Connection::connect(addr, &hs).await {
+                Ok(c) => return c,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    })
+    .await
+    .expect("no connection admitted after the first one left");
+    second
+        .send_message(&[Bytes::new(), Bytes::from_static(b"in")])
+        .await
+        .unwrap();
+    let m = tokio::time::timeout(T, router.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&m.frames[1][..], b"in");
 }

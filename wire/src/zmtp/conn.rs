@@ -173,6 +173,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         }
     }
 
+    /// The largest frame the next reads accept.
+    pub fn max_frame_size(&self) -> usize {
+        self.decoder.max_frame_size()
+    }
+
+    /// Changes the largest frame accepted from now on (checked on each frame's header).
+    pub fn set_max_frame_size(&mut self, max: usize) {
+        self.decoder = FrameDecoder::new(max);
+    }
+
     /// Heap bytes held for reading (0 on a connection with no partial frame).
     pub fn read_buffer_capacity(&self) -> usize {
         self.rbuf.capacity()

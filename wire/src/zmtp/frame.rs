@@ -227,6 +227,11 @@ impl MessageAssembler {
         Ok(Some(std::mem::take(&mut self.parts)))
     }
 
+    /// Bytes a next frame may still carry before the message exceeds its limit.
+    pub fn remaining(&self) -> usize {
+        self.max_size.saturating_sub(self.size)
+    }
+
     /// True while a multi-part message is half received.
     pub fn in_progress(&self) -> bool {
         !self.parts.is_empty()
@@ -382,6 +387,12 @@ mod tests {
             a.push(Bytes::new(), true),
             Err(FrameError::TooManyFrames { max: 2 })
         );
+        let mut a = MessageAssembler::new(8, 10);
+        assert_eq!(a.remaining(), 10);
+        a.push(Bytes::from_static(b"abcd"), true).unwrap();
+        assert_eq!(a.remaining(), 6);
+        a.push(Bytes::from_static(b"ef"), false).unwrap();
+        assert_eq!(a.remaining(), 10);
         let mut a = MessageAssembler::new(8, 3);
         assert!(matches!(
             a.push(Bytes::from_static(b"abcd"), false),

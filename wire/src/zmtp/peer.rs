@@ -202,6 +202,7 @@ where
     });
     let mut remote_ttl: Option<Duration> = None;
     let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
+    let max_frame_size = conn.max_frame_size();
 
     loop {
         let silence_limit = match (hb.map(|h| h.timeout), remote_ttl) {
@@ -210,6 +211,9 @@ where
         };
         // An unrepresentable deadline (absurdly long limit) means none.
         let deadline = silence_limit.and_then(|l| conn.last_received().checked_add(l));
+        // A message's frames share its size limit: the next frame's header is checked against
+        // what is left of it, so a message never holds more than the limit.
+        conn.set_max_frame_size(max_frame_size.min(assembler.remaining()));
         let result = tokio::select! {
             frame = conn.read_frame() => {
                 match frame {
