@@ -208,7 +208,7 @@ struct Episode {
 /// A listener with a connection cap and exhaustion back-off (see the module docs).
 #[derive(Debug)]
 pub struct Acceptor {
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     local_addr: Option<SocketAddr>,
     limits: Vec<Arc<ConnectionLimit>>,
     opts: AcceptOptions,
@@ -220,6 +220,11 @@ pub struct Acceptor {
 impl Acceptor {
     /// Wraps a bound listener; no cap until [`Acceptor::with_limit`].
     pub fn new(listener: TcpListener, opts: AcceptOptions) -> Self {
+        Self::new_shared(Arc::new(listener), opts)
+    }
+
+    /// As [`Acceptor::new`], for a listener shared with other code (e.g. kept across a reload).
+    pub fn new_shared(listener: Arc<TcpListener>, opts: AcceptOptions) -> Self {
         Acceptor {
             local_addr: listener.local_addr().ok(),
             listener,

@@ -131,6 +131,12 @@ async fn subscriber_whose_app_never_reads_keeps_its_connection_and_counts_drops(
         publisher.local_addr(),
         SubOptions {
             queue: 2,
+            // A drop would show as a quick reconnect.
+            reconnect: saltgate_wire::zmtp::ReconnectPolicy {
+                recon_default: Duration::from_millis(20),
+                recon_max: Duration::from_millis(20),
+                recon_randomize: true,
+            },
             ..SubOptions::default()
         },
     );
@@ -140,13 +146,14 @@ async fn subscriber_whose_app_never_reads_keeps_its_connection_and_counts_drops(
         assert_eq!(publisher.publish(vec![Bytes::from(vec![i])]).queued, 1);
     }
     wait_for("the drops to be counted", || sub.dropped_inbound() == 8).await;
-    // Several of the publisher's silence timeouts pass: its PINGs are still answered.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        sub.connect_count(),
-        1,
+    // Several of the publisher's silence timeouts pass without a reconnect: its PINGs are
+    // still answered.
+    assert!(
+        !sub.wait_connects(2, Duration::from_millis(600)).await,
         "the publisher dropped the subscriber"
     );
+    assert_eq!(sub.connect_count(), 1);
+    assert!(sub.is_connected());
     assert_eq!(publisher.subscriber_count(), 1);
     assert_eq!(sub.recv().await.unwrap(), vec![Bytes::from(vec![0u8])]);
     assert_eq!(sub.recv().await.unwrap(), vec![Bytes::from(vec![1u8])]);
