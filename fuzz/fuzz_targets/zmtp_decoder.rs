@@ -19,7 +19,17 @@ fuzz_target!(|data: &[u8]| {
     let mut buf = BytesMut::from(a);
     for chunk in [b, &[][..]] {
         loop {
-            match dec.decode(&mut buf) {
+            // `bytes_needed` agrees with `decode`: 0 exactly when a frame is ready, an error
+            // exactly when decode errs; and decode never reserves for an announced body.
+            let needed = dec.bytes_needed(&buf);
+            let capacity = buf.capacity();
+            let decoded = dec.decode(&mut buf);
+            match (&needed, &decoded) {
+                (Ok(0), Ok(Some(_))) | (Err(_), Err(_)) => {}
+                (Ok(n), Ok(None)) if *n > 0 => assert_eq!(buf.capacity(), capacity),
+                other => panic!("bytes_needed and decode disagree: {other:?}"),
+            }
+            match decoded {
                 Ok(Some(Frame::Command(body))) => {
                     if let Ok(cmd) = Command::parse(&body) {
                         // Re-encoding what we parsed must parse back to the same command.

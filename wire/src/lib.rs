@@ -3,6 +3,8 @@
 //! * [`zmtp`] — ZMTP 3.1 with the NULL mechanism on tokio: the frame codec, the staged greeting,
 //!   READY, PING/PONG heartbeats, SUBSCRIBE/CANCEL, and the four socket roles Salt uses
 //!   (PUB, SUB, REQ, ROUTER).
+//! * [`accept`] — the accept loop every listener should use: a connection cap with permits,
+//!   back-off on EMFILE/ENFILE/ENOBUFS/ENOMEM, TCP_NODELAY and keepalive.
 //! * [`probe`] — health-check helpers for the proxy: read a peer's ZMTP greeting, or do Salt's
 //!   clear `ping` on the request port.
 //! * [`envelope`] — Salt's msgpack envelopes (request, reply, publish), tolerant of str- and
@@ -14,6 +16,7 @@
 //! This crate knows nothing about proxies, jobs or config files. Nothing in it panics on bytes a
 //! peer controls: every parser is bounds-checked and every frame size is limited.
 
+pub mod accept;
 pub mod crypticle;
 pub mod envelope;
 pub mod pem;

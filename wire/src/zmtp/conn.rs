@@ -1,14 +1,21 @@
 //! One ZMTP connection after the handshake: greeting, READY in both directions, then framed
 //! reads and writes.
 //!
-//! Owns the handshake policy (socket-type compatibility, timeouts) and the read buffer. It does
+//! Owns the handshake policy (socket-type compatibility, timeouts) and the read buffer. The read
+//! buffer exists only while a frame is partly received: an idle connection waits for bytes with
+//! no heap buffer at all (each read goes through a stack scratch area, then into a buffer sized to
+//! what arrived), and a frame's buffer grows only as its bytes arrive, never to the size its
+//! header announces. It does
 //! not answer PINGs by itself — [`super::peer`] does that for the socket roles — so that callers
 //! that drive a connection by hand (the probes, tests) see every frame.
 
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::command::{Command, Properties};
@@ -62,6 +69,13 @@ pub struct PeerInfo {
     pub properties: Properties,
 }
 
+/// Stack scratch for a read on a connection holding no partial frame.
+const IDLE_READ: usize = 16 * 1024;
+/// Smallest and largest read into a partial frame's buffer: at least this much room is made
+/// for what follows, at most this much beyond the bytes already received.
+const MIN_PARTIAL_READ: usize = 8 * 1024;
+const MAX_PARTIAL_READ: usize = 64 * 1024;
+
 /// A handshaken connection.
 #[derive(Debug)]
 pub struct Connection<S = TcpStream> {
@@ -91,7 +105,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         wbuf.clear();
         let mut conn = Connection {
             io,
-            rbuf: BytesMut::with_capacity(8 * 1024),
+            rbuf: BytesMut::new(),
             wbuf,
             decoder: FrameDecoder::new(cfg.max_frame_size),
             peer: PeerInfo {
@@ -144,14 +158,61 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     pub async fn read_frame(&mut self) -> Result<Frame, ZmtpError> {
         loop {
             if let Some(frame) = self.decoder.decode(&mut self.rbuf)? {
+                if self.rbuf.is_empty() {
+                    // No partial frame: hold no buffer while idle (frames already taken keep
+                    // their bytes alive on their own).
+                    self.rbuf = BytesMut::new();
+                }
                 return Ok(frame);
             }
-            let n = self.io.read_buf(&mut self.rbuf).await?;
+            let n = self.fill().await?;
             if n == 0 {
                 return Err(ZmtpError::Eof);
             }
             self.last_rx = tokio::time::Instant::now();
         }
+    }
+
+    /// The largest frame the next reads accept.
+    pub fn max_frame_size(&self) -> usize {
+        self.decoder.max_frame_size()
+    }
+
+    /// Changes the largest frame accepted from now on (checked on each frame's header).
+    pub fn set_max_frame_size(&mut self, max: usize) {
+        self.decoder = FrameDecoder::new(max);
+    }
+
+    /// Heap bytes held for reading (0 on a connection with no partial frame).
+    pub fn read_buffer_capacity(&self) -> usize {
+        self.rbuf.capacity()
+    }
+
+    /// One read. With no partial frame, waits through a stack scratch area and copies what
+    /// arrived; inside a frame, reads straight into the buffer, making room for at most
+    /// `MAX_PARTIAL_READ` bytes beyond what is there.
+    async fn fill(&mut self) -> Result<usize, ZmtpError> {
+        if self.rbuf.is_empty() {
+            let (io, rbuf) = (&mut self.io, &mut self.rbuf);
+            let n = std::future::poll_fn(|cx| {
+                let mut scratch = [MaybeUninit::<u8>::uninit(); IDLE_READ];
+                let mut rb = ReadBuf::uninit(&mut scratch);
+                match Pin::new(&mut *io).poll_read(cx, &mut rb) {
+                    Poll::Ready(Ok(())) => {
+                        rbuf.extend_from_slice(rb.filled());
+                        Poll::Ready(Ok(rb.filled().len()))
+                    }
+                    Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await?;
+            return Ok(n);
+        }
+        let need = self.decoder.bytes_needed(&self.rbuf)?;
+        self.rbuf
+            .reserve(need.clamp(MIN_PARTIAL_READ, MAX_PARTIAL_READ));
+        Ok(self.io.read_buf(&mut self.rbuf).await?)
     }
 
     /// Writes a multi-part message and flushes.
@@ -166,6 +227,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         self.wbuf.clear();
         cmd.encode_frame(&mut self.wbuf);
         self.flush_wbuf().await
+    }
+
+    /// Writes bytes already framed (e.g. a message encoded once for many subscribers with
+    /// [`super::frame::encode_message`]) and flushes. The caller vouches for the framing.
+    pub async fn send_encoded(&mut self, framed: &[u8]) -> Result<(), ZmtpError> {
+        self.io.write_all(framed).await?;
+        self.io.flush().await?;
+        Ok(())
     }
 
     async fn flush_wbuf(&mut self) -> Result<(), ZmtpError> {
@@ -191,11 +260,25 @@ impl Connection<TcpStream> {
         addr: std::net::SocketAddr,
         cfg: &HandshakeConfig,
     ) -> Result<Self, ZmtpError> {
+        Self::connect_with_keepalive(addr, cfg, None).await
+    }
+
+    /// As [`Connection::connect`], with TCP keepalive set on the socket when given.
+    pub async fn connect_with_keepalive(
+        addr: std::net::SocketAddr,
+        cfg: &HandshakeConfig,
+        keepalive: Option<&crate::accept::Keepalive>,
+    ) -> Result<Self, ZmtpError> {
         let stream = tokio::time::timeout(cfg.timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| ZmtpError::Timeout("connect"))??;
-        let _ = stream.set_nodelay(true);
+        crate::accept::tune_stream(&stream, keepalive);
         Self::handshake(stream, cfg).await
+    }
+
+    /// The underlying stream (e.g. to read its socket options).
+    pub fn stream(&self) -> &TcpStream {
+        &self.io
     }
 }
 
@@ -236,6 +319,79 @@ mod tests {
                 more: false
             }
         );
+    }
+
+    #[tokio::test]
+    async fn read_buffer_exists_only_while_a_frame_is_partly_received() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let peer = tokio::spawn(async move {
+            let mut cfg = HandshakeConfig::new(SocketType::Req);
+            cfg.identity = Bytes::from_static(b"me");
+            Connection::handshake(b, &cfg).await.unwrap()
+        });
+        let mut cfg = HandshakeConfig::new(SocketType::Router);
+        cfg.max_frame_size = 1 << 20;
+        let mut c = Connection::handshake(a, &cfg).await.unwrap();
+        let mut p = peer.await.unwrap();
+        assert_eq!(c.read_buffer_capacity(), 0, "idle after the handshake");
+
+        // A header announcing 512 KiB, then the body in two halves.
+        let body = vec![9u8; 512 * 1024];
+        let mut framed = BytesMut::new();
+        crate::zmtp::frame::encode_frame(&mut framed, 0, &body);
+        let (head, tail) = framed.split_at(9 + 256 * 1024);
+        p.send_encoded(&framed[..9]).await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), c.read_frame())
+                .await
+                .is_err()
+        );
+        assert!(
+            c.read_buffer_capacity() < 128 * 1024,
+            "reserved {} bytes for a frame nobody sent yet",
+            c.read_buffer_capacity()
+        );
+        p.send_encoded(&head[9..]).await.unwrap();
+        p.send_encoded(tail).await.unwrap();
+        let f = c.read_frame().await.unwrap();
+        assert_eq!(
+            f,
+            Frame::Message {
+                body: Bytes::from(body),
+                more: false
+            }
+        );
+        assert_eq!(c.read_buffer_capacity(), 0, "idle again");
+    }
+
+    #[tokio::test]
+    async fn dialled_sockets_get_keepalive_only_when_asked() {
+        use crate::accept::Keepalive;
+        use crate::zmtp::{ReqOptions, Router, RouterOptions, SubOptions};
+        let router = Router::bind("127.0.0.1:0".parse().unwrap(), RouterOptions::default())
+            .await
+            .unwrap();
+        let ka = Keepalive {
+            time: Duration::from_secs(42),
+            interval: None,
+            retries: None,
+        };
+        let cfg = HandshakeConfig::new(SocketType::Req);
+        let c = Connection::connect_with_keepalive(router.local_addr(), &cfg, Some(&ka))
+            .await
+            .unwrap();
+        let s = socket2::SockRef::from(c.stream());
+        assert!(s.keepalive().unwrap());
+        assert_eq!(s.tcp_keepalive_time().unwrap(), Duration::from_secs(42));
+        assert!(c.stream().nodelay().unwrap());
+        let plain = Connection::connect(router.local_addr(), &cfg)
+            .await
+            .unwrap();
+        assert!(!socket2::SockRef::from(plain.stream()).keepalive().unwrap());
+        // The roles default to Salt's minion keepalive (idle 300 s).
+        assert_eq!(SubOptions::default().keepalive, Some(Keepalive::salt()));
+        assert_eq!(ReqOptions::default().keepalive, Some(Keepalive::salt()));
+        assert_eq!(RouterOptions::default().keepalive, Some(Keepalive::salt()));
     }
 
     #[tokio::test]

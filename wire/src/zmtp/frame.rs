@@ -22,6 +22,16 @@ const FLAGS_KNOWN: u8 = FLAG_MORE | FLAG_LONG | FLAG_COMMAND;
 /// allocate gigabytes.
 pub const DEFAULT_MAX_FRAME_SIZE: usize = 64 * 1024 * 1024;
 
+/// Default frame limit of a PUB socket: its peers only send SUBSCRIBE/CANCEL (topics are minion
+/// ids or their hashes), PING/PONG and a READY, so 8 KiB is generous.
+pub const PUB_DEFAULT_MAX_FRAME_SIZE: usize = 8 * 1024;
+
+/// Default frame limit of a ROUTER socket (a master's request port): 16 MiB. Minions send
+/// requests and job returns there; Salt's file-server chunks are 1 MiB (`file_buffer_size`).
+/// Salt itself sets no limit (`ZMQ_MAXMSGSIZE` -1): a return bigger than this closes the
+/// connection with a `TooLarge` error naming the option to raise.
+pub const ROUTER_DEFAULT_MAX_FRAME_SIZE: usize = 16 * 1024 * 1024;
+
 /// A decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
@@ -96,9 +106,9 @@ impl FrameDecoder {
         self.max_frame_size
     }
 
-    /// Takes one complete frame off the front of `src`, or returns `Ok(None)` if more bytes are
-    /// needed. The size is checked as soon as the header is complete, before the body arrives.
-    pub fn decode(&self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+    /// Parses the header at the front of `src`: `Ok(None)` while it is incomplete, else the
+    /// flags, the header length and the body size, the size already checked against the limit.
+    fn header(&self, src: &[u8]) -> Result<Option<(u8, usize, usize)>, FrameError> {
         let Some(&flags) = src.first() else {
             return Ok(None);
         };
@@ -128,10 +138,36 @@ impl FrameDecoder {
             });
         }
         // size <= max_frame_size: usize, so the cast is lossless.
-        let size = size as usize;
+        Ok(Some((flags, header_len, size as usize)))
+    }
+
+    /// How many more bytes the frame at the front of `src` needs before [`decode`] can return
+    /// it (at least 1 while its header is incomplete; 0 if it is complete). Errors as `decode`.
+    ///
+    /// [`decode`]: FrameDecoder::decode
+    pub fn bytes_needed(&self, src: &[u8]) -> Result<usize, FrameError> {
+        Ok(match self.header(src)? {
+            None => match src.first() {
+                Some(flags) if flags & FLAG_LONG != 0 => 9 - src.len(),
+                Some(_) => 2 - src.len(),
+                None => 2,
+            },
+            Some((_, header_len, size)) => {
+                header_len.saturating_add(size).saturating_sub(src.len())
+            }
+        })
+    }
+
+    /// Takes one complete frame off the front of `src`, or returns `Ok(None)` if more bytes are
+    /// needed. The size is checked as soon as the header is complete, before the body arrives,
+    /// and nothing is reserved for the announced body: a buffer grows only as bytes arrive (a
+    /// 9-byte header announcing 64 MiB costs nothing).
+    pub fn decode(&self, src: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        let Some((flags, header_len, size)) = self.header(src)? else {
+            return Ok(None);
+        };
         let total = header_len.saturating_add(size);
         if src.len() < total {
-            src.reserve(total - src.len());
             return Ok(None);
         }
         src.advance(header_len);
@@ -189,6 +225,11 @@ impl MessageAssembler {
         }
         self.size = 0;
         Ok(Some(std::mem::take(&mut self.parts)))
+    }
+
+    /// Bytes a next frame may still carry before the message exceeds its limit.
+    pub fn remaining(&self) -> usize {
+        self.max_size.saturating_sub(self.size)
     }
 
     /// True while a multi-part message is half received.
@@ -281,6 +322,39 @@ mod tests {
     }
 
     #[test]
+    fn a_header_announcing_a_huge_frame_reserves_nothing() {
+        let dec = FrameDecoder::new(DEFAULT_MAX_FRAME_SIZE);
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&[0x02, 0, 0, 0, 0, 4, 0, 0, 0]); // 64 MiB announced
+        let before = buf.capacity();
+        assert_eq!(dec.decode(&mut buf), Ok(None));
+        assert_eq!(
+            buf.capacity(),
+            before,
+            "decode reserved for the announced body"
+        );
+        assert!(buf.capacity() < 1024);
+        assert_eq!(dec.bytes_needed(&buf), Ok(64 * 1024 * 1024));
+    }
+
+    #[test]
+    fn bytes_needed_counts_the_missing_header_and_body() {
+        let dec = FrameDecoder::new(1024);
+        assert_eq!(dec.bytes_needed(b""), Ok(2));
+        assert_eq!(dec.bytes_needed(b"\x00"), Ok(1));
+        assert_eq!(dec.bytes_needed(b"\x02\x00"), Ok(7));
+        assert_eq!(dec.bytes_needed(b"\x00\x05ab"), Ok(3));
+        assert_eq!(dec.bytes_needed(b"\x00\x02abNEXT"), Ok(0));
+        assert_eq!(
+            dec.bytes_needed(b"\x02\x00\x00\x00\x00\x00\x00\x08\x00"),
+            Err(FrameError::TooLarge {
+                size: 2048,
+                max: 1024
+            })
+        );
+    }
+
+    #[test]
     fn reserved_flag_bits_are_a_protocol_error() {
         assert_eq!(
             decode_all(b"\x08\x00", 10),
@@ -313,6 +387,12 @@ mod tests {
             a.push(Bytes::new(), true),
             Err(FrameError::TooManyFrames { max: 2 })
         );
+        let mut a = MessageAssembler::new(8, 10);
+        assert_eq!(a.remaining(), 10);
+        a.push(Bytes::from_static(b"abcd"), true).unwrap();
+        assert_eq!(a.remaining(), 6);
+        a.push(Bytes::from_static(b"ef"), false).unwrap();
+        assert_eq!(a.remaining(), 10);
         let mut a = MessageAssembler::new(8, 3);
         assert!(matches!(
             a.push(Bytes::from_static(b"abcd"), false),

@@ -26,7 +26,10 @@ use thiserror::Error;
 
 pub use command::{Command, CommandError, Properties};
 pub use conn::{Connection, HandshakeConfig, PeerInfo};
-pub use frame::{Frame, FrameDecoder, FrameError, DEFAULT_MAX_FRAME_SIZE};
+pub use frame::{
+    Frame, FrameDecoder, FrameError, DEFAULT_MAX_FRAME_SIZE, PUB_DEFAULT_MAX_FRAME_SIZE,
+    ROUTER_DEFAULT_MAX_FRAME_SIZE,
+};
 pub use greeting::{Greeting, Mechanism};
 pub use peer::{CloseReason, Heartbeat};
 pub use socket::publisher::{PubOptions, PublishReport, Publisher};

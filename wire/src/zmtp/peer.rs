@@ -5,7 +5,13 @@
 //! connection when the peer stays silent past the timeout (or past the TTL the peer announced in
 //! its PINGs), applies subscriptions (ZMTP 3.1 commands and legacy `0x01`/`0x00` frames), and
 //! writes what the role queues for it. Roles own the queues; this module owns the protocol.
+//!
+//! The driver never waits for the application: a received message goes to the role's channel
+//! with `try_send`, and when that channel is full (the application's high-water mark) the
+//! message is dropped and counted, as libzmq does at `ZMQ_RCVHWM`. So a slow application never
+//! stops the reads, and PINGs keep being answered: the peer is not dropped for silence.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,6 +76,8 @@ pub enum CloseReason {
 #[derive(Debug, Clone)]
 pub(crate) enum Outbound {
     Message(Arc<[Bytes]>),
+    /// A message already framed (encoded once, shared by every subscriber it goes to).
+    Encoded(Bytes),
     Subscribe(Bytes),
     Cancel(Bytes),
 }
@@ -121,10 +129,12 @@ impl TopicSet {
 
 /// Where received traffic goes.
 pub(crate) enum Inbound {
-    /// Messages go to the role's channel, tagged with `peer`.
+    /// Messages go to the role's channel, tagged with `peer`; when it is full they are
+    /// dropped and counted in `dropped`.
     Channel {
         tx: mpsc::Sender<Delivered>,
         peer: Bytes,
+        dropped: Arc<AtomicU64>,
     },
     /// A PUB's subscriber: subscriptions update `topics` (and wake `changed`); data is ignored.
     Topics {
@@ -192,6 +202,7 @@ where
     });
     let mut remote_ttl: Option<Duration> = None;
     let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
+    let max_frame_size = conn.max_frame_size();
 
     loop {
         let silence_limit = match (hb.map(|h| h.timeout), remote_ttl) {
@@ -200,6 +211,9 @@ where
         };
         // An unrepresentable deadline (absurdly long limit) means none.
         let deadline = silence_limit.and_then(|l| conn.last_received().checked_add(l));
+        // A message's frames share its size limit: the next frame's header is checked against
+        // what is left of it, so a message never holds more than the limit.
+        conn.set_max_frame_size(max_frame_size.min(assembler.remaining()));
         let result = tokio::select! {
             frame = conn.read_frame() => {
                 match frame {
@@ -274,13 +288,23 @@ where
                 return Ok(true);
             };
             match inbound {
-                Inbound::Channel { tx, peer } => {
+                Inbound::Channel { tx, peer, dropped } => {
                     let delivered = Delivered {
                         peer: peer.clone(),
                         frames,
                     };
-                    if tx.send(delivered).await.is_err() {
-                        return Ok(false);
+                    match tx.try_send(delivered) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            let n = dropped.fetch_add(1, Ordering::Relaxed);
+                            if n.is_power_of_two() || n == 0 {
+                                tracing::debug!(
+                                    dropped = n + 1,
+                                    "application queue full: message dropped"
+                                );
+                            }
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => return Ok(false),
                     }
                 }
                 Inbound::Topics { .. } => {
@@ -323,6 +347,7 @@ where
 {
     match out {
         Outbound::Message(parts) => conn.send_message(&parts).await?,
+        Outbound::Encoded(framed) => conn.send_encoded(&framed).await?,
         Outbound::Subscribe(topic) if peer_3_1 => {
             conn.send_command(&Command::Subscribe(topic)).await?
         }

@@ -8,10 +8,3 @@ pub mod publisher;
 pub mod req;
 pub mod router;
 pub mod subscriber;
-
-use tokio::net::TcpStream;
-
-/// TCP options every role applies to accepted and dialled sockets.
-pub(crate) fn tune(stream: &TcpStream) {
-    let _ = stream.set_nodelay(true);
-}

@@ -5,19 +5,26 @@
 //! message is dropped for that subscriber only and counted, like libzmq, so one slow minion
 //! cannot stall the others. Subscriptions arrive as ZMTP 3.1 SUBSCRIBE/CANCEL commands or as
 //! legacy `0x01`/`0x00` data frames; both are handled by [`crate::zmtp::peer`].
+//!
+//! A publish is framed once into one shared [`Bytes`] (however many subscribers it goes to) and
+//! fanned out over a snapshot of the subscriber list: the list's lock is held only to clone an
+//! `Arc`, never across an await or a queue operation, so connects, disconnects and concurrent
+//! publishes do not wait on each other.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::net::{TcpListener, TcpStream};
+
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use crate::accept::{AcceptOptions, AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
-use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
+use crate::zmtp::frame::{encode_message, PUB_DEFAULT_MAX_FRAME_SIZE};
 use crate::zmtp::peer::{drive, DriverConfig, Heartbeat, Inbound, Outbound, TopicSet};
 use crate::zmtp::SocketType;
 
@@ -28,8 +35,17 @@ pub struct PubOptions {
     pub hwm: usize,
     /// PINGs to subscribers and the silence timeout (Salt 3008 masters: 10 s / 30 s).
     pub heartbeat: Option<Heartbeat>,
+    /// Largest frame, and largest whole message, a subscriber may send (its SUBSCRIBE, CANCEL,
+    /// PING and READY); checked on the frame header before anything is allocated (default
+    /// [`PUB_DEFAULT_MAX_FRAME_SIZE`], 8 KiB).
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
+    /// Connections served at once (handshaking or established); beyond it new ones wait in the
+    /// kernel backlog. `None` (default) = no cap but the descriptor limit, where accepting backs
+    /// off instead of spinning (see [`crate::accept`]).
+    pub max_connections: Option<usize>,
+    /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for PubOptions {
@@ -37,8 +53,10 @@ impl Default for PubOptions {
         PubOptions {
             hwm: 1000,
             heartbeat: Some(Heartbeat::salt_master()),
-            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            max_frame_size: PUB_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
+            max_connections: None,
+            keepalive: Some(Keepalive::salt()),
         }
     }
 }
@@ -58,8 +76,20 @@ struct Slot {
     id: u64,
 }
 
+impl Slot {
+    fn matches(&self, first_frame: &[u8]) -> bool {
+        self.topics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .matches(first_frame)
+    }
+}
+
+/// The subscriber list: replaced (copy-on-write) on connect and disconnect, cloned by publish.
+type Slots = Arc<Vec<Arc<Slot>>>;
+
 struct Shared {
-    slots: Mutex<Vec<Slot>>,
+    slots: Mutex<Slots>,
     changed: Arc<Notify>,
     dropped: AtomicU64,
     next_id: AtomicU64,
@@ -67,8 +97,15 @@ struct Shared {
 }
 
 impl Shared {
-    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    /// The current subscribers; the lock is held only for the `Arc` clone.
+    fn snapshot(&self) -> Slots {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Changes the list in place when no publish holds a snapshot, else on a copy.
+    fn update(&self, f: impl FnOnce(&mut Vec<Arc<Slot>>)) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        f(Arc::make_mut(&mut slots));
     }
 }
 
@@ -77,6 +114,7 @@ pub struct Publisher {
     local_addr: SocketAddr,
     shared: Arc<Shared>,
     accept: JoinHandle<()>,
+    accept_stats: Arc<AcceptStats>,
 }
 
 impl Publisher {
@@ -84,18 +122,28 @@ impl Publisher {
     pub async fn bind(addr: SocketAddr, opts: PubOptions) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        let acceptor = Acceptor::new(
+            listener,
+            AcceptOptions {
+                keepalive: opts.keepalive,
+                ..AcceptOptions::default()
+            },
+        )
+        .with_max_connections(opts.max_connections);
+        let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
-            slots: Mutex::new(Vec::new()),
+            slots: Mutex::new(Arc::new(Vec::new())),
             changed: Arc::new(Notify::new()),
             dropped: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
-        let accept = tokio::spawn(accept_loop(listener, shared.clone(), opts));
+        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), Arc::new(opts)));
         Ok(Publisher {
             local_addr,
             shared,
             accept,
+            accept_stats,
         })
     }
 
@@ -104,28 +152,23 @@ impl Publisher {
     }
 
     /// Queues `parts` for every subscriber whose subscriptions prefix-match the first frame.
-    /// Never blocks; full queues drop and count.
+    /// Never blocks; full queues drop and count. The message is framed once, on the first
+    /// match, and shared by every queue it goes to.
     pub fn publish(&self, parts: Vec<Bytes>) -> PublishReport {
         let first = parts.first().cloned().unwrap_or_default();
-        let msg: Arc<[Bytes]> = parts.into();
+        let mut framed: Option<Bytes> = None;
         let mut report = PublishReport::default();
-        let slots = self.shared.slots();
-        for slot in slots.iter() {
-            let matches = slot
-                .topics
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .matches(&first);
-            if !matches {
+        for slot in self.shared.snapshot().iter() {
+            if !slot.matches(&first) {
                 continue;
             }
-            match slot.tx.try_send(Outbound::Message(msg.clone())) {
+            let msg = framed.get_or_insert_with(|| frame_once(&parts)).clone();
+            match slot.tx.try_send(Outbound::Encoded(msg)) {
                 Ok(()) => report.queued += 1,
                 Err(mpsc::error::TrySendError::Full(_)) => report.dropped += 1,
                 Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
         }
-        drop(slots);
         self.shared
             .dropped
             .fetch_add(report.dropped as u64, Ordering::Relaxed);
@@ -134,13 +177,13 @@ impl Publisher {
 
     /// Connected subscribers (handshake done), subscribed or not.
     pub fn subscriber_count(&self) -> usize {
-        self.shared.slots().len()
+        self.shared.snapshot().len()
     }
 
     /// Subscribers with at least one subscription.
     pub fn subscribed_count(&self) -> usize {
         self.shared
-            .slots()
+            .snapshot()
             .iter()
             .filter(|s| {
                 !s.topics
@@ -149,6 +192,12 @@ impl Publisher {
                     .is_empty()
             })
             .count()
+    }
+
+    /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
+    /// `Arc` to export them.
+    pub fn accept_stats(&self) -> Arc<AcceptStats> {
+        self.accept_stats.clone()
     }
 
     /// Messages dropped so far because a subscriber's queue was full.
@@ -182,27 +231,32 @@ impl Drop for Publisher {
         self.accept.abort();
         self.shared.closed.store(true, Ordering::SeqCst);
         // Dropping the senders ends every connection's driver.
-        self.shared.slots().clear();
+        self.shared.update(|slots| slots.clear());
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, opts: PubOptions) {
+/// Frames a whole message into one buffer, sized up front.
+fn frame_once(parts: &[Bytes]) -> Bytes {
+    let size: usize = parts.iter().map(|p| 9 + p.len()).sum();
+    let mut buf = BytesMut::with_capacity(size.max(2));
+    encode_message(&mut buf, parts);
+    buf.freeze()
+}
+
+async fn accept_loop(mut acceptor: Acceptor, shared: Arc<Shared>, opts: Arc<PubOptions>) {
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve(stream, peer, shared.clone(), opts.clone()));
-            }
-            Err(e) => {
-                // EMFILE/ENFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "pub accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let (stream, peer, permit) = acceptor.accept().await;
+        tokio::spawn(serve(stream, peer, shared.clone(), opts.clone(), permit));
     }
 }
 
-async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, opts: PubOptions) {
-    super::tune(&stream);
+async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    opts: Arc<PubOptions>,
+    _permit: ConnectionPermit,
+) {
     let mut hs = HandshakeConfig::new(SocketType::Pub);
     hs.as_server = true;
     hs.max_frame_size = opts.max_frame_size;
@@ -217,16 +271,21 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, opts: P
     let (tx, rx) = mpsc::channel(opts.hwm.max(1));
     let topics = Arc::new(Mutex::new(TopicSet::default()));
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-    {
-        let mut slots = shared.slots();
-        if shared.closed.load(Ordering::SeqCst) {
-            return;
+    let slot = Arc::new(Slot {
+        topics: topics.clone(),
+        tx,
+        id,
+    });
+    let mut closed = false;
+    shared.update(|slots| {
+        // Checked under the list's lock: Drop clears the list under it too.
+        closed = shared.closed.load(Ordering::SeqCst);
+        if !closed {
+            slots.push(slot);
         }
-        slots.push(Slot {
-            topics: topics.clone(),
-            tx,
-            id,
-        });
+    });
+    if closed {
+        return;
     }
     shared.changed.notify_waiters();
     let inbound = Inbound::Topics {
@@ -241,6 +300,79 @@ async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, opts: P
     )
     .await;
     tracing::debug!(%peer, ?reason, "pub subscriber closed");
-    shared.slots().retain(|s| s.id != id);
+    shared.update(|slots| slots.retain(|s| s.id != id));
     shared.changed.notify_waiters();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(publisher: &Publisher, id: u64, cap: usize) -> mpsc::Receiver<Outbound> {
+        let (tx, rx) = mpsc::channel(cap);
+        let mut topics = TopicSet::default();
+        topics.subscribe(Bytes::new());
+        let slot = Arc::new(Slot {
+            topics: Arc::new(Mutex::new(topics)),
+            tx,
+            id,
+        });
+        publisher.shared.update(|s| s.push(slot));
+        rx
+    }
+
+    fn framed(out: Outbound) -> Bytes {
+        match out {
+            Outbound::Encoded(b) => b,
+            other => panic!("expected an encoded message, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn publish_frames_once_for_all_subscribers_and_a_full_queue_only_drops_its_own() {
+        let publisher = Publisher::bind("127.0.0.1:0".parse().unwrap(), PubOptions::default())
+            .await
+            .unwrap();
+        let mut a = slot(&publisher, 1001, 8);
+        let mut stalled = slot(&publisher, 1002, 1);
+        let mut b = slot(&publisher, 1003, 8);
+        let payload = Bytes::from(vec![5u8; 300]);
+        let r = publisher.publish(vec![Bytes::from_static(b"topic"), payload.clone()]);
+        assert_eq!(
+            r,
+            PublishReport {
+                queued: 3,
+                dropped: 0
+            }
+        );
+        // The stalled subscriber's queue is now full; the others still get the next one.
+        let r = publisher.publish(vec![Bytes::from_static(b"topic"), payload]);
+        assert_eq!(
+            r,
+            PublishReport {
+                queued: 2,
+                dropped: 1
+            }
+        );
+        assert_eq!(publisher.dropped_total(), 1);
+
+        let (a1, b1) = (framed(a.try_recv().unwrap()), framed(b.try_recv().unwrap()));
+        let s1 = framed(stalled.try_recv().unwrap());
+        assert_eq!(a1.as_ptr(), b1.as_ptr(), "framed once, shared");
+        assert_eq!(a1.as_ptr(), s1.as_ptr());
+        let mut expect = BytesMut::new();
+        encode_message(&mut expect, &[&b"topic"[..], &[5u8; 300][..]]);
+        assert_eq!(a1, expect.freeze());
+        assert!(a.try_recv().is_ok() && b.try_recv().is_ok());
+        assert!(stalled.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn publish_with_no_matching_subscriber_frames_nothing() {
+        let publisher = Publisher::bind("127.0.0.1:0".parse().unwrap(), PubOptions::default())
+            .await
+            .unwrap();
+        let r = publisher.publish(vec![Bytes::from_static(b"x")]);
+        assert_eq!(r, PublishReport::default());
+    }
 }

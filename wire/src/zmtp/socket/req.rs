@@ -15,6 +15,7 @@ use thiserror::Error;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::accept::Keepalive;
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
@@ -29,6 +30,9 @@ pub struct ReqOptions {
     pub max_frame_size: usize,
     /// Bound on connect + handshake (also bounded by the request timeout).
     pub connect_timeout: Duration,
+    /// TCP keepalive on the dialled socket (default: Salt's minion `tcp_keepalive*`, idle
+    /// 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for ReqOptions {
@@ -38,6 +42,7 @@ impl Default for ReqOptions {
             heartbeat: None,
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             connect_timeout: Duration::from_secs(5),
+            keepalive: Some(Keepalive::salt()),
         }
     }
 }
@@ -150,7 +155,7 @@ impl ReqSocket {
         hs.identity = self.opts.identity.clone();
         hs.max_frame_size = self.opts.max_frame_size;
         hs.timeout = self.opts.connect_timeout;
-        let conn = Connection::connect(self.addr, &hs)
+        let conn = Connection::connect_with_keepalive(self.addr, &hs, self.opts.keepalive.as_ref())
             .await
             .map_err(|source| ReqError::Connect {
                 addr: self.addr,
@@ -165,6 +170,8 @@ impl ReqSocket {
             let inbound = Inbound::Channel {
                 tx,
                 peer: Bytes::new(),
+                // Only the reply is expected; anything unsolicited beyond it is dropped.
+                dropped: Default::default(),
             };
             let reason = drive(conn, out_rx, inbound, cfg).await;
             tracing::debug!(%addr, ?reason, "req connection closed");

@@ -14,11 +14,13 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
+
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::accept::{AcceptOptions, AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
-use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
+use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
 use crate::zmtp::SocketType;
 
@@ -27,11 +29,22 @@ use crate::zmtp::SocketType;
 pub struct RouterOptions {
     /// Salt 3008 pooled ROUTERs: PING every 10 s, drop after 30 s of silence.
     pub heartbeat: Option<Heartbeat>,
+    /// Largest frame, and largest whole message, a peer may send; checked on the frame header
+    /// before anything is allocated (default [`ROUTER_DEFAULT_MAX_FRAME_SIZE`], 16 MiB).
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
+    /// Connections served at once (handshaking or established); beyond it new ones wait in the
+    /// kernel backlog. `None` (default) = no cap but the descriptor limit, where accepting backs
+    /// off instead of spinning (see [`crate::accept`]).
+    pub max_connections: Option<usize>,
+    /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
     /// Per-peer outgoing queue.
     pub hwm: usize,
-    /// Received messages buffered before we stop reading.
+    /// Received messages (from all peers) buffered for [`Router::recv`]; beyond it messages are
+    /// dropped and counted ([`Router::dropped_inbound`]) while every connection keeps reading
+    /// and answering PINGs (libzmq's `ZMQ_RCVHWM`). A dropped request is retried by Salt's
+    /// minions after their request timeout.
     pub queue: usize,
 }
 
@@ -39,8 +52,10 @@ impl Default for RouterOptions {
     fn default() -> Self {
         RouterOptions {
             heartbeat: Some(Heartbeat::salt_master()),
-            max_frame_size: DEFAULT_MAX_FRAME_SIZE,
+            max_frame_size: ROUTER_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
+            max_connections: None,
+            keepalive: Some(Keepalive::salt()),
             hwm: 1000,
             queue: 1000,
         }
@@ -74,6 +89,7 @@ struct Shared {
     peers: Mutex<HashMap<Bytes, PeerSlot>>,
     next_id: AtomicU32,
     next_conn: AtomicU64,
+    dropped: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -88,24 +104,36 @@ pub struct Router {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Delivered>,
     accept: JoinHandle<()>,
+    accept_stats: Arc<AcceptStats>,
 }
 
 impl Router {
     pub async fn bind(addr: SocketAddr, opts: RouterOptions) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        let acceptor = Acceptor::new(
+            listener,
+            AcceptOptions {
+                keepalive: opts.keepalive,
+                ..AcceptOptions::default()
+            },
+        )
+        .with_max_connections(opts.max_connections);
+        let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(rand::random()),
             next_conn: AtomicU64::new(0),
+            dropped: Arc::default(),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let accept = tokio::spawn(accept_loop(listener, shared.clone(), tx, opts));
+        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, Arc::new(opts)));
         Ok(Router {
             local_addr,
             shared,
             rx,
             accept,
+            accept_stats,
         })
     }
 
@@ -142,6 +170,17 @@ impl Router {
         self.send(peer, frames).await
     }
 
+    /// Messages received but dropped because the receive queue (`queue`) was full.
+    pub fn dropped_inbound(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
+    /// `Arc` to export them.
+    pub fn accept_stats(&self) -> Arc<AcceptStats> {
+        self.accept_stats.clone()
+    }
+
     pub fn peer_count(&self) -> usize {
         self.shared.peers().len()
     }
@@ -155,27 +194,21 @@ impl Drop for Router {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    mut acceptor: Acceptor,
     shared: Arc<Shared>,
     tx: mpsc::Sender<Delivered>,
-    opts: RouterOptions,
+    opts: Arc<RouterOptions>,
 ) {
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                tokio::spawn(serve(
-                    stream,
-                    peer,
-                    shared.clone(),
-                    tx.clone(),
-                    opts.clone(),
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "router accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        let (stream, peer, permit) = acceptor.accept().await;
+        tokio::spawn(serve(
+            stream,
+            peer,
+            shared.clone(),
+            tx.clone(),
+            opts.clone(),
+            permit,
+        ));
     }
 }
 
@@ -191,9 +224,9 @@ async fn serve(
     addr: SocketAddr,
     shared: Arc<Shared>,
     tx: mpsc::Sender<Delivered>,
-    opts: RouterOptions,
+    opts: Arc<RouterOptions>,
+    _permit: ConnectionPermit,
 ) {
-    super::tune(&stream);
     let mut hs = HandshakeConfig::new(SocketType::Router);
     hs.as_server = true;
     hs.max_frame_size = opts.max_frame_size;
@@ -223,6 +256,7 @@ async fn serve(
     let inbound = Inbound::Channel {
         tx,
         peer: id.clone(),
+        dropped: shared.dropped.clone(),
     };
     let reason = drive(
         conn,

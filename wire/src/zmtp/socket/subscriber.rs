@@ -17,6 +17,7 @@ use rand::Rng;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+use crate::accept::Keepalive;
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
@@ -80,7 +81,12 @@ pub struct SubOptions {
     pub heartbeat: Option<Heartbeat>,
     pub max_frame_size: usize,
     pub handshake_timeout: Duration,
-    /// Received messages buffered before we stop reading from the socket.
+    /// TCP keepalive on the dialled socket (default: Salt's minion `tcp_keepalive*`, idle
+    /// 300 s); `None` = off.
+    pub keepalive: Option<Keepalive>,
+    /// Received messages buffered for [`Subscriber::recv`]; beyond it messages are dropped and
+    /// counted ([`Subscriber::dropped_inbound`]) while the connection keeps reading and
+    /// answering PINGs (libzmq's `ZMQ_RCVHWM`).
     pub queue: usize,
 }
 
@@ -91,6 +97,7 @@ impl Default for SubOptions {
             heartbeat: None,
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
+            keepalive: Some(Keepalive::salt()),
             queue: 1000,
         }
     }
@@ -103,6 +110,7 @@ enum Ctl {
 
 struct State {
     connects: AtomicU64,
+    dropped: Arc<AtomicU64>,
     connected: AtomicBool,
     changed: Notify,
 }
@@ -124,6 +132,7 @@ impl Subscriber {
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let state = Arc::new(State {
             connects: AtomicU64::new(0),
+            dropped: Arc::default(),
             connected: AtomicBool::new(false),
             changed: Notify::new(),
         });
@@ -158,6 +167,11 @@ impl Subscriber {
     /// Successful connections so far (1 after the first, +1 per reconnect).
     pub fn connect_count(&self) -> u64 {
         self.state.connects.load(Ordering::SeqCst)
+    }
+
+    /// Messages dropped so far because the receive queue (`queue`) was full.
+    pub fn dropped_inbound(&self) -> u64 {
+        self.state.dropped.load(Ordering::Relaxed)
     }
 
     /// The randomised base reconnect interval this socket picked.
@@ -206,7 +220,7 @@ async fn run(
     hs.max_frame_size = opts.max_frame_size;
     hs.timeout = opts.handshake_timeout;
     loop {
-        match Connection::connect(addr, &hs).await {
+        match Connection::connect_with_keepalive(addr, &hs, opts.keepalive.as_ref()).await {
             Ok(conn) => {
                 failures = 0;
                 state.connects.fetch_add(1, Ordering::SeqCst);
@@ -219,6 +233,7 @@ async fn run(
                 let inbound = Inbound::Channel {
                     tx: tx.clone(),
                     peer: Bytes::new(),
+                    dropped: state.dropped.clone(),
                 };
                 let cfg = DriverConfig::new(opts.heartbeat, opts.max_frame_size);
                 let driver = drive(conn, out_rx, inbound, cfg);
