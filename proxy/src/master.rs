@@ -79,7 +79,6 @@ pub struct Master {
     pub sessions: [AtomicU32; 2],
     pub registry: SessionRegistry,
     pub last_check: [Mutex<CheckReport>; 2],
-    next_session: AtomicU64,
     /// Stops this master's health checkers (on removal or shutdown).
     pub checks_stop: CancellationToken,
 }
@@ -132,7 +131,6 @@ impl Master {
             sessions: [AtomicU32::new(0), AtomicU32::new(0)],
             registry: SessionRegistry::default(),
             last_check: Default::default(),
-            next_session: AtomicU64::new(1),
             checks_stop: checks_parent.child_token(),
         }
     }
@@ -270,12 +268,12 @@ impl Master {
     /// Registers a session in a reserved slot; the returned guard unregisters it.
     pub fn register(
         mut slot: Slot,
+        id: u64,
         client: SocketAddr,
         parent: &CancellationToken,
     ) -> Registration {
         slot.armed = false;
         let (master, role) = (slot.master.clone(), slot.role);
-        let id = master.next_session.fetch_add(1, Ordering::Relaxed);
         let ctl = Arc::new(SessionCtl::new(id, role, client, parent));
         master.registry.insert(ctl.clone());
         Registration { master, ctl }
@@ -353,7 +351,7 @@ mod tests {
         drop(a); // connect failed
         assert_eq!(m.session_count(Role::Publish), 1);
         let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
-        let reg = Master::register(b, client, &CancellationToken::new());
+        let reg = Master::register(b, 1, client, &CancellationToken::new());
         assert_eq!(
             m.session_count(Role::Publish),
             1,

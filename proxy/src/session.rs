@@ -11,10 +11,12 @@ use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 
 use crate::close::CloseReason;
-use crate::listener::{tune, Permits};
+use crate::dataplane::DataPlane;
+use crate::listener::tune;
 use crate::master::{Admin, Master, Slot};
+use crate::metrics::MasterHandles;
 use crate::pump::{self, IdleLimits};
-use crate::server::Shared;
+use crate::snapshot::Snapshot;
 
 /// What the access log says about one session.
 struct Outcome<'a> {
@@ -53,6 +55,7 @@ enum Connect {
     Done {
         stream: TcpStream,
         slot: Slot,
+        handles: Arc<MasterHandles>,
         attempts: u32,
     },
     Failed {
@@ -64,16 +67,17 @@ enum Connect {
 /// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer). Each
 /// attempt first reserves a slot under the master's `maxconn`.
 async fn connect(
-    shared: &Shared,
+    ctx: &DataPlane,
     l: &ListenerConfig,
-    masters: &[Arc<Master>],
+    snap: &Snapshot,
     order: &[usize],
     peer: SocketAddr,
 ) -> Connect {
     let role = l.role;
     let mut attempts = 0u32;
     for &i in order.iter().cycle().take(1 + l.retries as usize) {
-        let master = &masters[i];
+        let master = &snap.masters[i];
+        let handles = &snap.handles[i];
         if !master.is_available() {
             continue;
         }
@@ -85,41 +89,30 @@ async fn connect(
         let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
         let failure = tokio::select! {
             r = attempt => match r {
-                Ok(Ok(stream)) => return Connect::Done { stream, slot, attempts },
+                Ok(Ok(stream)) => return Connect::Done { stream, slot, handles: handles.clone(), attempts },
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {:?}", l.timeout_connect),
             },
-            _ = shared.sessions_token.cancelled() => return Connect::Shutdown,
+            _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
         };
-        shared
-            .metrics
-            .connect_errors
-            .with_label_values(&[master.name().as_str(), role.as_str()])
-            .inc();
+        handles.connect_errors[role as usize].inc();
         tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
     }
     Connect::Failed { attempts }
 }
 
 /// Handles a client connection from accept to close.
-pub(crate) async fn handle(
-    shared: Arc<Shared>,
-    role: Role,
-    client: TcpStream,
-    peer: SocketAddr,
-    _permits: Permits,
-) {
+pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    let m = &shared.metrics;
-    let lname = role.as_str();
-    m.sessions_total.with_label_values(&[lname]).inc();
-    let live = Live(m.sessions_current.with_label_values(&[lname]));
+    let lm = ctx.listener(role);
+    lm.accepted.inc();
+    let live = Live(lm.live.clone());
     live.0.inc();
 
     // Only what the session needs is kept past this block: a publish session may live for days,
     // and must not hold an old configuration's snapshot that long.
     let (listener, picked) = {
-        let snap = shared.snapshot.load_full();
+        let snap = ctx.load();
         let listener = snap.config.listener(role).clone();
         let mut order = Vec::with_capacity(snap.masters.len());
         snap.selector(role)
@@ -128,14 +121,16 @@ pub(crate) async fn handle(
         let picked = if order.is_empty() {
             Err((CloseReason::NoMaster, 0, 0))
         } else {
-            match connect(&shared, &listener, &snap.masters, &order, peer).await {
+            match connect(&ctx, &listener, &snap, &order, peer).await {
                 Connect::Done {
                     stream,
                     slot,
+                    handles,
                     attempts,
                 } => Ok((
                     stream,
                     slot,
+                    handles,
                     connect_start.elapsed().as_millis() as u64,
                     attempts,
                 )),
@@ -154,13 +149,13 @@ pub(crate) async fn handle(
         };
         (listener, picked)
     };
-    let (master_stream, slot, connect_ms, attempts) = match picked {
+    let (master_stream, slot, handles, connect_ms, attempts) = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if reason == CloseReason::NoMaster {
                 tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
             }
-            m.refused.with_label_values(&[lname, reason.as_str()]).inc();
+            lm.refused(reason).inc();
             access_log(
                 &listener,
                 peer,
@@ -172,7 +167,7 @@ pub(crate) async fn handle(
     };
     tune(&master_stream);
 
-    let reg = Master::register(slot, peer, &shared.sessions_token);
+    let reg = Master::register(slot, ctx.session_id(), peer, &ctx.sessions_token);
     let master = reg.master.clone();
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
     // swept: close this one too rather than leave it on that master.
@@ -187,17 +182,13 @@ pub(crate) async fn handle(
         client_fin: listener.timeout_client_fin,
         server_fin: listener.timeout_server_fin,
     };
-    let bytes = [
-        m.bytes.with_label_values(&[lname, "in"]),
-        m.bytes.with_label_values(&[lname, "out"]),
-    ];
     let reason = pump::pump(
         client,
         master_stream,
         limits,
         &reg.ctl,
-        &shared.pool,
-        &bytes,
+        &ctx.pool,
+        &lm.bytes,
     )
     .await;
     let (bytes_in, bytes_out) = (
@@ -205,9 +196,7 @@ pub(crate) async fn handle(
         reg.ctl.bytes_out.load(Ordering::Relaxed),
     );
     drop(reg);
-    m.sessions_closed
-        .with_label_values(&[master.name().as_str(), lname, reason.as_str()])
-        .inc();
+    handles.closed(role, reason).inc();
     access_log(
         &listener,
         peer,

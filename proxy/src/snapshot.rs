@@ -9,6 +9,7 @@ use saltgate_config::{Config, MasterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::master::Master;
+use crate::metrics::{MasterHandles, Metrics};
 use crate::selection::{self, Selector};
 
 pub struct Snapshot {
@@ -16,6 +17,8 @@ pub struct Snapshot {
     pub generation: u64,
     pub config: Config,
     pub masters: Vec<Arc<Master>>,
+    /// The session metrics of `masters[i]`, resolved once per snapshot (not per session).
+    pub handles: Vec<Arc<MasterHandles>>,
     /// Indexed by `Role as usize`.
     pub selectors: [Box<dyn Selector>; 2],
 }
@@ -70,6 +73,7 @@ impl Snapshot {
         generation: u64,
         old: Option<&Snapshot>,
         checks_parent: &CancellationToken,
+        metrics: &Metrics,
     ) -> Result<(Snapshot, MasterDiff), ResolveError> {
         let mut diff = MasterDiff::default();
         let mut masters = Vec::with_capacity(config.masters.len());
@@ -103,6 +107,10 @@ impl Snapshot {
                 .cloned()
                 .collect();
         }
+        let handles = masters
+            .iter()
+            .map(|m| Arc::new(MasterHandles::new(metrics, &m.name())))
+            .collect();
         let n = masters.len();
         let selectors = [
             selection::for_balance(config.publish.balance, n),
@@ -113,6 +121,7 @@ impl Snapshot {
                 generation,
                 config,
                 masters,
+                handles,
                 selectors,
             },
             diff,
