@@ -234,7 +234,7 @@ async fn sessions(
             .into_iter()
             .filter(|r| role.is_none_or(|x| x == *r))
         {
-            for c in m.registry.of_role(role) {
+            for c in m.book.of_role(role) {
                 out.push(json!({
                     "id": c.id,
                     "master": m.name(),

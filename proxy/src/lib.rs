@@ -27,6 +27,7 @@ pub mod selection;
 pub mod serve;
 mod session;
 pub mod snapshot;
+pub mod upstream;
 
 pub use control::reload::ConfigSource;
 pub use control::{start, ConfigOverride, Options, Running, StartError};

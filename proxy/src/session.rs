@@ -1,5 +1,5 @@
-//! One client connection: choose a master, reserve a slot on it, connect (timeout, retries on the
-//! next candidate), register with the master, run the data path, count it, write the access-log
+//! One client connection (the L4 [`crate::serve::Serve`]): choose a master, lease a place in its
+//! book, connect (timeout, retries on the next candidate), register in the book, run the data path, count it, write the access-log
 //! line.
 
 use std::net::SocketAddr;
@@ -13,9 +13,10 @@ use tokio::net::TcpStream;
 use crate::close::CloseReason;
 use crate::dataplane::DataPlane;
 use crate::listener::tune;
-use crate::master::{Admin, Master, Slot};
+use crate::master::{Admin, Master};
 use crate::metrics::MasterHandles;
 use crate::pump::{self, IdleLimits};
+use crate::registry::Lease;
 use crate::snapshot::Snapshot;
 
 /// What the access log says about one session.
@@ -50,22 +51,25 @@ impl Drop for Live {
     }
 }
 
+/// A session connected to a master, holding its place in the master's book.
+struct Connected {
+    stream: TcpStream,
+    lease: Lease,
+    master: Arc<Master>,
+    handles: Arc<MasterHandles>,
+    attempts: u32,
+    connect_ms: u64,
+}
+
 /// How the connect phase ended.
 enum Connect {
-    Done {
-        stream: TcpStream,
-        slot: Slot,
-        handles: Arc<MasterHandles>,
-        attempts: u32,
-    },
-    Failed {
-        attempts: u32,
-    },
+    Done(Connected),
+    Failed { attempts: u32 },
     Shutdown,
 }
 
 /// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer). Each
-/// attempt first reserves a slot under the master's `maxconn`.
+/// attempt first leases a place under the master's `maxconn`.
 async fn connect(
     ctx: &DataPlane,
     l: &ListenerConfig,
@@ -81,7 +85,7 @@ async fn connect(
         if !master.is_available() {
             continue;
         }
-        let Some(slot) = master.try_reserve(role) else {
+        let Some(lease) = master.try_reserve(role) else {
             continue;
         };
         attempts += 1;
@@ -89,7 +93,7 @@ async fn connect(
         let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
         let failure = tokio::select! {
             r = attempt => match r {
-                Ok(Ok(stream)) => return Connect::Done { stream, slot, handles: handles.clone(), attempts },
+                Ok(Ok(stream)) => return Connect::Done(Connected { stream, lease, master: master.clone(), handles: handles.clone(), attempts, connect_ms: 0 }),
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {:?}", l.timeout_connect),
             },
@@ -122,18 +126,10 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
             Err((CloseReason::NoMaster, 0, 0))
         } else {
             match connect(&ctx, &listener, &snap, &order, peer).await {
-                Connect::Done {
-                    stream,
-                    slot,
-                    handles,
-                    attempts,
-                } => Ok((
-                    stream,
-                    slot,
-                    handles,
-                    connect_start.elapsed().as_millis() as u64,
-                    attempts,
-                )),
+                Connect::Done(c) => Ok(Connected {
+                    connect_ms: connect_start.elapsed().as_millis() as u64,
+                    ..c
+                }),
                 Connect::Failed { attempts: 0 } => Err((CloseReason::NoMaster, 0, 0)),
                 Connect::Failed { attempts } => Err((
                     CloseReason::ConnectFailed,
@@ -149,7 +145,14 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         };
         (listener, picked)
     };
-    let (master_stream, slot, handles, connect_ms, attempts) = match picked {
+    let Connected {
+        stream: master_stream,
+        mut lease,
+        master,
+        handles,
+        attempts,
+        connect_ms,
+    } = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if reason == CloseReason::NoMaster {
@@ -167,13 +170,12 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     };
     tune(&master_stream);
 
-    let reg = Master::register(slot, ctx.session_id(), peer, &ctx.sessions_token);
-    let master = reg.master.clone();
+    let ctl = lease.register(ctx.session_id(), peer, &ctx.sessions_token);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
     // swept: close this one too rather than leave it on that master.
     match (master.admin(), master.is_up(), listener.on_master_down) {
-        (Admin::Disabled, _, _) => reg.ctl.close(CloseReason::Disabled),
-        (_, false, OnMasterDown::Close) => reg.ctl.close(CloseReason::MasterDown),
+        (Admin::Disabled, _, _) => ctl.close(CloseReason::Disabled),
+        (_, false, OnMasterDown::Close) => ctl.close(CloseReason::MasterDown),
         _ => {}
     }
     let limits = IdleLimits {
@@ -182,20 +184,12 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         client_fin: listener.timeout_client_fin,
         server_fin: listener.timeout_server_fin,
     };
-    let reason = pump::pump(
-        client,
-        master_stream,
-        limits,
-        &reg.ctl,
-        &ctx.pool,
-        &lm.bytes,
-    )
-    .await;
+    let reason = pump::pump(client, master_stream, limits, &ctl, &ctx.pool, &lm.bytes).await;
     let (bytes_in, bytes_out) = (
-        reg.ctl.bytes_in.load(Ordering::Relaxed),
-        reg.ctl.bytes_out.load(Ordering::Relaxed),
+        ctl.bytes_in.load(Ordering::Relaxed),
+        ctl.bytes_out.load(Ordering::Relaxed),
     );
-    drop(reg);
+    drop(lease);
     handles.closed(role, reason).inc();
     access_log(
         &listener,

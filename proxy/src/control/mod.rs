@@ -235,7 +235,7 @@ impl Control {
         let m = self.find(name)?;
         let cfg = &self.data.load().config;
         let epoch = m.set_admin(Admin::Draining);
-        tracing::warn!(master = %name, sessions = m.registry.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master draining (admin)");
+        tracing::warn!(master = %name, sessions = m.book.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master draining (admin)");
         m.close_sessions_after(
             epoch,
             cfg.global.drain_timeout,
@@ -250,7 +250,7 @@ impl Control {
         let m = self.find(name)?;
         let cfg = &self.data.load().config;
         let epoch = m.set_admin(Admin::Disabled);
-        tracing::warn!(master = %name, sessions = m.registry.len(), "master disabled (admin)");
+        tracing::warn!(master = %name, sessions = m.book.len(), "master disabled (admin)");
         m.close_sessions_after(
             epoch,
             Duration::ZERO,
@@ -401,7 +401,7 @@ async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<Ma
             tracing::warn!(master = %ev.master.name(), listener = %role, sessions = n, rate_per_s = l.close_rate, "closing the sessions of a master marked DOWN");
             let (m, rate) = (ev.master.clone(), l.close_rate);
             tokio::spawn(async move {
-                m.registry
+                m.book
                     .close_paced(role, rate, CloseReason::MasterDown, || !m.is_up())
                     .await;
             });

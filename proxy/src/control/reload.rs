@@ -117,7 +117,7 @@ impl Control {
             }
         }
         for m in &diff.removed {
-            tracing::info!(master = %m.name(), sessions = m.registry.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master removed by reload: draining its sessions");
+            tracing::info!(master = %m.name(), sessions = m.book.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master removed by reload: draining its sessions");
             m.checks_stop.cancel();
             let epoch = m.set_admin(Admin::Draining);
             m.close_sessions_after(
