@@ -290,6 +290,7 @@ async fn reload(State(s): St) -> Response {
     match result {
         Ok(g) => Json(json!({ "result": "ok", "generation": g })).into_response(),
         Err(e @ ApplyError::NoSource) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ ApplyError::Stopping) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e @ ApplyError::Invalid(_)) | Err(e @ ApplyError::Token { .. }) => {
             error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
         }

@@ -25,6 +25,8 @@ pub enum ApplyError {
     Token { path: PathBuf, reason: String },
     #[error("no configuration file to reload from (saltgate runs the embedded default)")]
     NoSource,
+    #[error("saltgate is shutting down: the configuration is not reloaded")]
+    Stopping,
 }
 
 impl ApplyError {

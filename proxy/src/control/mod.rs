@@ -10,6 +10,7 @@ pub mod reload;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -82,6 +83,8 @@ pub(crate) struct Control {
     pub override_config: Option<ConfigOverride>,
     /// Cancelled at the start of shutdown: accept loops and the file watcher stop.
     pub accept_stop: CancellationToken,
+    /// Set (under `reload_lock`) when shutdown starts: no reload may bind listeners after it.
+    pub stopping: AtomicBool,
 }
 
 /// Why the proxy could not start.
@@ -164,6 +167,7 @@ pub async fn start(
         source: opts.source,
         override_config: opts.override_config,
         accept_stop: CancellationToken::new(),
+        stopping: AtomicBool::new(false),
     });
     let snapshot = Arc::downgrade(&control.data.snapshot);
     metrics.watch_masters(Box::new(move || {
@@ -195,11 +199,18 @@ impl Control {
     ) {
         signal.await;
         crate::notify::sd_notify("STOPPING=1");
+        {
+            // Under the reload lock: a reload in flight finishes first, and every later one sees
+            // `stopping` and binds nothing (its accept loops would exit at once, leaving clients
+            // in a backlog nobody serves).
+            let _reloads = self.reload_lock.lock().await;
+            self.stopping.store(true, Ordering::Release);
+            self.accept_stop.cancel();
+            // Close the listening sockets now (the accept loops let go of theirs as they stop),
+            // so new connections are refused.
+            lock(&self.listeners).clear();
+        }
         let grace = self.data.load().config.global.shutdown_grace;
-        self.accept_stop.cancel();
-        // Close the listening sockets now (the accept loops let go of theirs as they stop), so
-        // new connections are refused rather than left in a backlog nobody serves.
-        lock(&self.listeners).clear();
         self.tracker.close();
         tracing::info!(
             live_sessions = self.tracker.len(),
@@ -274,6 +285,11 @@ impl Control {
             .filter(|h| h.role == role)
             .map(|h| h.local)
             .collect()
+    }
+
+    /// Shutdown has started.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
     }
 
     pub(crate) fn admin_addr(&self) -> Option<SocketAddr> {

@@ -35,6 +35,9 @@ impl Control {
         first: bool,
     ) -> Result<u64, ApplyError> {
         let _g = self.reload_lock.lock().await;
+        if self.is_stopping() {
+            return Err(ApplyError::Stopping);
+        }
         let old = self.data.load();
         let generation = old.generation + 1;
         let token = match &config.admin.token_file {
@@ -277,6 +280,11 @@ impl Control {
         trigger: &str,
     ) -> Result<u64, ApplyError> {
         let mut seen = self.source_seen.lock().await;
+        if self.is_stopping() {
+            // No RELOADING/READY to systemd after STOPPING.
+            tracing::warn!(trigger, "reload ignored: saltgate is shutting down");
+            return Err(ApplyError::Stopping);
+        }
         crate::notify::sd_notify_reloading();
         let result = match &self.source {
             None => Err(ApplyError::NoSource),
