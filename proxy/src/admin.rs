@@ -1,11 +1,12 @@
 //! The admin HTTP API (axum on hyper, with tower layers for auth, a request timeout and a
 //! concurrency limit): health endpoints, `/metrics`, master state, sessions, drain, disable, enable
-//! and reload. Every error is JSON naming the problem.
+//! and reload. Every error is JSON naming the problem. The API stays up through the shutdown drain
+//! (`/readyz` answers 503 from its start) and stops when shutdown completes.
 //!
 //! | route | |
 //! |---|---|
 //! | `GET /healthz` | the process is alive (no token needed) |
-//! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (no token needed) |
+//! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (also while shutting down) (no token needed) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/masters` | state, sessions per port, last check of every master |
 //! | `GET /api/v1/sessions?master=&listener=` | live sessions, filtered |
@@ -47,6 +48,8 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn token(&self) -> Arc<Option<String>>;
     /// The Prometheus exposition.
     fn render_metrics(&self) -> String;
+    /// Shutdown has started (the API stays up through the drain).
+    fn stopping(&self) -> bool;
     /// Every listener role has a bound listener.
     fn listening(&self) -> bool;
     fn drain(&self, name: &str) -> Result<MasterState, AdminError>;
@@ -125,9 +128,11 @@ async fn readyz(State(s): St) -> Response {
         .map(|m| m.name())
         .collect();
     let listening = s.listening();
+    let stopping = s.stopping();
+    let ready = !up.is_empty() && listening && !stopping;
     let body =
-        json!({ "ready": !up.is_empty() && listening, "masters_up": up, "listening": listening });
-    let code = if !up.is_empty() && listening {
+        json!({ "ready": ready, "masters_up": up, "listening": listening, "stopping": stopping });
+    let code = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -83,6 +83,9 @@ pub(crate) struct Control {
     pub override_config: Option<ConfigOverride>,
     /// Cancelled at the start of shutdown: accept loops and the file watcher stop.
     pub accept_stop: CancellationToken,
+    /// Cancelled when shutdown is complete: the admin API serves `/metrics` and `/readyz` (503)
+    /// through the drain.
+    pub admin_stop: CancellationToken,
     /// Set (under `reload_lock`) when shutdown starts: no reload may bind listeners after it.
     pub stopping: AtomicBool,
 }
@@ -167,6 +170,7 @@ pub async fn start(
         source: opts.source,
         override_config: opts.override_config,
         accept_stop: CancellationToken::new(),
+        admin_stop: CancellationToken::new(),
         stopping: AtomicBool::new(false),
     });
     let snapshot = Arc::downgrade(&control.data.snapshot);
@@ -178,6 +182,7 @@ pub async fn start(
     if let Err(e) = control.apply(config, true).await {
         control.checks_stop.cancel();
         control.accept_stop.cancel();
+        control.admin_stop.cancel();
         return Err(e);
     }
     if let (Some(every), Some(src)) = (opts.watch, control.source.clone()) {
@@ -229,6 +234,7 @@ impl Control {
             self.tracker.wait().await;
         }
         self.checks_stop.cancel();
+        self.admin_stop.cancel();
         tracing::info!("shutdown complete");
         done.cancel();
     }
@@ -308,6 +314,10 @@ impl AdminOps for Control {
 
     fn render_metrics(&self) -> String {
         self.metrics.render()
+    }
+
+    fn stopping(&self) -> bool {
+        self.is_stopping()
     }
 
     fn listening(&self) -> bool {

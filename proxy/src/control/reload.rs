@@ -263,7 +263,7 @@ impl Control {
         }
         if let Some(sock) = sock {
             let local = sock.local_addr().unwrap_or(cfg.admin.bind);
-            let stop = self.accept_stop.child_token();
+            let stop = self.admin_stop.child_token();
             tracing::info!(addr = %local, "admin API listening");
             tokio::spawn(crate::admin::serve(sock, self.clone(), stop.clone()));
             *running = Some(AdminHandle {
