@@ -136,6 +136,24 @@ impl Master {
         self.book.try_lease(role, self.cfg().maxconn)
     }
 
+    /// Closes this master's sessions while it stays DOWN, at `rates[role]` per second on the roles
+    /// given (`None`: that listener keeps its sessions). Stops when the master comes back UP, and
+    /// when a newer call takes over: one paced close per master at a time, so a flapping master
+    /// does not multiply the close rate (the epoch pattern drain uses).
+    pub fn close_while_down(self: &Arc<Self>, rates: [Option<u32>; 2], reason: CloseReason) {
+        let epoch = self.upstream.next_down_epoch();
+        for role in Role::ALL {
+            let Some(rate) = rates[role as usize] else {
+                continue;
+            };
+            let m = self.clone();
+            tokio::spawn(async move {
+                let current = || m.upstream.down_epoch() == epoch && !m.is_up();
+                m.book.close_paced(role, rate, reason, current).await;
+            });
+        }
+    }
+
     /// Closes this master's sessions of both roles after `grace` (at `rates[role]` per second),
     /// as long as its admin state is still the one set at `epoch` (see [`Master::set_admin`]); an
     /// `enable` in between, even mid-way, stops it. Used by drain, disable and removal.
@@ -188,6 +206,35 @@ mod tests {
         };
         let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
         Arc::new(Master::new(cfg, [a, a], &CancellationToken::new()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flapping_master_has_one_paced_close_at_a_time() {
+        let m = master(None);
+        let parent = CancellationToken::new();
+        let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        let leases: Vec<_> = (0..100)
+            .map(|id| {
+                let mut l = m.try_reserve(Role::Publish).unwrap();
+                l.register(id, client, &parent);
+                l
+            })
+            .collect();
+        // DOWN, UP, DOWN, UP, ... faster than the pace: every DOWN flip starts a paced close.
+        for _ in 0..4 {
+            m.set_port(Role::Publish, true);
+            assert_eq!(m.set_port(Role::Publish, false), Some(Flip::Down));
+            m.close_while_down([Some(10), None], CloseReason::MasterDown);
+        }
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        let closed = leases
+            .iter()
+            .filter(|l| l.ctl().is_some_and(|c| c.cancel.is_cancelled()))
+            .count();
+        assert!(
+            (10..=12).contains(&closed),
+            "10 per second for about a second, whatever the flaps: {closed} closed"
+        );
     }
 
     #[test]

@@ -415,22 +415,16 @@ async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<Ma
             continue;
         }
         let snap = control.data.load();
-        for role in Role::ALL {
+        let rates = Role::ALL.map(|role| {
             let l = snap.config.listener(role);
-            if l.on_master_down != OnMasterDown::Close {
-                continue;
-            }
+            (l.on_master_down == OnMasterDown::Close).then_some(l.close_rate)
+        });
+        for role in Role::ALL {
             let n = ev.master.session_count(role);
-            if n == 0 {
-                continue;
+            if let (Some(rate), true) = (rates[role as usize], n > 0) {
+                tracing::warn!(master = %ev.master.name(), listener = %role, sessions = n, rate_per_s = rate, "closing the sessions of a master marked DOWN");
             }
-            tracing::warn!(master = %ev.master.name(), listener = %role, sessions = n, rate_per_s = l.close_rate, "closing the sessions of a master marked DOWN");
-            let (m, rate) = (ev.master.clone(), l.close_rate);
-            tokio::spawn(async move {
-                m.book
-                    .close_paced(role, rate, CloseReason::MasterDown, || !m.is_up())
-                    .await;
-            });
         }
+        ev.master.close_while_down(rates, CloseReason::MasterDown);
     }
 }
