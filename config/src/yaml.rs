@@ -104,6 +104,7 @@ struct RawGlobal {
     shutdown_grace: Option<Sp<DurationText>>,
     raise_nofile: Option<bool>,
     drain_timeout: Option<Sp<DurationText>>,
+    tcp_user_timeout: Option<Sp<DurationText>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -441,6 +442,11 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
                 .duration(v, "global.drain_timeout")
                 .unwrap_or(global.drain_timeout);
         }
+        global.tcp_user_timeout = c.idle_timeout(
+            &g.tcp_user_timeout,
+            "global.tcp_user_timeout",
+            global.tcp_user_timeout,
+        );
     }
     let mut admin = AdminConfig::default();
     if let Some(a) = &raw.admin {

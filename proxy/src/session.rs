@@ -115,9 +115,10 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
 
     // Only what the session needs is kept past this block: a publish session may live for days,
     // and must not hold an old configuration's snapshot that long.
-    let (listener, picked) = {
+    let (listener, user_timeout, picked) = {
         let snap = ctx.load();
         let listener = snap.config.listener(role).clone();
+        let user_timeout = snap.config.global.tcp_user_timeout;
         let mut order = Vec::with_capacity(snap.masters.len());
         snap.selector(role)
             .order(&snap.masters, role, peer.ip(), &mut order);
@@ -143,7 +144,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
                 )),
             }
         };
-        (listener, picked)
+        (listener, user_timeout, picked)
     };
     let Connected {
         stream: master_stream,
@@ -168,7 +169,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
             return;
         }
     };
-    tune(&master_stream);
+    tune(&master_stream, user_timeout);
 
     let ctl = lease.register(ctx.session_id(), peer, &ctx.sessions_token);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were

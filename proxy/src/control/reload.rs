@@ -233,6 +233,7 @@ impl Control {
                 errors,
                 stop.clone(),
                 move |stream, peer, permits| {
+                    listener::tune(&stream, data.load().config.global.tcp_user_timeout);
                     let session = to_serve.serve(data.clone(), stream, peer);
                     tracker.spawn(async move {
                         // The permits are held for the session's whole life.
