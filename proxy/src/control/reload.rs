@@ -42,7 +42,7 @@ impl Control {
         let generation = old.generation + 1;
         let token = match &config.admin.token_file {
             None => None,
-            Some(p) => Some(read_token(p)?),
+            Some(p) => Some(read_token(p).await?),
         };
         let (snap, diff) = Snapshot::build(
             config,
@@ -365,12 +365,17 @@ fn read_source(
     saltgate_config::parse(&text, Some(&src.path), src.format)
 }
 
-fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
+/// Reads the admin token off the runtime, bounded by [`READ_TIMEOUT`] (a hung filesystem must
+/// not stall sessions, nor hold the reload lock forever).
+async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
     let err = |reason: String| ApplyError::Token {
         path: path.to_path_buf(),
         reason,
     };
-    let t = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let bytes = read_file(path.to_path_buf())
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let t = String::from_utf8(bytes).map_err(|_| err("the file is not UTF-8 text".into()))?;
     let t = t.trim();
     if t.is_empty() {
         return Err(err("the file is empty".into()));
