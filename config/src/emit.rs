@@ -45,6 +45,11 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         "  drain_timeout: {}        # a drained or removed master's sessions are closed after this",
         format_duration(c.global.drain_timeout)
     )?;
+    writeln!(
+        o,
+        "  tcp_user_timeout: {}     # unacknowledged data this long drops a session's connection",
+        idle(c.global.tcp_user_timeout)
+    )?;
     writeln!(o)?;
     writeln!(
         o,

@@ -74,6 +74,9 @@ pub struct Global {
     pub raise_nofile: bool,
     /// How long a drained (or removed) master's live sessions may continue before they are closed.
     pub drain_timeout: Duration,
+    /// TCP_USER_TIMEOUT on both legs of every session: how long sent data may stay unacknowledged
+    /// before the kernel drops the connection (a blackholed peer). `None`: the kernel's default.
+    pub tcp_user_timeout: Option<Duration>,
 }
 
 impl Default for Global {
@@ -83,6 +86,7 @@ impl Default for Global {
             shutdown_grace: defaults::SHUTDOWN_GRACE,
             raise_nofile: true,
             drain_timeout: defaults::DRAIN_TIMEOUT,
+            tcp_user_timeout: Some(defaults::TCP_USER_TIMEOUT),
         }
     }
 }
@@ -372,5 +376,6 @@ pub mod defaults {
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     pub const WEIGHT: u32 = 1;
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(60);
     pub const ADMIN_PORT: u16 = 9505;
 }

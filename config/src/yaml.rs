@@ -19,7 +19,13 @@ use crate::yaml_tree::{self, Kind, Node};
 use crate::yaml_values::{join, Checker, Fields};
 
 const ROOT_KEYS: &[&str] = &["global", "health", "masters", "listeners", "admin"];
-const GLOBAL_KEYS: &[&str] = &["maxconn", "shutdown_grace", "raise_nofile", "drain_timeout"];
+const GLOBAL_KEYS: &[&str] = &[
+    "maxconn",
+    "shutdown_grace",
+    "raise_nofile",
+    "drain_timeout",
+    "tcp_user_timeout",
+];
 const ADMIN_KEYS: &[&str] = &["enabled", "bind", "token_file", "allow_unauthenticated"];
 const HEALTH_KEYS: &[&str] = &[
     "interval",
@@ -359,6 +365,11 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
             )
             .unwrap_or(global.drain_timeout);
     }
+    global.tcp_user_timeout = c.idle_timeout(
+        g.get("tcp_user_timeout"),
+        "global.tcp_user_timeout",
+        global.tcp_user_timeout,
+    );
 
     let admin = admin(&mut c, top.get("admin"));
     let health = c.health(top.get("health"), HealthSettings::default(), "health");

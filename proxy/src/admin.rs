@@ -1,11 +1,12 @@
 //! The admin HTTP API (axum on hyper, with tower layers for auth, a request timeout and a
 //! concurrency limit): health endpoints, `/metrics`, master state, sessions, drain, disable, enable
-//! and reload. Every error is JSON naming the problem.
+//! and reload. Every error is JSON naming the problem. The API stays up through the shutdown drain
+//! (`/readyz` answers 503 from its start) and stops when shutdown completes.
 //!
 //! | route | |
 //! |---|---|
 //! | `GET /healthz` | the process is alive (no token needed) |
-//! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (no token needed) |
+//! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (also while shutting down) (no token needed) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/masters` | state, sessions per port, last check of every master |
 //! | `GET /api/v1/sessions?master=&listener=` | live sessions, filtered |
@@ -27,23 +28,49 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{AdminError, ApplyError};
 use crate::master::{CheckReport, MasterState};
-use crate::server::{AdminError, ApplyError, Shared};
+use crate::serve::BoxFuture;
+use crate::snapshot::Snapshot;
 
 /// Longest an admin request may take (a reload resolves names and binds sockets).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Admin requests served at once; more wait.
 pub const MAX_CONCURRENT: usize = 16;
 
-type St = State<Arc<Shared>>;
+/// What the API asks of the control plane. Defined here and implemented by
+/// [`crate::control`], so the API does not depend on the control plane's insides (and the
+/// control plane, which starts the API, is the only one of the two that imports the other).
+pub(crate) trait AdminOps: Send + Sync + 'static {
+    /// The snapshot in force.
+    fn snapshot(&self) -> Arc<Snapshot>;
+    /// The bearer token every route but the probes needs, if configured.
+    fn token(&self) -> Arc<Option<String>>;
+    /// The Prometheus exposition.
+    fn render_metrics(&self) -> String;
+    /// The recent flips, reloads, admin actions and checks (the status page's history).
+    fn events(&self) -> &crate::events::EventLog;
+    /// Shutdown has started (the API stays up through the drain).
+    fn stopping(&self) -> bool;
+    /// Every listener role has a bound listener.
+    fn listening(&self) -> bool;
+    fn drain(&self, name: &str) -> Result<MasterState, AdminError>;
+    fn disable(&self, name: &str) -> Result<MasterState, AdminError>;
+    fn enable(&self, name: &str) -> Result<MasterState, AdminError>;
+    /// Reloads the configuration file (runs to completion even if the caller goes away).
+    fn reload(self: Arc<Self>) -> BoxFuture<Result<u64, ApplyError>>;
+}
+
+type Ops = Arc<dyn AdminOps>;
+type St = State<Ops>;
 
 fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(json!({ "error": msg.into() }))).into_response()
 }
 
 /// Serves the API on `sock` until `stop` is cancelled.
-pub(crate) async fn serve(sock: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
-    let app = router(shared);
+pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) {
+    let app = router(ops);
     if let Err(e) = axum::serve(sock, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await
@@ -52,7 +79,7 @@ pub(crate) async fn serve(sock: TcpListener, shared: Arc<Shared>, stop: Cancella
     }
 }
 
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
+pub(crate) fn router(shared: Ops) -> Router {
     let api = Router::new()
         .route("/metrics", get(metrics))
         .route("/api/v1/masters", get(masters))
@@ -82,7 +109,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn auth(State(s): St, req: Request, next: Next) -> Response {
-    let token = s.token.load_full();
+    let token = s.token();
     if let Some(want) = token.as_ref() {
         let got = req
             .headers()
@@ -97,17 +124,19 @@ async fn auth(State(s): St, req: Request, next: Next) -> Response {
 }
 
 async fn readyz(State(s): St) -> Response {
-    let snap = s.snapshot.load();
+    let snap = s.snapshot();
     let up: Vec<String> = snap
         .masters
         .iter()
         .filter(|m| m.is_available())
         .map(|m| m.name())
         .collect();
-    let listening = Role::ALL.iter().all(|&r| !s.local_addrs(r).is_empty());
+    let listening = s.listening();
+    let stopping = s.stopping();
+    let ready = !up.is_empty() && listening && !stopping;
     let body =
-        json!({ "ready": !up.is_empty() && listening, "masters_up": up, "listening": listening });
-    let code = if !up.is_empty() && listening {
+        json!({ "ready": ready, "masters_up": up, "listening": listening, "stopping": stopping });
+    let code = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -118,7 +147,7 @@ async fn readyz(State(s): St) -> Response {
 async fn metrics(State(s): St) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        s.render_metrics(),
     )
         .into_response()
 }
@@ -162,7 +191,7 @@ fn view(m: &crate::master::Master) -> MasterView {
 }
 
 async fn masters(State(s): St) -> Response {
-    let snap = s.snapshot.load();
+    let snap = s.snapshot();
     let list: Vec<MasterView> = snap.masters.iter().map(|m| view(m)).collect();
     Json(json!({ "generation": snap.generation, "masters": list })).into_response()
 }
@@ -198,7 +227,7 @@ async fn sessions(
             )
         }
     };
-    let snap = s.snapshot.load();
+    let snap = s.snapshot();
     if let Some(name) = &f.master {
         if snap.master(name).is_none() {
             return error(StatusCode::NOT_FOUND, format!("no master named {name:?}"));
@@ -214,7 +243,7 @@ async fn sessions(
             .into_iter()
             .filter(|r| role.is_none_or(|x| x == *r))
         {
-            for c in m.registry.of_role(role) {
+            for c in m.book.of_role(role) {
                 out.push(json!({
                     "id": c.id,
                     "master": m.name(),
@@ -244,11 +273,11 @@ async fn master_action(State(s): St, Path((name, action)): Path<(String, String)
     };
     match r {
         Ok(state) => {
-            s.metrics.events.admin(&name, &action, state.as_str());
+            s.events().admin(&name, &action, state.as_str());
             Json(json!({ "master": name, "action": action, "state": state })).into_response()
         }
         Err(AdminError::NoSuchMaster(n)) => {
-            let names: Vec<String> = s.snapshot.load().masters.iter().map(|m| m.name()).collect();
+            let names: Vec<String> = s.snapshot().masters.iter().map(|m| m.name()).collect();
             (
                 StatusCode::NOT_FOUND,
                 Json(json!({ "error": format!("no master named {n:?}"), "masters": names })),
@@ -261,7 +290,7 @@ async fn master_action(State(s): St, Path((name, action)): Path<(String, String)
 async fn reload(State(s): St) -> Response {
     // In its own task: if the request times out or the client goes away, the reload still
     // completes (and systemd still gets READY=1).
-    let task = tokio::spawn(async move { s.reload_from_source("admin API").await });
+    let task = tokio::spawn(s.reload());
     let Ok(result) = task.await else {
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -271,6 +300,7 @@ async fn reload(State(s): St) -> Response {
     match result {
         Ok(g) => Json(json!({ "result": "ok", "generation": g })).into_response(),
         Err(e @ ApplyError::NoSource) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ ApplyError::Stopping) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e @ ApplyError::Invalid(_)) | Err(e @ ApplyError::Token { .. }) => {
             error(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
         }

@@ -113,18 +113,19 @@ pub async fn run_port_checks(
             Ok(()) => "ok".to_string(),
             Err(e) => e.clone(),
         };
-        if let Ok(mut last) = master.last_check[role as usize].lock() {
-            *last = CheckReport {
+        master.upstream.set_last_check(
+            role,
+            CheckReport {
                 ok,
                 detail: detail.clone(),
                 duration_ms: took.as_millis() as u64,
-            };
-        }
+            },
+        );
         metrics
             .events
             .check(&name, role.as_str(), ok, took, &detail);
         let flipped = state.record(ok, &settings);
-        master.mark_checked(role);
+        master.upstream.mark_checked(role);
         if let Some(port_state) = flipped {
             if let Some(flip) = master.set_port(role, port_state == PortState::Up) {
                 log_flip(&master, role, flip, &state, &detail);

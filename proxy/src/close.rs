@@ -61,6 +61,11 @@ impl CloseReason {
         }
     }
 
+    /// Position in [`CloseReason::ALL`] (for tables indexed by reason).
+    pub fn index(self) -> usize {
+        self as usize - 1
+    }
+
     pub fn from_u8(n: u8) -> Option<CloseReason> {
         Self::ALL.into_iter().find(|r| *r as u8 == n)
     }
@@ -88,5 +93,8 @@ mod tests {
             Some(CloseReason::Shutdown)
         );
         assert_eq!(CloseReason::from_u8(0), None);
+        for (i, r) in CloseReason::ALL.into_iter().enumerate() {
+            assert_eq!(r.index(), i);
+        }
     }
 }

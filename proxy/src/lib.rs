@@ -1,16 +1,21 @@
 //! saltgate: an L4 proxy and load balancer for Salt master clusters, as a library. The `saltgate`
-//! binary (`main.rs`) is a thin CLI over [`server::start`].
+//! binary (`main.rs`) is a thin CLI over [`control::start`].
 //!
-//! Data flow: [`listener`] accepts → [`session`] picks a master with the listener's
-//! [`selection::Selector`] over the current [`snapshot::Snapshot`], connects, registers the session
-//! with the master ([`registry`]) and runs [`pump`] until a [`close::CloseReason`]. [`check`] runs
-//! the probers and feeds [`health`]; a master that goes DOWN has its sessions closed at a bounded
-//! pace.
+//! Two planes. The control plane ([`control`] with its [`control::reload`], and [`admin`]) owns the listeners, reload,
+//! health checks and admin actions. The data plane is what a connection sees: a listener's
+//! [`serve::Serve`] gets each accepted stream with the [`dataplane::DataPlane`] context; the L4
+//! [`session`] picks a master with the listener's [`selection::Selector`] over the current
+//! [`snapshot::Snapshot`], connects, registers the session with the master ([`registry`]) and runs
+//! [`pump`] until a [`close::CloseReason`]. [`check`] runs the probers and feeds [`health`]; a
+//! master that goes DOWN has its sessions closed at a bounded pace.
 
 pub mod admin;
 pub mod check;
 pub mod close;
+pub mod control;
 pub mod ctl;
+pub mod dataplane;
+pub mod error;
 pub mod events;
 pub mod health;
 pub mod listener;
@@ -20,11 +25,12 @@ pub mod notify;
 pub mod pump;
 pub mod registry;
 pub mod selection;
-pub mod server;
+pub mod serve;
 mod session;
 pub mod snapshot;
 pub mod status_page;
+pub mod upstream;
 
-pub use server::{
-    start, AdminError, ApplyError, ConfigOverride, ConfigSource, Options, Running, StartError,
-};
+pub use control::reload::ConfigSource;
+pub use control::{start, ConfigOverride, Options, Running, StartError};
+pub use error::{AdminError, ApplyError};

@@ -38,8 +38,10 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     TcpListener::from_std(s.into())
 }
 
-/// Sets nodelay and keepalive on a session socket. Failures are logged, not fatal.
-pub fn tune(stream: &TcpStream) {
+/// Sets nodelay, keepalive and TCP_USER_TIMEOUT (`global.tcp_user_timeout`: unacknowledged data
+/// this long drops the connection, so a blackholed peer does not pin a session and its buffer
+/// until the idle timeout) on a session socket. Failures are logged, not fatal.
+pub fn tune(stream: &TcpStream, user_timeout: Option<Duration>) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "set_nodelay failed");
     }
@@ -47,8 +49,14 @@ pub fn tune(stream: &TcpStream) {
         .with_time(KEEPALIVE_TIME)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_RETRIES);
-    if let Err(e) = SockRef::from(stream).set_tcp_keepalive(&ka) {
+    let sock = SockRef::from(stream);
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "set_tcp_keepalive failed");
+    }
+    if user_timeout.is_some() {
+        if let Err(e) = sock.set_tcp_user_timeout(user_timeout) {
+            tracing::debug!(error = %e, "set_tcp_user_timeout failed");
+        }
     }
 }
 
@@ -121,7 +129,7 @@ pub struct Permits {
     _global: Option<OwnedSemaphorePermit>,
 }
 
-/// Accepts connections until `stop` is cancelled, handing each to `on_accept`.
+/// Accepts connections until `stop` is cancelled, handing each to `on_accept` (which tunes it).
 pub async fn accept_loop<F>(
     listener: Arc<TcpListener>,
     role: Role,
@@ -150,7 +158,6 @@ pub async fn accept_loop<F>(
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
-                tune(&stream);
                 on_accept(stream, peer, permits);
             }
             Err(e) if is_exhaustion(&e) => {

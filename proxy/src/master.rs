@@ -1,109 +1,31 @@
-//! A master at run time: its resolved addresses, health per port, administrative state (enabled,
-//! draining, disabled), session counters and registry. Shared (`Arc`) by snapshots, health checkers
-//! and sessions; kept across reloads while its name and addresses do not change, so its health and
-//! sessions carry over.
+//! A master at run time: its configuration and resolved addresses, its upstream state (health per
+//! port, admin state: [`Upstream`]) and its session book ([`SessionBook`]). Shared (`Arc`) by
+//! snapshots, health checkers and sessions; kept across reloads while its name and addresses do not
+//! change, so its health and sessions carry over.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, Guard};
 use saltgate_config::{MasterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
-use crate::registry::{Registration, SessionCtl, SessionRegistry};
-
-/// The last check of one port, for the logs and the admin API.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct CheckReport {
-    pub ok: bool,
-    pub detail: String,
-    /// Milliseconds the check took.
-    pub duration_ms: u64,
-}
-
-/// What an operator asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Admin {
-    Enabled = 0,
-    /// No new sessions; live ones end by themselves or at the drain deadline.
-    Draining = 1,
-    /// No new sessions; live ones were closed.
-    Disabled = 2,
-}
-
-/// A master's state as operators see it (admin API, metrics).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MasterState {
-    Up,
-    Down,
-    Draining,
-    Disabled,
-}
-
-impl MasterState {
-    pub const ALL: [MasterState; 4] = [
-        MasterState::Up,
-        MasterState::Down,
-        MasterState::Draining,
-        MasterState::Disabled,
-    ];
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MasterState::Up => "up",
-            MasterState::Down => "down",
-            MasterState::Draining => "draining",
-            MasterState::Disabled => "disabled",
-        }
-    }
-}
+use crate::close::CloseReason;
+use crate::registry::{Lease, SessionBook};
+pub use crate::upstream::{Admin, CheckReport, Flip, MasterState, Upstream};
 
 #[derive(Debug)]
 pub struct Master {
     cfg: ArcSwap<MasterConfig>,
     /// Resolved publish and request addresses, indexed by `Role as usize`.
     pub addrs: [SocketAddr; 2],
-    port_up: [AtomicBool; 2],
-    port_checked: [AtomicBool; 2],
-    /// Overall health: 1 UP (both ports), 2 DOWN (a port is down).
-    up: AtomicU8,
-    /// Serialises the aggregation of the two ports into `up`.
-    flip: Mutex<()>,
-    admin: AtomicU8,
-    /// Bumped by every drain/disable/enable, so a stale drain deadline does nothing.
-    admin_epoch: AtomicU64,
-    /// Live sessions per role.
-    pub sessions: [AtomicU32; 2],
-    pub registry: SessionRegistry,
-    pub last_check: [Mutex<CheckReport>; 2],
-    next_session: AtomicU64,
+    /// Health and admin state: where new sessions may go.
+    pub upstream: Upstream,
+    /// The sessions this master holds.
+    pub book: Arc<SessionBook>,
     /// Stops this master's health checkers (on removal or shutdown).
     pub checks_stop: CancellationToken,
-}
-
-/// A session slot reserved on a master before connecting; released on drop unless registered.
-pub struct Slot {
-    master: Arc<Master>,
-    role: Role,
-    armed: bool,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if self.armed {
-            self.master.sessions[self.role as usize].fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// A change of a master's overall health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flip {
-    Up,
-    Down,
 }
 
 impl Master {
@@ -112,27 +34,18 @@ impl Master {
         addrs: [SocketAddr; 2],
         checks_parent: &CancellationToken,
     ) -> Self {
-        // A master without checks is never checked: its first round is done from the start.
-        let unchecked = !cfg.check;
         let admin = if cfg.disabled {
             Admin::Disabled
         } else {
             Admin::Enabled
         };
+        // A master without checks is never checked: its first round is done from the start.
+        let upstream = Upstream::new(admin, !cfg.check);
         Self {
             cfg: ArcSwap::from_pointee(cfg),
             addrs,
-            // As HAProxy: a master is UP until its checks say otherwise (`fall` failures).
-            port_up: [AtomicBool::new(true), AtomicBool::new(true)],
-            port_checked: [AtomicBool::new(unchecked), AtomicBool::new(unchecked)],
-            up: AtomicU8::new(1),
-            flip: Mutex::new(()),
-            admin: AtomicU8::new(admin as u8),
-            admin_epoch: AtomicU64::new(0),
-            sessions: [AtomicU32::new(0), AtomicU32::new(0)],
-            registry: SessionRegistry::default(),
-            last_check: Default::default(),
-            next_session: AtomicU64::new(1),
+            upstream,
+            book: Arc::default(),
             checks_stop: checks_parent.child_token(),
         }
     }
@@ -165,120 +78,80 @@ impl Master {
 
     /// UP by its checks (both ports).
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire) == 1
+        self.upstream.is_up()
     }
 
     pub fn admin(&self) -> Admin {
-        match self.admin.load(Ordering::Acquire) {
-            1 => Admin::Draining,
-            2 => Admin::Disabled,
-            _ => Admin::Enabled,
-        }
+        self.upstream.admin()
     }
 
-    /// Sets the admin state; returns the new epoch (see [`Master::admin_epoch`]).
+    /// Sets the admin state; returns the new epoch (see [`Upstream::set_admin`]).
     pub fn set_admin(&self, a: Admin) -> u64 {
-        self.admin.store(a as u8, Ordering::Release);
-        self.admin_epoch.fetch_add(1, Ordering::AcqRel) + 1
+        self.upstream.set_admin(a)
     }
 
     pub fn admin_epoch(&self) -> u64 {
-        self.admin_epoch.load(Ordering::Acquire)
+        self.upstream.admin_epoch()
     }
 
     pub fn state(&self) -> MasterState {
-        match (self.admin(), self.is_up()) {
-            (Admin::Disabled, _) => MasterState::Disabled,
-            (Admin::Draining, _) => MasterState::Draining,
-            (Admin::Enabled, true) => MasterState::Up,
-            (Admin::Enabled, false) => MasterState::Down,
-        }
+        self.upstream.state()
     }
 
     /// May take new sessions: UP and enabled.
     pub fn is_available(&self) -> bool {
-        self.is_up() && self.admin() == Admin::Enabled
+        self.upstream.is_available()
     }
 
     /// Both ports have completed at least one check.
     pub fn first_round_done(&self) -> bool {
-        self.port_checked.iter().all(|c| c.load(Ordering::Acquire))
+        self.upstream.first_round_done()
     }
 
     /// Below its per-port session cap on `role`.
     pub fn has_room(&self, role: Role) -> bool {
-        self.cfg()
-            .maxconn
-            .is_none_or(|m| self.sessions[role as usize].load(Ordering::Acquire) < m)
+        self.cfg().maxconn.is_none_or(|m| self.book.count(role) < m)
     }
 
+    /// Sessions on `role`, connecting or live.
     pub fn session_count(&self, role: Role) -> u32 {
-        self.sessions[role as usize].load(Ordering::Acquire)
+        self.book.count(role)
     }
 
     /// Records a port's state; returns the master's flip if its overall health changed.
     pub fn set_port(&self, role: Role, up: bool) -> Option<Flip> {
-        let _g = self.flip.lock().unwrap_or_else(|p| p.into_inner());
-        self.port_up[role as usize].store(up, Ordering::Release);
-        self.port_checked[role as usize].store(true, Ordering::Release);
-        let now = if self.port_up.iter().all(|p| p.load(Ordering::Acquire)) {
-            1
-        } else {
-            2
-        };
-        let was = self.up.swap(now, Ordering::AcqRel);
-        match (was == now, now) {
-            (false, 1) => Some(Flip::Up),
-            (false, 2) => Some(Flip::Down),
-            _ => None,
-        }
-    }
-
-    /// Records that a check of `role` completed (whatever its result).
-    pub fn mark_checked(&self, role: Role) {
-        self.port_checked[role as usize].store(true, Ordering::Release);
+        self.upstream.set_port(role, up)
     }
 
     pub fn port_is_up(&self, role: Role) -> bool {
-        self.port_up[role as usize].load(Ordering::Acquire)
+        self.upstream.port_is_up(role)
     }
 
     pub fn last_check(&self, role: Role) -> CheckReport {
-        self.last_check[role as usize]
-            .lock()
-            .map(|g| g.clone())
-            .unwrap_or_default()
+        self.upstream.last_check(role)
     }
 
-    /// Registers a new session on this master; the returned guard unregisters it.
-    /// Takes a session slot on `role` if the master is below its `maxconn`, before connecting, so
-    /// concurrent accepts cannot overshoot the cap and `leastconn` sees sessions being set up.
-    pub fn try_reserve(self: &Arc<Self>, role: Role) -> Option<Slot> {
-        let max = self.cfg().maxconn.unwrap_or(u32::MAX);
-        let n = &self.sessions[role as usize];
-        n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-            (v < max).then_some(v + 1)
-        })
-        .ok()?;
-        Some(Slot {
-            master: self.clone(),
-            role,
-            armed: true,
-        })
+    /// Takes a session place on `role` if the master is below its `maxconn`, before connecting.
+    pub fn try_reserve(&self, role: Role) -> Option<Lease> {
+        self.book.try_lease(role, self.cfg().maxconn)
     }
 
-    /// Registers a session in a reserved slot; the returned guard unregisters it.
-    pub fn register(
-        mut slot: Slot,
-        client: SocketAddr,
-        parent: &CancellationToken,
-    ) -> Registration {
-        slot.armed = false;
-        let (master, role) = (slot.master.clone(), slot.role);
-        let id = master.next_session.fetch_add(1, Ordering::Relaxed);
-        let ctl = Arc::new(SessionCtl::new(id, role, client, parent));
-        master.registry.insert(ctl.clone());
-        Registration { master, ctl }
+    /// Closes this master's sessions while it stays DOWN, at `rates[role]` per second on the roles
+    /// given (`None`: that listener keeps its sessions). Stops when the master comes back UP, and
+    /// when a newer call takes over: one paced close per master at a time, so a flapping master
+    /// does not multiply the close rate (the epoch pattern drain uses).
+    pub fn close_while_down(self: &Arc<Self>, rates: [Option<u32>; 2], reason: CloseReason) {
+        let epoch = self.upstream.next_down_epoch();
+        for role in Role::ALL {
+            let Some(rate) = rates[role as usize] else {
+                continue;
+            };
+            let m = self.clone();
+            tokio::spawn(async move {
+                let current = || m.upstream.down_epoch() == epoch && !m.is_up();
+                m.book.close_paced(role, rate, reason, current).await;
+            });
+        }
     }
 
     /// Closes this master's sessions of both roles after `grace` (at `rates[role]` per second),
@@ -289,7 +162,7 @@ impl Master {
         epoch: u64,
         grace: Duration,
         rates: [u32; 2],
-        reason: crate::close::CloseReason,
+        reason: CloseReason,
     ) {
         let m = self.clone();
         tokio::spawn(async move {
@@ -299,16 +172,14 @@ impl Master {
             if m.admin_epoch() != epoch {
                 return;
             }
-            let n = m.registry.len();
+            let n = m.book.len();
             if n > 0 {
                 tracing::info!(master = %m.name(), sessions = n, reason = %reason, "closing the master's remaining sessions");
             }
             let same = || m.admin_epoch() == epoch;
             let (a, b) = (
-                m.registry
-                    .close_paced(Role::Publish, rates[0], reason, same),
-                m.registry
-                    .close_paced(Role::Request, rates[1], reason, same),
+                m.book.close_paced(Role::Publish, rates[0], reason, same),
+                m.book.close_paced(Role::Request, rates[1], reason, same),
             );
             tokio::join!(a, b);
         });
@@ -337,40 +208,45 @@ mod tests {
         Arc::new(Master::new(cfg, [a, a], &CancellationToken::new()))
     }
 
-    #[test]
-    fn slots_are_reserved_under_maxconn_and_released_unless_registered() {
-        let m = master(Some(2));
-        let a = m.try_reserve(Role::Publish).unwrap();
-        let b = m.try_reserve(Role::Publish).unwrap();
-        assert!(
-            m.try_reserve(Role::Publish).is_none(),
-            "cap reached before any connect completes"
-        );
-        assert!(
-            m.try_reserve(Role::Request).is_some(),
-            "the cap is per port"
-        );
-        drop(a); // connect failed
-        assert_eq!(m.session_count(Role::Publish), 1);
+    #[tokio::test(start_paused = true)]
+    async fn a_flapping_master_has_one_paced_close_at_a_time() {
+        let m = master(None);
+        let parent = CancellationToken::new();
         let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
-        let reg = Master::register(b, client, &CancellationToken::new());
-        assert_eq!(
-            m.session_count(Role::Publish),
-            1,
-            "registering keeps the reserved slot"
+        let leases: Vec<_> = (0..100)
+            .map(|id| {
+                let mut l = m.try_reserve(Role::Publish).unwrap();
+                l.register(id, client, &parent);
+                l
+            })
+            .collect();
+        // DOWN, UP, DOWN, UP, ... faster than the pace: every DOWN flip starts a paced close.
+        for _ in 0..4 {
+            m.set_port(Role::Publish, true);
+            assert_eq!(m.set_port(Role::Publish, false), Some(Flip::Down));
+            m.close_while_down([Some(10), None], CloseReason::MasterDown);
+        }
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        let closed = leases
+            .iter()
+            .filter(|l| l.ctl().is_some_and(|c| c.cancel.is_cancelled()))
+            .count();
+        assert!(
+            (10..=12).contains(&closed),
+            "10 per second for about a second, whatever the flaps: {closed} closed"
         );
-        assert_eq!(m.registry.len(), 1);
-        drop(reg);
-        assert_eq!(m.session_count(Role::Publish), 0);
-        assert!(m.registry.is_empty());
     }
 
     #[test]
-    fn an_enable_stops_a_drain_set_before_it() {
-        let m = master(None);
-        let drain = m.set_admin(Admin::Draining);
-        let enable = m.set_admin(Admin::Enabled);
-        assert_ne!(drain, enable);
-        assert_eq!(m.admin_epoch(), enable);
+    fn a_masters_maxconn_caps_its_leases_per_port() {
+        let m = master(Some(2));
+        let a = m.try_reserve(Role::Publish).unwrap();
+        let _b = m.try_reserve(Role::Publish).unwrap();
+        assert!(m.try_reserve(Role::Publish).is_none());
+        assert!(!m.has_room(Role::Publish));
+        assert!(m.has_room(Role::Request));
+        drop(a);
+        assert_eq!(m.session_count(Role::Publish), 1);
+        assert!(m.has_room(Role::Publish));
     }
 }

@@ -5,19 +5,18 @@
 //! gauges are read from the current snapshot at scrape time ([`MasterCollector`]), so a removed
 //! master disappears from them and nothing goes stale.
 
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock};
 
-use arc_swap::ArcSwap;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 use saltgate_config::Role;
 
-use crate::master::MasterState;
-use crate::snapshot::Snapshot;
+use crate::close::CloseReason;
+use crate::master::{Master, MasterState};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -168,11 +167,12 @@ impl Metrics {
         Arc::new(m)
     }
 
-    /// Adds the collector of per-master gauges that reads the live snapshot.
-    pub fn watch_snapshot(&self, snapshot: Weak<ArcSwap<Snapshot>>) {
+    /// Adds the collector of per-master gauges; `masters` gives the masters in force at scrape
+    /// time (`None` once the proxy is gone).
+    pub fn watch_masters(&self, masters: MasterSource) {
         let _ = self
             .registry
-            .register(Box::new(MasterCollector::new(snapshot)));
+            .register(Box::new(MasterCollector::new(masters)));
     }
 
     /// The Prometheus text exposition of every metric.
@@ -183,23 +183,104 @@ impl Metrics {
     }
 }
 
+/// A listener's session metrics, resolved once (its labels never change): a session never looks a
+/// label up.
+pub struct ListenerHandles {
+    role: Role,
+    /// `saltgate_listener_sessions_total`.
+    pub accepted: IntCounter,
+    /// `saltgate_listener_sessions_current`.
+    pub live: IntGauge,
+    /// `saltgate_listener_bytes_total`, `in` (client → master) and `out`.
+    pub bytes: [IntCounter; 2],
+    refused_vec: IntCounterVec,
+    refused: [OnceLock<IntCounter>; CloseReason::ALL.len()],
+}
+
+impl ListenerHandles {
+    pub fn new(m: &Metrics, role: Role) -> Self {
+        let l = role.as_str();
+        Self {
+            role,
+            accepted: m.sessions_total.with_label_values(&[l]),
+            live: m.sessions_current.with_label_values(&[l]),
+            bytes: [
+                m.bytes.with_label_values(&[l, "in"]),
+                m.bytes.with_label_values(&[l, "out"]),
+            ],
+            refused_vec: m.refused.clone(),
+            refused: Default::default(),
+        }
+    }
+
+    /// `saltgate_listener_sessions_refused_total{reason}` (resolved on first use, so the exposition
+    /// lists only reasons that happened).
+    pub fn refused(&self, reason: CloseReason) -> &IntCounter {
+        self.refused[reason.index()].get_or_init(|| {
+            self.refused_vec
+                .with_label_values(&[self.role.as_str(), reason.as_str()])
+        })
+    }
+}
+
+/// A master's session metrics, resolved when a snapshot is built.
+pub struct MasterHandles {
+    name: String,
+    /// `saltgate_master_connect_errors_total`, per port.
+    pub connect_errors: [IntCounter; 2],
+    closed_vec: IntCounterVec,
+    closed: [[OnceLock<IntCounter>; CloseReason::ALL.len()]; 2],
+}
+
+impl MasterHandles {
+    pub fn new(m: &Metrics, name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            connect_errors: Role::ALL
+                .map(|r| m.connect_errors.with_label_values(&[name, r.as_str()])),
+            closed_vec: m.sessions_closed.clone(),
+            closed: Default::default(),
+        }
+    }
+
+    /// `saltgate_master_sessions_closed_total{port,reason}` (resolved on first use).
+    pub fn closed(&self, role: Role, reason: CloseReason) -> &IntCounter {
+        self.closed[role as usize][reason.index()].get_or_init(|| {
+            self.closed_vec
+                .with_label_values(&[self.name.as_str(), role.as_str(), reason.as_str()])
+        })
+    }
+}
+
 /// `saltgate_master_state{master,state}` (1 for the current state of up, down, draining, disabled),
 /// `saltgate_master_port_up{master,port}`, `saltgate_master_sessions_current{master,port}`, and
 /// the configured session caps (only those set: `saltgate_master_maxconn{master}` per port,
 /// `saltgate_listener_maxconn{listener}`, `saltgate_global_maxconn`), read from the snapshot at
 /// scrape time.
 pub struct MasterCollector {
-    snapshot: Weak<ArcSwap<Snapshot>>,
+    masters: MasterSource,
     descs: Vec<Desc>,
 }
 
+/// Where the collector finds the masters and caps in force (the control plane's snapshot).
+pub type MasterSource = Box<dyn Fn() -> Option<InForce> + Send + Sync>;
+
+/// What the per-master collector reads at scrape time.
+pub struct InForce {
+    pub masters: Vec<Arc<Master>>,
+    /// `global.maxconn`.
+    pub global_maxconn: Option<u32>,
+    /// Each listener's `maxconn`.
+    pub listener_maxconn: Vec<(Role, Option<u32>)>,
+}
+
 impl MasterCollector {
-    fn new(snapshot: Weak<ArcSwap<Snapshot>>) -> Self {
+    fn new(masters: MasterSource) -> Self {
         let descs = Self::vecs()
             .iter()
             .flat_map(|v| v.desc().into_iter().cloned())
             .collect();
-        Self { snapshot, descs }
+        Self { masters, descs }
     }
 
     fn vecs() -> [IntGaugeVec; 6] {
@@ -257,19 +338,18 @@ impl Collector for MasterCollector {
 
     fn collect(&self) -> Vec<MetricFamily> {
         let [state, port_up, sessions, master_max, listener_max, global_max] = Self::vecs();
-        if let Some(snap) = self.snapshot.upgrade() {
-            let snap = snap.load();
-            if let Some(n) = snap.config.global.maxconn {
+        if let Some(in_force) = (self.masters)() {
+            if let Some(n) = in_force.global_maxconn {
                 global_max.with_label_values::<&str>(&[]).set(i64::from(n));
             }
-            for role in Role::ALL {
-                if let Some(n) = snap.config.listener(role).maxconn {
+            for (role, cap) in &in_force.listener_maxconn {
+                if let Some(n) = cap {
                     listener_max
                         .with_label_values(&[role.as_str()])
-                        .set(i64::from(n));
+                        .set(i64::from(*n));
                 }
             }
-            for m in &snap.masters {
+            for m in &in_force.masters {
                 if let Some(n) = m.cfg().maxconn {
                     master_max
                         .with_label_values(&[m.name().as_str()])

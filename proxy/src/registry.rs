@@ -1,9 +1,16 @@
-//! Every live session of a master, so they can be closed when the master is marked DOWN (paced,
-//! with jitter, to avoid a reconnect storm on the surviving masters) or at shutdown.
+//! A master's session book: how many sessions each port holds and which, so they can be capped
+//! (`maxconn`), counted (`leastconn`, metrics), listed (admin API), and closed when the master is
+//! marked DOWN (paced, with jitter, to avoid a reconnect storm on the surviving masters), drained,
+//! disabled or at shutdown.
+//!
+//! One type owns a session's place in the book: the [`Lease`]. It is taken before connecting (so
+//! concurrent accepts cannot overshoot `maxconn`, and `leastconn` sees sessions being set up),
+//! entered in the book once connected ([`Lease::register`]), and gives both back on drop. The book
+//! knows nothing of masters' health or configuration.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +23,7 @@ use crate::close::CloseReason;
 /// The handle a session listens on, and the reason it was asked to close with.
 #[derive(Debug)]
 pub struct SessionCtl {
+    /// Unique over the process.
     pub id: u64,
     pub role: Role,
     pub client: SocketAddr,
@@ -23,7 +31,7 @@ pub struct SessionCtl {
     /// Cancelled to ask the session to close; a child of the process-wide session token.
     pub cancel: CancellationToken,
     reason: AtomicU8,
-    /// Bytes client → master and master → client, updated by the pump.
+    /// Bytes client → master and master → client, published by the pump (see [`crate::pump`]).
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
 }
@@ -56,39 +64,86 @@ impl SessionCtl {
     }
 }
 
-/// The live sessions of one master, both roles.
+/// The sessions of one master, both ports.
 #[derive(Debug, Default)]
-pub struct SessionRegistry {
-    sessions: Mutex<HashMap<u64, Arc<SessionCtl>>>,
+pub struct SessionBook {
+    /// Leases per port (sessions connecting or live), indexed by `Role as usize`.
+    leases: [AtomicU32; 2],
+    /// Live sessions by id (ordered: the admin API pages by id).
+    sessions: Mutex<BTreeMap<u64, Arc<SessionCtl>>>,
 }
 
-/// Removes the session from its registry when the session ends.
-pub struct Registration {
-    pub(crate) master: Arc<crate::master::Master>,
-    pub ctl: Arc<SessionCtl>,
+/// A session's place in a master's book: counted from [`SessionBook::try_lease`], listed from
+/// [`Lease::register`], both undone when dropped (however the session ends).
+#[derive(Debug)]
+pub struct Lease {
+    book: Arc<SessionBook>,
+    role: Role,
+    ctl: Option<Arc<SessionCtl>>,
 }
 
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.master.registry.remove(self.ctl.id);
-        self.master.sessions[self.ctl.role as usize].fetch_sub(1, Ordering::AcqRel);
+impl Lease {
+    /// Enters the connected session in the book; returns its control handle.
+    pub fn register(
+        &mut self,
+        id: u64,
+        client: SocketAddr,
+        parent: &CancellationToken,
+    ) -> Arc<SessionCtl> {
+        let ctl = Arc::new(SessionCtl::new(id, self.role, client, parent));
+        if let Some(old) = self.ctl.replace(ctl.clone()) {
+            self.book.lock().remove(&old.id);
+        }
+        self.book.lock().insert(id, ctl.clone());
+        ctl
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The session's control handle, once registered.
+    pub fn ctl(&self) -> Option<&Arc<SessionCtl>> {
+        self.ctl.as_ref()
     }
 }
 
-impl SessionRegistry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<SessionCtl>>> {
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(ctl) = self.ctl.take() {
+            self.book.lock().remove(&ctl.id);
+        }
+        self.book.leases[self.role as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl SessionBook {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<SessionCtl>>> {
         // A panic while holding this lock cannot leave the map inconsistent (single inserts/removes).
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn insert(&self, ctl: Arc<SessionCtl>) {
-        self.lock().insert(ctl.id, ctl);
+    /// Takes a place on `role` if fewer than `max` are taken.
+    pub fn try_lease(self: &Arc<Self>, role: Role, max: Option<u32>) -> Option<Lease> {
+        let max = max.unwrap_or(u32::MAX);
+        self.leases[role as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                (v < max).then_some(v + 1)
+            })
+            .ok()?;
+        Some(Lease {
+            book: self.clone(),
+            role,
+            ctl: None,
+        })
     }
 
-    pub fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+    /// Sessions on `role`, connecting or live.
+    pub fn count(&self, role: Role) -> u32 {
+        self.leases[role as usize].load(Ordering::Acquire)
     }
 
+    /// Live (registered) sessions, both roles.
     pub fn len(&self) -> usize {
         self.lock().len()
     }
@@ -102,6 +157,17 @@ impl SessionRegistry {
         self.lock()
             .values()
             .filter(|s| s.role == role)
+            .cloned()
+            .collect()
+    }
+
+    /// Up to `limit` live sessions with an id above `after`, of `role` if given, by id.
+    pub fn page(&self, role: Option<Role>, after: u64, limit: usize) -> Vec<Arc<SessionCtl>> {
+        self.lock()
+            .range(after.saturating_add(1)..)
+            .map(|(_, s)| s)
+            .filter(|s| role.is_none_or(|r| r == s.role))
+            .take(limit)
             .cloned()
             .collect()
     }
@@ -142,5 +208,63 @@ impl SessionRegistry {
             closed += batch.len();
         }
         closed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client() -> SocketAddr {
+        "10.0.0.1:5".parse().unwrap()
+    }
+
+    #[test]
+    fn leases_are_capped_per_port_and_given_back_on_drop_registered_or_not() {
+        let book = Arc::new(SessionBook::default());
+        let a = book.try_lease(Role::Publish, Some(2)).unwrap();
+        let mut b = book.try_lease(Role::Publish, Some(2)).unwrap();
+        assert!(
+            book.try_lease(Role::Publish, Some(2)).is_none(),
+            "cap reached before any connect completes"
+        );
+        assert!(
+            book.try_lease(Role::Request, Some(2)).is_some(),
+            "the cap is per port"
+        );
+        drop(a); // connect failed
+        assert_eq!(book.count(Role::Publish), 1);
+        b.register(7, client(), &CancellationToken::new());
+        assert_eq!(
+            book.count(Role::Publish),
+            1,
+            "registering takes no second place"
+        );
+        assert_eq!(book.len(), 1);
+        drop(b);
+        assert_eq!(book.count(Role::Publish), 0);
+        assert!(book.is_empty());
+    }
+
+    #[test]
+    fn pages_follow_ids_and_filter_by_role() {
+        let book = Arc::new(SessionBook::default());
+        let parent = CancellationToken::new();
+        let mut leases = Vec::new();
+        for id in 1..=5u64 {
+            let role = if id == 3 {
+                Role::Request
+            } else {
+                Role::Publish
+            };
+            let mut l = book.try_lease(role, None).unwrap();
+            l.register(id, client(), &parent);
+            leases.push(l);
+        }
+        let ids = |v: Vec<Arc<SessionCtl>>| v.iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(ids(book.page(None, 0, 2)), [1, 2]);
+        assert_eq!(ids(book.page(None, 2, 2)), [3, 4]);
+        assert_eq!(ids(book.page(Some(Role::Publish), 2, 10)), [4, 5]);
+        assert!(book.page(None, 5, 10).is_empty());
     }
 }

@@ -1,5 +1,5 @@
-//! One client connection: choose a master, reserve a slot on it, connect (timeout, retries on the
-//! next candidate), register with the master, run the data path, count it, write the access-log
+//! One client connection (the L4 [`crate::serve::Serve`]): choose a master, lease a place in its
+//! book, connect (timeout, retries on the next candidate), register in the book, run the data path, count it, write the access-log
 //! line.
 
 use std::net::SocketAddr;
@@ -11,10 +11,13 @@ use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 
 use crate::close::CloseReason;
-use crate::listener::{tune, Permits};
-use crate::master::{Admin, Master, Slot};
+use crate::dataplane::DataPlane;
+use crate::listener::tune;
+use crate::master::{Admin, Master};
+use crate::metrics::MasterHandles;
 use crate::pump::{self, IdleLimits};
-use crate::server::Shared;
+use crate::registry::Lease;
+use crate::snapshot::Snapshot;
 
 /// What the access log says about one session.
 struct Outcome<'a> {
@@ -48,36 +51,41 @@ impl Drop for Live {
     }
 }
 
+/// A session connected to a master, holding its place in the master's book.
+struct Connected {
+    stream: TcpStream,
+    lease: Lease,
+    master: Arc<Master>,
+    handles: Arc<MasterHandles>,
+    attempts: u32,
+    connect_ms: u64,
+}
+
 /// How the connect phase ended.
 enum Connect {
-    Done {
-        stream: TcpStream,
-        slot: Slot,
-        attempts: u32,
-    },
-    Failed {
-        attempts: u32,
-    },
+    Done(Connected),
+    Failed { attempts: u32 },
     Shutdown,
 }
 
 /// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer). Each
-/// attempt first reserves a slot under the master's `maxconn`.
+/// attempt first leases a place under the master's `maxconn`.
 async fn connect(
-    shared: &Shared,
+    ctx: &DataPlane,
     l: &ListenerConfig,
-    masters: &[Arc<Master>],
+    snap: &Snapshot,
     order: &[usize],
     peer: SocketAddr,
 ) -> Connect {
     let role = l.role;
     let mut attempts = 0u32;
     for &i in order.iter().cycle().take(1 + l.retries as usize) {
-        let master = &masters[i];
+        let master = &snap.masters[i];
+        let handles = &snap.handles[i];
         if !master.is_available() {
             continue;
         }
-        let Some(slot) = master.try_reserve(role) else {
+        let Some(lease) = master.try_reserve(role) else {
             continue;
         };
         attempts += 1;
@@ -85,42 +93,32 @@ async fn connect(
         let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
         let failure = tokio::select! {
             r = attempt => match r {
-                Ok(Ok(stream)) => return Connect::Done { stream, slot, attempts },
+                Ok(Ok(stream)) => return Connect::Done(Connected { stream, lease, master: master.clone(), handles: handles.clone(), attempts, connect_ms: 0 }),
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {:?}", l.timeout_connect),
             },
-            _ = shared.sessions_token.cancelled() => return Connect::Shutdown,
+            _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
         };
-        shared
-            .metrics
-            .connect_errors
-            .with_label_values(&[master.name().as_str(), role.as_str()])
-            .inc();
+        handles.connect_errors[role as usize].inc();
         tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
     }
     Connect::Failed { attempts }
 }
 
 /// Handles a client connection from accept to close.
-pub(crate) async fn handle(
-    shared: Arc<Shared>,
-    role: Role,
-    client: TcpStream,
-    peer: SocketAddr,
-    _permits: Permits,
-) {
+pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
-    let m = &shared.metrics;
-    let lname = role.as_str();
-    m.sessions_total.with_label_values(&[lname]).inc();
-    let live = Live(m.sessions_current.with_label_values(&[lname]));
+    let lm = ctx.listener(role);
+    lm.accepted.inc();
+    let live = Live(lm.live.clone());
     live.0.inc();
 
     // Only what the session needs is kept past this block: a publish session may live for days,
     // and must not hold an old configuration's snapshot that long.
-    let (listener, picked) = {
-        let snap = shared.snapshot.load_full();
+    let (listener, user_timeout, picked) = {
+        let snap = ctx.load();
         let listener = snap.config.listener(role).clone();
+        let user_timeout = snap.config.global.tcp_user_timeout;
         let mut order = Vec::with_capacity(snap.masters.len());
         snap.selector(role)
             .order(&snap.masters, role, peer.ip(), &mut order);
@@ -128,17 +126,11 @@ pub(crate) async fn handle(
         let picked = if order.is_empty() {
             Err((CloseReason::NoMaster, 0, 0))
         } else {
-            match connect(&shared, &listener, &snap.masters, &order, peer).await {
-                Connect::Done {
-                    stream,
-                    slot,
-                    attempts,
-                } => Ok((
-                    stream,
-                    slot,
-                    connect_start.elapsed().as_millis() as u64,
-                    attempts,
-                )),
+            match connect(&ctx, &listener, &snap, &order, peer).await {
+                Connect::Done(c) => Ok(Connected {
+                    connect_ms: connect_start.elapsed().as_millis() as u64,
+                    ..c
+                }),
                 Connect::Failed { attempts: 0 } => Err((CloseReason::NoMaster, 0, 0)),
                 Connect::Failed { attempts } => Err((
                     CloseReason::ConnectFailed,
@@ -152,15 +144,22 @@ pub(crate) async fn handle(
                 )),
             }
         };
-        (listener, picked)
+        (listener, user_timeout, picked)
     };
-    let (master_stream, slot, connect_ms, attempts) = match picked {
+    let Connected {
+        stream: master_stream,
+        mut lease,
+        master,
+        handles,
+        attempts,
+        connect_ms,
+    } = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if reason == CloseReason::NoMaster {
                 tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
             }
-            m.refused.with_label_values(&[lname, reason.as_str()]).inc();
+            lm.refused(reason).inc();
             access_log(
                 &listener,
                 peer,
@@ -170,15 +169,14 @@ pub(crate) async fn handle(
             return;
         }
     };
-    tune(&master_stream);
+    tune(&master_stream, user_timeout);
 
-    let reg = Master::register(slot, peer, &shared.sessions_token);
-    let master = reg.master.clone();
+    let ctl = lease.register(ctx.session_id(), peer, &ctx.sessions_token);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
     // swept: close this one too rather than leave it on that master.
     match (master.admin(), master.is_up(), listener.on_master_down) {
-        (Admin::Disabled, _, _) => reg.ctl.close(CloseReason::Disabled),
-        (_, false, OnMasterDown::Close) => reg.ctl.close(CloseReason::MasterDown),
+        (Admin::Disabled, _, _) => ctl.close(CloseReason::Disabled),
+        (_, false, OnMasterDown::Close) => ctl.close(CloseReason::MasterDown),
         _ => {}
     }
     let limits = IdleLimits {
@@ -187,27 +185,13 @@ pub(crate) async fn handle(
         client_fin: listener.timeout_client_fin,
         server_fin: listener.timeout_server_fin,
     };
-    let bytes = [
-        m.bytes.with_label_values(&[lname, "in"]),
-        m.bytes.with_label_values(&[lname, "out"]),
-    ];
-    let reason = pump::pump(
-        client,
-        master_stream,
-        limits,
-        &reg.ctl,
-        &shared.pool,
-        &bytes,
-    )
-    .await;
+    let reason = pump::pump(client, master_stream, limits, &ctl, &ctx.pool, &lm.bytes).await;
     let (bytes_in, bytes_out) = (
-        reg.ctl.bytes_in.load(Ordering::Relaxed),
-        reg.ctl.bytes_out.load(Ordering::Relaxed),
+        ctl.bytes_in.load(Ordering::Relaxed),
+        ctl.bytes_out.load(Ordering::Relaxed),
     );
-    drop(reg);
-    m.sessions_closed
-        .with_label_values(&[master.name().as_str(), lname, reason.as_str()])
-        .inc();
+    drop(lease);
+    handles.closed(role, reason).inc();
     access_log(
         &listener,
         peer,

@@ -2,20 +2,26 @@
 //! shared run-time state) and each listener's selector. The data path loads it once per accepted
 //! connection and never locks; a reload builds a new one and swaps it in once.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use saltgate_config::{Config, MasterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::master::Master;
+use crate::metrics::{MasterHandles, Metrics};
 use crate::selection::{self, Selector};
+use crate::serve::BoxFuture;
 
 pub struct Snapshot {
     /// Increases by one with every configuration applied (1 at start).
     pub generation: u64,
     pub config: Config,
     pub masters: Vec<Arc<Master>>,
+    /// The session metrics of `masters[i]`, resolved once per snapshot (not per session).
+    pub handles: Vec<Arc<MasterHandles>>,
     /// Indexed by `Role as usize`.
     pub selectors: [Box<dyn Selector>; 2],
 }
@@ -38,16 +44,66 @@ pub struct ResolveError {
     pub reason: String,
 }
 
-async fn resolve(name: &str, host: &str, port: u16) -> Result<SocketAddr, ResolveError> {
-    let err = |reason: String| ResolveError {
-        master: name.to_string(),
-        host: host.to_string(),
-        reason,
-    };
-    let mut addrs = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|e| err(e.to_string()))?;
-    addrs.next().ok_or_else(|| err("no address".to_string()))
+/// How long the lookup of one master's host may take (a reload holds the reload lock meanwhile).
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Looks a host up; the first address, port 0.
+pub type Lookup = fn(String) -> BoxFuture<Result<SocketAddr, String>>;
+
+fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
+    Box::pin(async move {
+        tokio::net::lookup_host((host.as_str(), 0))
+            .await
+            .map_err(|e| e.to_string())?
+            .next()
+            .ok_or_else(|| "no address".to_string())
+    })
+}
+
+/// Resolves every master's host, all at once (each distinct host once), each lookup bounded by
+/// `timeout`. Returns `[publish, request]` per master, in order; the first failure (in
+/// configuration order) otherwise.
+pub async fn resolve_all(
+    masters: &[MasterConfig],
+    timeout: Duration,
+    lookup: Lookup,
+) -> Result<Vec<[SocketAddr; 2]>, ResolveError> {
+    let mut lookups = tokio::task::JoinSet::new();
+    let mut hosts: HashMap<String, Result<SocketAddr, String>> = HashMap::new();
+    for m in masters {
+        if hosts.contains_key(&m.host) {
+            continue;
+        }
+        hosts.insert(m.host.clone(), Err("not looked up".into()));
+        let host = m.host.clone();
+        let fut = lookup(host.clone());
+        lookups.spawn(async move {
+            let r = tokio::time::timeout(timeout, fut)
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")));
+            (host, r)
+        });
+    }
+    while let Some(done) = lookups.join_next().await {
+        if let Ok((host, r)) = done {
+            hosts.insert(host, r);
+        }
+    }
+    masters
+        .iter()
+        .map(|m| match &hosts[&m.host] {
+            Ok(a) => Ok([m.publish_port, m.request_port].map(|p| {
+                let mut a = *a;
+                a.set_port(p);
+                a
+            })),
+            Err(reason) => Err(ResolveError {
+                master: m.name.clone(),
+                host: m.host.clone(),
+                reason: reason.clone(),
+            }),
+        })
+        .collect()
 }
 
 /// What a new snapshot changes in the master set.
@@ -70,14 +126,12 @@ impl Snapshot {
         generation: u64,
         old: Option<&Snapshot>,
         checks_parent: &CancellationToken,
+        metrics: &Metrics,
     ) -> Result<(Snapshot, MasterDiff), ResolveError> {
         let mut diff = MasterDiff::default();
         let mut masters = Vec::with_capacity(config.masters.len());
-        for m in &config.masters {
-            let addrs = [
-                resolve(&m.name, &m.host, m.publish_port).await?,
-                resolve(&m.name, &m.host, m.request_port).await?,
-            ];
+        let resolved = resolve_all(&config.masters, RESOLVE_TIMEOUT, system_lookup).await?;
+        for (m, addrs) in config.masters.iter().zip(resolved) {
             let same = old.and_then(|o| {
                 o.masters.iter().find(|x| {
                     x.cfg().name == m.name && x.addrs == addrs && x.cfg().check == m.check
@@ -103,6 +157,10 @@ impl Snapshot {
                 .cloned()
                 .collect();
         }
+        let handles = masters
+            .iter()
+            .map(|m| Arc::new(MasterHandles::new(metrics, &m.name())))
+            .collect();
         let n = masters.len();
         let selectors = [
             selection::for_balance(config.publish.balance, n),
@@ -113,6 +171,7 @@ impl Snapshot {
                 generation,
                 config,
                 masters,
+                handles,
                 selectors,
             },
             diff,
@@ -125,5 +184,68 @@ impl Snapshot {
 
     pub fn master(&self, name: &str) -> Option<&Arc<Master>> {
         self.masters.iter().find(|m| m.cfg().name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use saltgate_config::HealthSettings;
+
+    fn masters(hosts: &[&str]) -> Vec<MasterConfig> {
+        hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| MasterConfig {
+                name: format!("m{i}"),
+                host: h.to_string(),
+                publish_port: 4505,
+                request_port: 4506,
+                weight: 1,
+                maxconn: None,
+                backup: false,
+                disabled: false,
+                check: false,
+                health: HealthSettings::default(),
+            })
+            .collect()
+    }
+
+    /// "slow-N" answers 10.0.0.N after a second; "hang" never answers.
+    fn scripted(host: String) -> BoxFuture<Result<SocketAddr, String>> {
+        Box::pin(async move {
+            match host.strip_prefix("slow-") {
+                Some(n) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    let n: u8 = n.parse().map_err(|_| "bad name".to_string())?;
+                    Ok(SocketAddr::from(([10, 0, 0, n], 0)))
+                }
+                None => std::future::pending().await,
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn masters_resolve_at_once_not_one_after_another() {
+        let hosts: Vec<String> = (1..=10).map(|i| format!("slow-{i}")).collect();
+        let refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        let t0 = tokio::time::Instant::now();
+        let r = resolve_all(&masters(&refs), RESOLVE_TIMEOUT, scripted)
+            .await
+            .unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert_eq!(r[9][0], "10.0.0.10:4505".parse().unwrap());
+        assert_eq!(r[9][1], "10.0.0.10:4506".parse().unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lookup_that_never_answers_fails_at_the_timeout_naming_the_master() {
+        let t0 = tokio::time::Instant::now();
+        let e = resolve_all(&masters(&["slow-1", "hang"]), RESOLVE_TIMEOUT, scripted)
+            .await
+            .unwrap_err();
+        assert_eq!(t0.elapsed(), RESOLVE_TIMEOUT);
+        assert_eq!((e.master.as_str(), e.host.as_str()), ("m1", "hang"));
+        assert!(e.to_string().contains("no answer within"), "{e}");
     }
 }

@@ -14,7 +14,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use crate::server::Shared;
+use crate::admin::AdminOps;
 
 /// The page, embedded at build time.
 pub const PAGE: &str = include_str!("../assets/status.html");
@@ -41,8 +41,8 @@ pub(crate) async fn page() -> Response {
 
 /// `GET /api/v1/events`: the last flips, reloads and admin actions, the last flip of every
 /// master, the check history of every port, and the generation in force.
-pub(crate) async fn events(State(s): State<Arc<Shared>>) -> Response {
-    Json(s.metrics.events.view()).into_response()
+pub(crate) async fn events(State(s): State<Arc<dyn AdminOps>>) -> Response {
+    Json(s.events().view()).into_response()
 }
 
 #[cfg(test)]

@@ -444,3 +444,44 @@ async fn idle_sessions_hold_no_buffers() {
     assert_eq!(r.live_sessions(), 100);
     wait_for("every buffer back in the pool", || r.buffers_in_use() == 0).await;
 }
+
+/// TCP_USER_TIMEOUT of each of this process's sockets (the proxy runs in it) whose peer is `peer`.
+fn user_timeouts_to(peer: std::net::SocketAddr) -> Vec<Option<Duration>> {
+    use std::os::fd::BorrowedFd;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: the sockets looked for stay open while the test holds its session open; other
+        // descriptors are only asked for their peer (getsockopt-like calls that fail harmlessly).
+        let b = unsafe { BorrowedFd::borrow_raw(fd) };
+        let s = socket2::SockRef::from(&b);
+        if s.peer_addr().ok().and_then(|a| a.as_socket()) == Some(peer) {
+            out.push(s.tcp_user_timeout().unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn both_legs_of_a_session_get_tcp_user_timeout() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let mut cfg = c.config();
+    let want = Duration::from_secs(7);
+    cfg.global.tcp_user_timeout = Some(want);
+    let (r, _stop) = run(cfg, Some(Arc::new(ScriptedProber::default()))).await;
+    let (mut s, _) = connect(addr(&r, Role::Publish)).await;
+    assert_eq!(echo(&mut s, b"x").await, b"x");
+    // A blackholed peer must not pin the session (and a pooled buffer) until its idle timeout.
+    assert_eq!(
+        user_timeouts_to(s.local_addr().unwrap()),
+        [Some(want)],
+        "client leg"
+    );
+    assert_eq!(
+        user_timeouts_to(c.port(0, Role::Publish).addr),
+        [Some(want)],
+        "master leg"
+    );
+}

@@ -302,3 +302,42 @@ async fn global_maxconn_still_holds_after_reloads() {
     r.reload(more).await.unwrap();
     assert_eq!(read_line(&mut third).await, "a");
 }
+
+#[tokio::test]
+async fn a_token_file_that_blocks_does_not_stall_sessions() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let cfg = c.config();
+    let (r, _stop, _p) = run(cfg.clone()).await;
+    let r = Arc::new(r);
+    // A FIFO with no writer: reading it blocks (as a hung network filesystem would).
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("token");
+    let cpath = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            // Writes when the test says so, or after 3 s if the runtime is stuck.
+            let _ = wait.recv_timeout(Duration::from_secs(3));
+            std::fs::write(&fifo, "tok\n").unwrap();
+        })
+    };
+    let mut next = cfg.clone();
+    next.admin.token_file = Some(fifo);
+    let reload = {
+        let r = r.clone();
+        tokio::spawn(async move { r.reload(next).await })
+    };
+    tokio::task::yield_now().await;
+    let (mut s, _) = connect(addr(&r, Role::Publish)).await;
+    assert_eq!(echo(&mut s, b"served").await, b"served");
+    assert!(
+        !reload.is_finished(),
+        "a session was served while the reload waited for the token file"
+    );
+    go.send(()).unwrap();
+    let g = tokio::time::timeout(T, reload).await.unwrap().unwrap();
+    assert_eq!(g.unwrap(), 2);
+    writer.join().unwrap();
+}

@@ -243,6 +243,7 @@ impl FakeCluster {
                 raise_nofile: false,
                 maxconn: None,
                 drain_timeout: Duration::from_secs(300),
+                tcp_user_timeout: Some(Duration::from_secs(60)),
             },
             health,
             masters,

@@ -1,0 +1,448 @@
+//! The control plane: one [`Control`] owns what sessions never see: the listeners and the admin
+//! API, reload ([`reload`]), health checkers and their events, the admin actions (drain,
+//! disable, enable) and the two-phase shutdown. Sessions get the narrow
+//! [`DataPlane`](crate::dataplane::DataPlane) instead.
+//!
+//! Imports run one way: `control (+ reload) → {admin, serve} → session → dataplane → {selection,
+//! health, registry, pump}`.
+
+pub mod reload;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use saltgate_config::{Config, OnMasterDown, Role};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use self::reload::ConfigSource;
+use crate::admin::AdminOps;
+use crate::check::{MasterEvent, Prober, SaltProbes};
+use crate::close::CloseReason;
+use crate::dataplane::DataPlane;
+use crate::error::{AdminError, ApplyError};
+use crate::listener::Limit;
+use crate::master::{Admin, Flip, Master, MasterState};
+use crate::metrics::Metrics;
+use crate::serve::{BoxFuture, Serve};
+use crate::snapshot::Snapshot;
+
+/// A running accept loop.
+pub(crate) struct ListenerHandle {
+    pub role: Role,
+    pub bind: SocketAddr,
+    pub local: SocketAddr,
+    /// Shared with the accept loop, so a role change can hand it to a new loop.
+    pub sock: Arc<TcpListener>,
+    pub stop: CancellationToken,
+    pub limit: Arc<Limit>,
+    /// What the accept loop does with each connection.
+    pub serve: Arc<dyn Serve>,
+}
+
+impl ListenerHandle {
+    /// Whether this listener serves `addr`: as configured, or as bound (port 0 resolved).
+    pub fn serves(&self, addr: SocketAddr) -> bool {
+        self.bind == addr || self.local == addr
+    }
+}
+
+/// The running admin HTTP server.
+pub(crate) struct AdminHandle {
+    pub bind: SocketAddr,
+    pub local: SocketAddr,
+    pub stop: CancellationToken,
+}
+
+/// The control plane's state. Sessions never see it.
+pub(crate) struct Control {
+    /// What sessions get.
+    pub data: Arc<DataPlane>,
+    /// Every session task, for the shutdown drain.
+    pub tracker: TaskTracker,
+    pub metrics: Arc<Metrics>,
+    /// The admin bearer token, if configured.
+    pub token: ArcSwap<Option<String>>,
+    pub global_limit: Arc<Limit>,
+    pub checks_stop: CancellationToken,
+    pub events: mpsc::UnboundedSender<MasterEvent>,
+    pub prober: Arc<dyn Prober>,
+    pub listeners: Mutex<Vec<ListenerHandle>>,
+    pub admin: Mutex<Option<AdminHandle>>,
+    pub reload_lock: tokio::sync::Mutex<()>,
+    /// Serialises reloads from the file (so systemd sees RELOADING/READY pairs) and holds the
+    /// content last read, so the watcher does not reload what a SIGHUP already did.
+    pub source_seen: tokio::sync::Mutex<Option<Vec<u8>>>,
+    pub source: Option<ConfigSource>,
+    pub override_config: Option<ConfigOverride>,
+    /// Cancelled at the start of shutdown: accept loops and the file watcher stop.
+    pub accept_stop: CancellationToken,
+    /// Cancelled when shutdown is complete: the admin API serves `/metrics` and `/readyz` (503)
+    /// through the drain.
+    pub admin_stop: CancellationToken,
+    /// Set (under `reload_lock`) when shutdown starts: no reload may bind listeners after it.
+    pub stopping: AtomicBool,
+}
+
+/// Why the proxy could not start.
+pub type StartError = ApplyError;
+
+/// How the proxy runs; tests substitute their own prober.
+pub struct Options {
+    pub prober: Arc<dyn Prober>,
+    /// Where reloads (SIGHUP, API, file watch) read the configuration from.
+    pub source: Option<ConfigSource>,
+    /// Poll the source file this often and reload when its content changes.
+    pub watch: Option<Duration>,
+    /// Applied to every configuration read from the source (command-line overrides).
+    pub override_config: Option<ConfigOverride>,
+}
+
+/// A change applied to each reloaded configuration (e.g. `--admin-bind`).
+pub type ConfigOverride = Arc<dyn Fn(&mut Config) + Send + Sync>;
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            prober: Arc::new(SaltProbes),
+            source: None,
+            watch: None,
+            override_config: None,
+        }
+    }
+}
+
+/// A running proxy.
+pub struct Running {
+    pub(crate) control: Arc<Control>,
+    /// Cancelled when shutdown is complete.
+    done: CancellationToken,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts the proxy; it stops when `shutdown` completes.
+pub async fn start(
+    config: Config,
+    opts: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Running, StartError> {
+    let metrics = Metrics::new();
+    let checks_stop = CancellationToken::new();
+    let (events, events_rx) = mpsc::unbounded_channel();
+    let empty = Snapshot::build(
+        Config {
+            masters: Vec::new(),
+            ..config.clone()
+        },
+        0,
+        None,
+        &checks_stop,
+        &metrics,
+    )
+    .await?
+    .0;
+    let seen = match &opts.source {
+        Some(s) => self::reload::read_file(s.path.clone()).await.ok(),
+        None => None,
+    };
+    let control = Arc::new(Control {
+        data: Arc::new(DataPlane::new(empty, &metrics)),
+        tracker: TaskTracker::new(),
+        metrics: metrics.clone(),
+        token: ArcSwap::from_pointee(None),
+        global_limit: Arc::new(Limit::new(config.global.maxconn)),
+        checks_stop: checks_stop.clone(),
+        events,
+        prober: opts.prober,
+        listeners: Mutex::new(Vec::new()),
+        admin: Mutex::new(None),
+        reload_lock: tokio::sync::Mutex::new(()),
+        source_seen: tokio::sync::Mutex::new(seen),
+        source: opts.source,
+        override_config: opts.override_config,
+        accept_stop: CancellationToken::new(),
+        admin_stop: CancellationToken::new(),
+        stopping: AtomicBool::new(false),
+    });
+    let snapshot = Arc::downgrade(&control.data.snapshot);
+    metrics.watch_masters(Box::new(move || {
+        snapshot.upgrade().map(|s| {
+            let s = s.load();
+            crate::metrics::InForce {
+                masters: s.masters.clone(),
+                global_maxconn: s.config.global.maxconn,
+                listener_maxconn: Role::ALL
+                    .iter()
+                    .map(|r| (*r, s.config.listener(*r).maxconn))
+                    .collect(),
+            }
+        })
+    }));
+    tokio::spawn(handle_events(control.clone(), events_rx));
+
+    if let Err(e) = control.apply(config, true).await {
+        control.checks_stop.cancel();
+        control.accept_stop.cancel();
+        control.admin_stop.cancel();
+        return Err(e);
+    }
+    if let (Some(every), Some(src)) = (opts.watch, control.source.clone()) {
+        tokio::spawn(self::reload::watch_file(control.clone(), src.path, every));
+    }
+
+    let done = CancellationToken::new();
+    tokio::spawn(control.clone().shutdown_after(shutdown, done.clone()));
+    Ok(Running { control, done })
+}
+
+impl Control {
+    /// Waits for `signal`, then shuts down in two phases: stop accepting, then drain live sessions
+    /// up to `shutdown_grace` and close the rest. Cancels `done` at the end.
+    async fn shutdown_after(
+        self: Arc<Self>,
+        signal: impl Future<Output = ()> + Send + 'static,
+        done: CancellationToken,
+    ) {
+        signal.await;
+        crate::notify::sd_notify("STOPPING=1");
+        {
+            // Under the reload lock: a reload in flight finishes first, and every later one sees
+            // `stopping` and binds nothing (its accept loops would exit at once, leaving clients
+            // in a backlog nobody serves).
+            let _reloads = self.reload_lock.lock().await;
+            self.stopping.store(true, Ordering::Release);
+            self.accept_stop.cancel();
+            // Close the listening sockets now (the accept loops let go of theirs as they stop),
+            // so new connections are refused.
+            lock(&self.listeners).clear();
+        }
+        let grace = self.data.load().config.global.shutdown_grace;
+        self.tracker.close();
+        tracing::info!(
+            live_sessions = self.tracker.len(),
+            grace_ms = grace.as_millis() as u64,
+            "shutting down: stopped accepting, draining sessions"
+        );
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                live_sessions = self.tracker.len(),
+                "shutdown grace over; closing the remaining sessions"
+            );
+            self.data.sessions_token.cancel();
+            self.tracker.wait().await;
+        }
+        self.checks_stop.cancel();
+        self.admin_stop.cancel();
+        tracing::info!("shutdown complete");
+        done.cancel();
+    }
+
+    pub(crate) fn find(&self, name: &str) -> Result<Arc<Master>, AdminError> {
+        self.data
+            .load()
+            .master(name)
+            .cloned()
+            .ok_or_else(|| AdminError::NoSuchMaster(name.to_string()))
+    }
+
+    /// Drain: no new sessions; live ones close at `drain_timeout` (reason `drained`).
+    pub(crate) fn drain(&self, name: &str) -> Result<MasterState, AdminError> {
+        let m = self.find(name)?;
+        let cfg = &self.data.load().config;
+        let epoch = m.set_admin(Admin::Draining);
+        tracing::warn!(master = %name, sessions = m.book.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master draining (admin)");
+        m.close_sessions_after(
+            epoch,
+            cfg.global.drain_timeout,
+            [cfg.publish.close_rate, cfg.request.close_rate],
+            CloseReason::Drained,
+        );
+        Ok(m.state())
+    }
+
+    /// Disable: as drain with no grace (reason `disabled`).
+    pub(crate) fn disable(&self, name: &str) -> Result<MasterState, AdminError> {
+        let m = self.find(name)?;
+        let cfg = &self.data.load().config;
+        let epoch = m.set_admin(Admin::Disabled);
+        tracing::warn!(master = %name, sessions = m.book.len(), "master disabled (admin)");
+        m.close_sessions_after(
+            epoch,
+            Duration::ZERO,
+            [cfg.publish.close_rate, cfg.request.close_rate],
+            CloseReason::Disabled,
+        );
+        Ok(m.state())
+    }
+
+    /// Enable: takes new sessions again when UP; a pending drain deadline is cancelled.
+    pub(crate) fn enable(&self, name: &str) -> Result<MasterState, AdminError> {
+        let m = self.find(name)?;
+        m.set_admin(Admin::Enabled);
+        tracing::info!(master = %name, "master enabled (admin)");
+        Ok(m.state())
+    }
+
+    pub(crate) fn local_addrs(&self, role: Role) -> Vec<SocketAddr> {
+        lock(&self.listeners)
+            .iter()
+            .filter(|h| h.role == role)
+            .map(|h| h.local)
+            .collect()
+    }
+
+    /// Shutdown has started.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn admin_addr(&self) -> Option<SocketAddr> {
+        lock(&self.admin).as_ref().map(|h| h.local)
+    }
+}
+
+impl AdminOps for Control {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.data.load()
+    }
+
+    fn token(&self) -> Arc<Option<String>> {
+        self.token.load_full()
+    }
+
+    fn render_metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    fn events(&self) -> &crate::events::EventLog {
+        &self.metrics.events
+    }
+
+    fn stopping(&self) -> bool {
+        self.is_stopping()
+    }
+
+    fn listening(&self) -> bool {
+        Role::ALL.iter().all(|&r| !self.local_addrs(r).is_empty())
+    }
+
+    fn drain(&self, name: &str) -> Result<MasterState, AdminError> {
+        Control::drain(self, name)
+    }
+
+    fn disable(&self, name: &str) -> Result<MasterState, AdminError> {
+        Control::disable(self, name)
+    }
+
+    fn enable(&self, name: &str) -> Result<MasterState, AdminError> {
+        Control::enable(self, name)
+    }
+
+    fn reload(self: Arc<Self>) -> BoxFuture<Result<u64, ApplyError>> {
+        Box::pin(async move { self.reload_from_source("admin API").await })
+    }
+}
+
+impl Running {
+    /// The addresses the listeners of `role` are bound to (port 0 resolved).
+    pub fn local_addrs(&self, role: Role) -> Vec<SocketAddr> {
+        self.control.local_addrs(role)
+    }
+
+    /// Where the admin API listens, if enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.control.admin_addr()
+    }
+
+    pub fn masters(&self) -> Vec<Arc<Master>> {
+        self.control.data.load().masters.clone()
+    }
+
+    pub fn master(&self, name: &str) -> Option<Arc<Master>> {
+        self.control.data.load().master(name).cloned()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.control.data.load().generation
+    }
+
+    /// Live sessions over all listeners.
+    pub fn live_sessions(&self) -> usize {
+        self.control.tracker.len()
+    }
+
+    /// Pump buffers held by sessions right now (sessions hold none while idle).
+    pub fn buffers_in_use(&self) -> u64 {
+        self.control.data.pool.in_use()
+    }
+
+    /// Puts `config` in force (as a reload would). Counted in `saltgate_reloads_total`.
+    pub async fn reload(&self, config: Config) -> Result<u64, ApplyError> {
+        let r = self.control.apply(config, false).await;
+        self.control.metrics.events.reload(
+            "library call",
+            r.as_ref().map(|g| *g).map_err(|e| e.to_string()),
+        );
+        self.control
+            .metrics
+            .reloads
+            .with_label_values(&[r.as_ref().map(|_| "ok").unwrap_or_else(|e| e.kind())])
+            .inc();
+        r
+    }
+
+    /// Reloads from the configuration file, as SIGHUP does.
+    pub async fn reload_from_source(&self, trigger: &str) -> Result<u64, ApplyError> {
+        self.control.reload_from_source(trigger).await
+    }
+
+    pub fn drain(&self, name: &str) -> Result<MasterState, AdminError> {
+        self.control.drain(name)
+    }
+
+    pub fn disable(&self, name: &str) -> Result<MasterState, AdminError> {
+        self.control.disable(name)
+    }
+
+    pub fn enable(&self, name: &str) -> Result<MasterState, AdminError> {
+        self.control.enable(name)
+    }
+
+    /// Waits until the proxy has shut down.
+    pub async fn wait(&self) {
+        self.done.cancelled().await;
+    }
+}
+
+/// Acts on master flips: closes a DOWN master's sessions on listeners configured to.
+async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<MasterEvent>) {
+    while let Some(ev) = rx.recv().await {
+        if ev.flip != Flip::Down {
+            continue;
+        }
+        let snap = control.data.load();
+        let rates = Role::ALL.map(|role| {
+            let l = snap.config.listener(role);
+            (l.on_master_down == OnMasterDown::Close).then_some(l.close_rate)
+        });
+        for role in Role::ALL {
+            let n = ev.master.session_count(role);
+            if let (Some(rate), true) = (rates[role as usize], n > 0) {
+                tracing::warn!(master = %ev.master.name(), listener = %role, sessions = n, rate_per_s = rate, "closing the sessions of a master marked DOWN");
+            }
+        }
+        ev.master.close_while_down(rates, CloseReason::MasterDown);
+    }
+}

@@ -1,0 +1,412 @@
+//! Reload: [`Control::apply`] puts a configuration in force, at start and at every reload
+//! (resolve masters, bind new listeners, swap the snapshot once, start and stop health checks,
+//! drain removed masters, stop removed listeners, give each listener its [`Serve`]); reading the
+//! configuration file off the runtime; the file watcher.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saltgate_config::{Config, ConfigErrors, Format, Role};
+use tokio::net::TcpListener;
+
+use crate::check;
+use crate::close::CloseReason;
+use crate::control::{lock, AdminHandle, Control, ListenerHandle};
+use crate::error::ApplyError;
+use crate::listener::{self, Limit};
+use crate::master::Admin;
+use crate::serve::Serve;
+use crate::snapshot::Snapshot;
+
+/// Where a reload reads the configuration from.
+#[derive(Debug, Clone)]
+pub struct ConfigSource {
+    pub path: PathBuf,
+    pub format: Format,
+}
+
+impl Control {
+    /// Puts `config` in force. Nothing changes unless every step before the swap succeeds.
+    pub(crate) async fn apply(
+        self: &Arc<Self>,
+        config: Config,
+        first: bool,
+    ) -> Result<u64, ApplyError> {
+        let _g = self.reload_lock.lock().await;
+        if self.is_stopping() {
+            return Err(ApplyError::Stopping);
+        }
+        let old = self.data.load();
+        let generation = old.generation + 1;
+        let token = match &config.admin.token_file {
+            None => None,
+            Some(p) => Some(read_token(p).await?),
+        };
+        let (snap, diff) = Snapshot::build(
+            config,
+            generation,
+            Some(&old),
+            &self.checks_stop,
+            &self.metrics,
+        )
+        .await?;
+        let cfg = &snap.config;
+
+        // Bind what is new before anything changes; a failure leaves the running config alone.
+        let wanted: Vec<(Role, SocketAddr)> = Role::ALL
+            .iter()
+            .flat_map(|&r| cfg.listener(r).bind.iter().map(move |&a| (r, a)))
+            .collect();
+        let mut fresh = Vec::new();
+        {
+            let running = lock(&self.listeners);
+            for &(role, addr) in &wanted {
+                if running.iter().any(|h| h.serves(addr) && h.role == role) {
+                    continue;
+                }
+                if running.iter().any(|h| h.serves(addr)) {
+                    // Same address, other role: its socket is handed to the new role after the swap.
+                    continue;
+                }
+                let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|source| {
+                    ApplyError::Bind {
+                        what: role.to_string(),
+                        addr,
+                        source,
+                    }
+                })?;
+                fresh.push((role, addr, sock));
+            }
+        }
+        let admin_sock = {
+            let running = lock(&self.admin);
+            let same = running.as_ref().is_some_and(|h| h.bind == cfg.admin.bind);
+            if cfg.admin.enabled && !same {
+                let sock =
+                    listener::bind(cfg.admin.bind, 128).map_err(|source| ApplyError::Bind {
+                        what: "admin".into(),
+                        addr: cfg.admin.bind,
+                        source,
+                    })?;
+                Some(sock)
+            } else {
+                None
+            }
+        };
+
+        // The swap: from here on new sessions see the new configuration.
+        let snap = Arc::new(snap);
+        self.data.snapshot.store(snap.clone());
+        self.token.store(Arc::new(token));
+        self.metrics.generation.set(generation as i64);
+        self.metrics.events.in_force(generation, first);
+        let cfg = &snap.config;
+
+        for (m, new_cfg) in diff.kept {
+            m.update_cfg(new_cfg);
+        }
+        for m in &diff.added {
+            if m.cfg().check {
+                for role in Role::ALL {
+                    tokio::spawn(check::run_port_checks(
+                        m.clone(),
+                        role,
+                        self.prober.clone(),
+                        self.events.clone(),
+                        self.metrics.clone(),
+                    ));
+                }
+            }
+        }
+        for m in &diff.removed {
+            tracing::info!(master = %m.name(), sessions = m.book.len(), drain_ms = cfg.global.drain_timeout.as_millis() as u64, "master removed by reload: draining its sessions");
+            m.checks_stop.cancel();
+            let epoch = m.set_admin(Admin::Draining);
+            m.close_sessions_after(
+                epoch,
+                cfg.global.drain_timeout,
+                [cfg.publish.close_rate, cfg.request.close_rate],
+                CloseReason::Drained,
+            );
+        }
+        if first {
+            // Before accepting: the first client must find the masters that are UP. (The sockets
+            // are bound already; early connections wait in the backlog.)
+            self.first_round(&snap).await;
+        }
+        if self.global_limit.max() != cfg.global.maxconn {
+            self.global_limit.resize(cfg.global.maxconn);
+        }
+        self.sync_listeners(cfg, &wanted, fresh);
+        self.sync_admin(cfg, admin_sock);
+
+        tracing::info!(
+            generation,
+            masters = snap.masters.len(),
+            added = diff.added.len(),
+            removed = diff.removed.len(),
+            "configuration in force"
+        );
+        Ok(generation)
+    }
+
+    /// Waits (bounded) for every master's first check, so the first client finds masters UP.
+    async fn first_round(&self, snap: &Snapshot) {
+        let limit = snap
+            .masters
+            .iter()
+            .map(|m| m.cfg().health.timeout)
+            .max()
+            .unwrap_or_default()
+            + Duration::from_secs(1);
+        let _ = tokio::time::timeout(limit, async {
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            while !snap.masters.iter().all(|m| m.first_round_done()) {
+                tick.tick().await;
+            }
+        })
+        .await;
+        for m in &snap.masters {
+            for role in Role::ALL {
+                let c = m.last_check(role);
+                if m.cfg().check && !c.ok && m.is_up() {
+                    tracing::warn!(master = %m.name(), port = %role, result = %c.detail, fall = m.cfg().health.fall, "first check failed; the master takes sessions until `fall` checks in a row fail (as HAProxy)");
+                }
+            }
+        }
+    }
+
+    fn sync_listeners(
+        self: &Arc<Self>,
+        cfg: &Config,
+        wanted: &[(Role, SocketAddr)],
+        fresh: Vec<(Role, SocketAddr, TcpListener)>,
+    ) {
+        let mut running = lock(&self.listeners);
+        let mut handed_over = Vec::new();
+        // Stop what is no longer wanted (sessions it accepted carry on). An address that changed
+        // role keeps its socket: a new accept loop takes it over, nothing is rebound.
+        running.retain(|h| {
+            // A listener whose role stays but whose kind of `Serve` changes is handed over too.
+            let same_serve = || h.serve.kind() == crate::serve::for_listener(h.role, cfg).kind();
+            if wanted.iter().any(|&(r, a)| r == h.role && h.serves(a)) && same_serve() {
+                return true;
+            }
+            h.stop.cancel();
+            match wanted.iter().find(|(_, a)| h.serves(*a)) {
+                Some(&(role, _)) => {
+                    tracing::info!(from = %h.role, to = %role, addr = %h.local, "listener changes role (or kind of serve): a new accept loop takes its socket");
+                    handed_over.push((role, h.bind, h.sock.clone()));
+                }
+                None => tracing::info!(listener = %h.role, addr = %h.local, "listener removed by reload"),
+            }
+            false
+        });
+        for h in running.iter() {
+            let max = cfg.listener(h.role).maxconn;
+            if h.limit.max() != max {
+                h.limit.resize(max);
+            }
+        }
+        let socks = fresh
+            .into_iter()
+            .map(|(role, bind, sock)| (role, bind, Arc::new(sock)))
+            .chain(handed_over);
+        for (role, bind, sock) in socks {
+            let local = sock.local_addr().unwrap_or(bind);
+            let stop = self.accept_stop.child_token();
+            let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
+            let serve: Arc<dyn Serve> = crate::serve::for_listener(role, cfg);
+            tracing::info!(listener = %role, addr = %local, serve = serve.kind(), "listening");
+            let (data, tracker, to_serve) =
+                (self.data.clone(), self.tracker.clone(), serve.clone());
+            let errors = self
+                .metrics
+                .accept_errors
+                .with_label_values(&[role.as_str()]);
+            tokio::spawn(listener::accept_loop(
+                sock.clone(),
+                role,
+                limit.clone(),
+                self.global_limit.clone(),
+                errors,
+                stop.clone(),
+                move |stream, peer, permits| {
+                    listener::tune(&stream, data.load().config.global.tcp_user_timeout);
+                    let session = to_serve.serve(data.clone(), stream, peer);
+                    tracker.spawn(async move {
+                        // The permits are held for the session's whole life.
+                        let _permits = permits;
+                        session.await
+                    });
+                },
+            ));
+            running.push(ListenerHandle {
+                role,
+                bind,
+                local,
+                sock,
+                stop,
+                limit,
+                serve,
+            });
+        }
+    }
+
+    fn sync_admin(self: &Arc<Self>, cfg: &Config, sock: Option<TcpListener>) {
+        let mut running = lock(&self.admin);
+        let keep = cfg.admin.enabled && running.as_ref().is_some_and(|h| h.bind == cfg.admin.bind);
+        if !keep {
+            if let Some(h) = running.take() {
+                h.stop.cancel();
+            }
+        }
+        if let Some(sock) = sock {
+            let local = sock.local_addr().unwrap_or(cfg.admin.bind);
+            let stop = self.admin_stop.child_token();
+            tracing::info!(addr = %local, "admin API listening");
+            tokio::spawn(crate::admin::serve(sock, self.clone(), stop.clone()));
+            *running = Some(AdminHandle {
+                bind: cfg.admin.bind,
+                local,
+                stop,
+            });
+        }
+    }
+
+    /// Reloads from the configuration source; logs and counts the result.
+    pub(crate) async fn reload_from_source(
+        self: &Arc<Self>,
+        trigger: &str,
+    ) -> Result<u64, ApplyError> {
+        let mut seen = self.source_seen.lock().await;
+        if self.is_stopping() {
+            // No RELOADING/READY to systemd after STOPPING.
+            tracing::warn!(trigger, "reload ignored: saltgate is shutting down");
+            return Err(ApplyError::Stopping);
+        }
+        crate::notify::sd_notify_reloading();
+        let result = match &self.source {
+            None => Err(ApplyError::NoSource),
+            Some(src) => match read_source_off_runtime(src.clone(), &mut seen).await {
+                Err(e) => Err(ApplyError::Invalid(e)),
+                Ok(mut l) => {
+                    for w in &l.warnings {
+                        tracing::warn!("{w}");
+                    }
+                    if let Some(o) = &self.override_config {
+                        o(&mut l.config);
+                    }
+                    self.apply(l.config, false).await
+                }
+            },
+        };
+        crate::notify::sd_notify("READY=1");
+        self.metrics.events.reload(
+            trigger,
+            result.as_ref().map(|g| *g).map_err(|e| e.to_string()),
+        );
+        match &result {
+            Ok(g) => {
+                self.metrics.reloads.with_label_values(&["ok"]).inc();
+                tracing::info!(trigger, generation = g, "reload done");
+            }
+            Err(e) => {
+                self.metrics.reloads.with_label_values(&[e.kind()]).inc();
+                tracing::error!(trigger, error = %e, "reload refused; the running configuration stays");
+            }
+        }
+        result
+    }
+}
+
+/// How long reading the configuration file may take (a hung network filesystem must not stall
+/// a runtime worker, nor reloads forever).
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads a file on the blocking pool, bounded by [`READ_TIMEOUT`].
+pub(crate) async fn read_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
+    match tokio::time::timeout(
+        READ_TIMEOUT,
+        tokio::task::spawn_blocking(move || std::fs::read(path)),
+    )
+    .await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(std::io::Error::other(e)),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {READ_TIMEOUT:?}"),
+        )),
+    }
+}
+
+async fn read_source_off_runtime(
+    src: ConfigSource,
+    seen: &mut Option<Vec<u8>>,
+) -> Result<saltgate_config::Loaded, ConfigErrors> {
+    let read = read_file(src.path.clone()).await;
+    read_source(&src, read, seen)
+}
+
+/// Validates the source file's bytes, remembering them.
+fn read_source(
+    src: &ConfigSource,
+    read: std::io::Result<Vec<u8>>,
+    seen: &mut Option<Vec<u8>>,
+) -> Result<saltgate_config::Loaded, ConfigErrors> {
+    let bytes = read.map_err(|e| {
+        ConfigErrors::one(saltgate_config::ConfigError::new(
+            saltgate_config::Position::new(Some(&src.path), 0, 0),
+            "",
+            format!("cannot read the file: {e}"),
+            "check the path and its permissions",
+        ))
+    })?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    *seen = Some(bytes);
+    saltgate_config::parse(&text, Some(&src.path), src.format)
+}
+
+/// Reads the admin token off the runtime, bounded by [`READ_TIMEOUT`] (a hung filesystem must
+/// not stall sessions, nor hold the reload lock forever).
+async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
+    let err = |reason: String| ApplyError::Token {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let bytes = read_file(path.to_path_buf())
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let t = String::from_utf8(bytes).map_err(|_| err("the file is not UTF-8 text".into()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(err("the file is empty".into()));
+    }
+    Ok(t.to_string())
+}
+
+/// Reloads when the configuration file's content changes (polled: robust to editors that replace
+/// the file, and to files on network filesystems where inotify is unreliable).
+pub(crate) async fn watch_file(control: Arc<Control>, path: PathBuf, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = control.accept_stop.cancelled() => return,
+        }
+        let Ok(now) = read_file(path.clone()).await else {
+            continue;
+        };
+        let changed = match control.source_seen.try_lock() {
+            Ok(seen) => seen.as_deref() != Some(now.as_slice()),
+            Err(_) => false, // a reload is running; look again next tick
+        };
+        if changed {
+            let _ = control.reload_from_source("file change").await;
+        }
+    }
+}

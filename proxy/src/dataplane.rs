@@ -1,0 +1,59 @@
+//! The data-plane context: the little a session (or any [`crate::serve::Serve`] implementation)
+//! needs, and nothing of the control plane. A session sees the current [`Snapshot`], the buffer
+//! pool, the token that closes every session when the shutdown grace runs out, and metric handles
+//! resolved ahead of time. It cannot reload, bind, or act on masters.
+//!
+//! Like mini-redis's `Handler`: the control plane ([`crate::control`]) holds an `Arc` of this and
+//! hands it to every accepted connection.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use saltgate_config::Role;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{ListenerHandles, Metrics};
+use crate::pump::BufPool;
+use crate::snapshot::Snapshot;
+
+/// Buffers kept free in the pool (16 KiB each).
+pub const POOL_FREE: usize = 1024;
+
+pub struct DataPlane {
+    /// What sessions run from; swapped once per reload by the control plane.
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    pub pool: BufPool,
+    /// Parent of every session's close token; cancelled when the shutdown grace runs out.
+    pub sessions_token: CancellationToken,
+    /// Per listener, indexed by `Role as usize`.
+    listeners: [ListenerHandles; 2],
+    /// Session ids, unique over the process (the admin API pages by them).
+    next_session: AtomicU64,
+}
+
+impl DataPlane {
+    pub fn new(snapshot: Snapshot, metrics: &Metrics) -> Self {
+        Self {
+            snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
+            pool: BufPool::new(POOL_FREE),
+            sessions_token: CancellationToken::new(),
+            listeners: Role::ALL.map(|r| ListenerHandles::new(metrics, r)),
+            next_session: AtomicU64::new(1),
+        }
+    }
+
+    /// The snapshot in force now.
+    pub fn load(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    pub fn listener(&self, role: Role) -> &ListenerHandles {
+        &self.listeners[role as usize]
+    }
+
+    /// A new session id.
+    pub fn session_id(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,51 @@
+//! The seam between a listener and what it does with an accepted connection: each listener owns
+//! one [`Serve`]. Today every listener runs the L4 session ([`L4Session`]: pick a master, connect,
+//! pump bytes). Another implementation (a publish fan-out hub) plugs in here: implement [`Serve`]
+//! and return it from [`for_listener`].
+//!
+//! The accept loop keeps the listener's and the process's `maxconn` permits until the returned
+//! future ends, and tracks it for the shutdown drain; a `Serve` only sees the stream, the peer and
+//! the data-plane context.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use saltgate_config::{Config, Role};
+use tokio::net::TcpStream;
+
+use crate::dataplane::DataPlane;
+
+/// A boxed, sendable future (what a [`Serve`] returns).
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a listener does with each accepted connection.
+pub trait Serve: Send + Sync + 'static {
+    /// Serves one accepted connection until it ends.
+    fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()>;
+
+    /// A short name for logs.
+    fn kind(&self) -> &'static str;
+}
+
+/// The L4 session: one client connection ↔ one master connection.
+#[derive(Debug, Clone, Copy)]
+pub struct L4Session {
+    pub role: Role,
+}
+
+impl Serve for L4Session {
+    fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()> {
+        Box::pin(crate::session::handle(ctx, self.role, stream, peer))
+    }
+
+    fn kind(&self) -> &'static str {
+        "l4"
+    }
+}
+
+/// The [`Serve`] for a listener of `role` under `config`.
+pub fn for_listener(role: Role, _config: &Config) -> Arc<dyn Serve> {
+    Arc::new(L4Session { role })
+}

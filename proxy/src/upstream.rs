@@ -1,0 +1,213 @@
+//! A master's upstream state: what its health checks say (per port and overall) and what an
+//! operator asked for (enabled, draining, disabled). Apart from its session book
+//! ([`crate::registry::SessionBook`]): health and admin state decide where new sessions go; the
+//! book holds the sessions that are there.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use saltgate_config::Role;
+
+/// The last check of one port, for the logs and the admin API.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CheckReport {
+    pub ok: bool,
+    pub detail: String,
+    /// Milliseconds the check took.
+    pub duration_ms: u64,
+}
+
+/// What an operator asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Admin {
+    Enabled = 0,
+    /// No new sessions; live ones end by themselves or at the drain deadline.
+    Draining = 1,
+    /// No new sessions; live ones were closed.
+    Disabled = 2,
+}
+
+/// A master's state as operators see it (admin API, metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MasterState {
+    Up,
+    Down,
+    Draining,
+    Disabled,
+}
+
+impl MasterState {
+    pub const ALL: [MasterState; 4] = [
+        MasterState::Up,
+        MasterState::Down,
+        MasterState::Draining,
+        MasterState::Disabled,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MasterState::Up => "up",
+            MasterState::Down => "down",
+            MasterState::Draining => "draining",
+            MasterState::Disabled => "disabled",
+        }
+    }
+}
+
+/// A change of a master's overall health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flip {
+    Up,
+    Down,
+}
+
+/// Health per port and overall, admin state, and the epochs that let a newer decision stop an
+/// older background task (a drain deadline, a paced close).
+#[derive(Debug)]
+pub struct Upstream {
+    port_up: [AtomicBool; 2],
+    port_checked: [AtomicBool; 2],
+    /// Overall health: 1 UP (both ports), 2 DOWN (a port is down).
+    up: AtomicU8,
+    /// Serialises the aggregation of the two ports into `up`.
+    flip: Mutex<()>,
+    admin: AtomicU8,
+    /// Bumped by every drain/disable/enable, so a stale drain deadline does nothing.
+    admin_epoch: AtomicU64,
+    /// Bumped by every DOWN flip, so only the newest paced close of a DOWN master runs.
+    down_epoch: AtomicU64,
+    last_check: [Mutex<CheckReport>; 2],
+}
+
+impl Upstream {
+    /// `checked`: whether the ports count as checked from the start (a master without checks).
+    pub fn new(admin: Admin, checked: bool) -> Self {
+        Self {
+            // As HAProxy: a master is UP until its checks say otherwise (`fall` failures).
+            port_up: [AtomicBool::new(true), AtomicBool::new(true)],
+            port_checked: [AtomicBool::new(checked), AtomicBool::new(checked)],
+            up: AtomicU8::new(1),
+            flip: Mutex::new(()),
+            admin: AtomicU8::new(admin as u8),
+            admin_epoch: AtomicU64::new(0),
+            down_epoch: AtomicU64::new(0),
+            last_check: Default::default(),
+        }
+    }
+
+    /// UP by its checks (both ports).
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire) == 1
+    }
+
+    pub fn admin(&self) -> Admin {
+        match self.admin.load(Ordering::Acquire) {
+            1 => Admin::Draining,
+            2 => Admin::Disabled,
+            _ => Admin::Enabled,
+        }
+    }
+
+    /// Sets the admin state; returns the new admin epoch.
+    pub fn set_admin(&self, a: Admin) -> u64 {
+        self.admin.store(a as u8, Ordering::Release);
+        self.admin_epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    pub fn admin_epoch(&self) -> u64 {
+        self.admin_epoch.load(Ordering::Acquire)
+    }
+
+    /// Starts a new DOWN epoch (a paced close of an older one stops); returns it.
+    pub fn next_down_epoch(&self) -> u64 {
+        self.down_epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    pub fn down_epoch(&self) -> u64 {
+        self.down_epoch.load(Ordering::Acquire)
+    }
+
+    pub fn state(&self) -> MasterState {
+        match (self.admin(), self.is_up()) {
+            (Admin::Disabled, _) => MasterState::Disabled,
+            (Admin::Draining, _) => MasterState::Draining,
+            (Admin::Enabled, true) => MasterState::Up,
+            (Admin::Enabled, false) => MasterState::Down,
+        }
+    }
+
+    /// May take new sessions: UP and enabled.
+    pub fn is_available(&self) -> bool {
+        self.is_up() && self.admin() == Admin::Enabled
+    }
+
+    /// Both ports have completed at least one check.
+    pub fn first_round_done(&self) -> bool {
+        self.port_checked.iter().all(|c| c.load(Ordering::Acquire))
+    }
+
+    /// Records a port's state; returns the flip if the overall health changed.
+    pub fn set_port(&self, role: Role, up: bool) -> Option<Flip> {
+        let _g = self.flip.lock().unwrap_or_else(|p| p.into_inner());
+        self.port_up[role as usize].store(up, Ordering::Release);
+        self.port_checked[role as usize].store(true, Ordering::Release);
+        let now = if self.port_up.iter().all(|p| p.load(Ordering::Acquire)) {
+            1
+        } else {
+            2
+        };
+        let was = self.up.swap(now, Ordering::AcqRel);
+        match (was == now, now) {
+            (false, 1) => Some(Flip::Up),
+            (false, 2) => Some(Flip::Down),
+            _ => None,
+        }
+    }
+
+    /// Records that a check of `role` completed (whatever its result).
+    pub fn mark_checked(&self, role: Role) {
+        self.port_checked[role as usize].store(true, Ordering::Release);
+    }
+
+    pub fn port_is_up(&self, role: Role) -> bool {
+        self.port_up[role as usize].load(Ordering::Acquire)
+    }
+
+    pub fn last_check(&self, role: Role) -> CheckReport {
+        self.last_check[role as usize]
+            .lock()
+            .map(|g| g.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn set_last_check(&self, role: Role, report: CheckReport) {
+        if let Ok(mut last) = self.last_check[role as usize].lock() {
+            *last = report;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_enable_stops_a_drain_set_before_it() {
+        let u = Upstream::new(Admin::Enabled, true);
+        let drain = u.set_admin(Admin::Draining);
+        let enable = u.set_admin(Admin::Enabled);
+        assert_ne!(drain, enable);
+        assert_eq!(u.admin_epoch(), enable);
+    }
+
+    #[test]
+    fn a_master_is_down_while_either_port_is_down() {
+        let u = Upstream::new(Admin::Enabled, false);
+        assert!(u.is_up() && !u.first_round_done());
+        assert_eq!(u.set_port(Role::Publish, false), Some(Flip::Down));
+        assert_eq!(u.set_port(Role::Request, true), None);
+        assert_eq!(u.set_port(Role::Publish, true), Some(Flip::Up));
+        assert!(u.first_round_done());
+    }
+}
