@@ -398,3 +398,51 @@ async fn a_paced_close_stops_when_the_master_comes_back() {
         "no more sessions closed once it is UP"
     );
 }
+
+#[tokio::test]
+async fn sessions_route_pages_by_id() {
+    let c = FakeCluster::start(2, Behaviour::Echo).await;
+    let (r, _stop, _p) = run(c.config()).await;
+    let admin = r.admin_addr().unwrap();
+    let mut held = Vec::new();
+    for i in 0..5 {
+        let role = if i % 2 == 0 {
+            Role::Publish
+        } else {
+            Role::Request
+        };
+        held.push(connect(addr(&r, role)).await.0);
+    }
+    let mut ids = Vec::new();
+    let mut path = "/api/v1/sessions?limit=2".to_string();
+    let mut pages = 0;
+    loop {
+        let (code, page) = json(admin, "GET", &path, None).await;
+        assert_eq!(code, 200, "{page}");
+        pages += 1;
+        let got: Vec<u64> = page["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_u64().unwrap())
+            .collect();
+        assert!(got.len() <= 2, "{page}");
+        ids.extend(got);
+        match page["next_after"].as_u64() {
+            Some(after) => path = format!("/api/v1/sessions?limit=2&after={after}"),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(
+        (ids.len(), sorted),
+        (5, ids.clone()),
+        "every session once, by id"
+    );
+    let (code, e) = json(admin, "GET", "/api/v1/sessions?limit=0", None).await;
+    assert_eq!(code, 400, "{e}");
+    assert!(e["error"].as_str().unwrap().contains("limit"), "{e}");
+}
