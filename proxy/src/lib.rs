@@ -22,6 +22,7 @@ pub mod master;
 pub mod metrics;
 pub mod notify;
 pub mod pump;
+pub mod ratelimit;
 pub mod registry;
 pub mod selection;
 pub mod serve;

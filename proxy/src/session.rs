@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
@@ -61,6 +61,9 @@ struct Connected {
     connect_ms: u64,
 }
 
+/// The pause before a retry on the master just tried (when no other candidate is left).
+pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 /// How the connect phase ended.
 enum Connect {
     Done(Connected),
@@ -68,8 +71,9 @@ enum Connect {
     Shutdown,
 }
 
-/// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer). Each
-/// attempt first leases a place under the master's `maxconn`.
+/// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer; a master
+/// is never tried twice in a row without [`RETRY_PAUSE`]). Each attempt first leases a place under
+/// the master's `maxconn`.
 async fn connect(
     ctx: &DataPlane,
     l: &ListenerConfig,
@@ -79,15 +83,25 @@ async fn connect(
 ) -> Connect {
     let role = l.role;
     let mut attempts = 0u32;
+    let mut last: Option<usize> = None;
     for &i in order.iter().cycle().take(1 + l.retries as usize) {
         let master = &snap.masters[i];
         let handles = &snap.handles[i];
         if !master.is_available() {
             continue;
         }
+        if last == Some(i) {
+            // The same master again (it is the only candidate left): not back to back, as
+            // HAProxy's turn-around delay.
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
+            }
+        }
         let Some(lease) = master.try_reserve(role) else {
             continue;
         };
+        last = Some(i);
         attempts += 1;
         let addr = master.addr(role);
         let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
@@ -100,7 +114,9 @@ async fn connect(
             _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
         };
         handles.connect_errors[role as usize].inc();
-        tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
+        if let Some(left_out) = handles.connect_log.allow() {
+            tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, left_out, "connect to master failed (at most one line per master every 5 s; left_out: failures not logged since the last)");
+        }
     }
     Connect::Failed { attempts }
 }
@@ -157,7 +173,9 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if reason == CloseReason::NoMaster {
-                tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
+                if let Some(left_out) = lm.no_master_log.allow() {
+                    tracing::info!(client = %peer, listener = %role, left_out, "no master available; closing the client connection (at most one line every 5 s; left_out: not logged since the last)");
+                }
             }
             lm.refused(reason).inc();
             access_log(

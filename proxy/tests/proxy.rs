@@ -485,3 +485,22 @@ async fn both_legs_of_a_session_get_tcp_user_timeout() {
         "master leg"
     );
 }
+
+#[tokio::test]
+async fn a_retry_on_the_only_master_is_not_back_to_back() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let mut cfg = c.config();
+    cfg.publish.retries = 1;
+    let (r, _stop) = run(cfg, Some(Arc::new(ScriptedProber::default()))).await;
+    c.port(0, Role::Publish).stop(); // checks still say UP: every connect is refused at once
+    let t0 = tokio::time::Instant::now();
+    let mut s = tokio::net::TcpStream::connect(addr(&r, Role::Publish))
+        .await
+        .unwrap();
+    assert!(closed(&mut s).await);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "two attempts on one refusing master {took:?} apart"
+    );
+}
