@@ -49,7 +49,7 @@ async fn round_robin_spreads_sessions_over_masters_in_order() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn down_master_is_skipped_and_taken_back_after_rise_successes() {
     let c = FakeCluster::start(3, Behaviour::Echo).await;
     let p = Arc::new(ScriptedProber::default());
@@ -241,7 +241,7 @@ async fn master_half_close_is_passed_on_and_the_client_can_still_send() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mark_down_closes_that_masters_sessions_and_only_those() {
     let c = FakeCluster::start(2, Behaviour::Echo).await;
     let p = Arc::new(ScriptedProber::default());
@@ -268,7 +268,7 @@ async fn mark_down_closes_that_masters_sessions_and_only_those() {
     assert!(!r.master("a").unwrap().is_up());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_close_spreads_closes_over_time() {
     let c = FakeCluster::start(1, Behaviour::Echo).await;
     let p = Arc::new(ScriptedProber::default());
