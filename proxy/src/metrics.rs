@@ -1,4 +1,4 @@
-//! Every Prometheus metric saltgate exports, declared here and listed in the README. The registry
+//! Every Prometheus metric saltgate exports, declared here and listed in docs/operations.md. The registry
 //! is created here and passed around (never the global one).
 //!
 //! Counters and histograms are updated where things happen; per-master state and live-session
