@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 
+use crate::accesslog::AccessRecord;
 use crate::close::CloseReason;
 use crate::dataplane::DataPlane;
 use crate::listener::tune;
@@ -179,6 +180,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
             }
             lm.refused(reason).inc();
             access_log(
+                &ctx,
                 &listener,
                 peer,
                 started,
@@ -211,6 +213,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     drop(lease);
     handles.closed(role, reason).inc();
     access_log(
+        &ctx,
         &listener,
         peer,
         started,
@@ -225,24 +228,27 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     );
 }
 
-/// One line per closed session, like HAProxy's tcplog, as a structured event on target
-/// `saltgate::access` (text or JSON, per `--log-format`).
-fn access_log(l: &ListenerConfig, client: SocketAddr, started: Instant, o: Outcome<'_>) {
+/// One [`AccessRecord`] per closed session, to the data plane's access sink.
+fn access_log(
+    ctx: &DataPlane,
+    l: &ListenerConfig,
+    client: SocketAddr,
+    started: Instant,
+    o: Outcome<'_>,
+) {
     if !l.access_log {
         return;
     }
-    tracing::info!(
-        target: "saltgate::access",
-        client = %client,
-        listener = %l.role,
-        master = %o.master.map(|m| m.name()).unwrap_or_else(|| "-".into()),
-        master_addr = %o.master.map(|m| m.addr(l.role).to_string()).unwrap_or_else(|| "-".into()),
-        duration_ms = started.elapsed().as_millis() as u64,
-        connect_ms = o.connect_ms,
-        attempts = o.attempts,
-        bytes_in = o.bytes_in,
-        bytes_out = o.bytes_out,
-        reason = %o.reason,
-        "session closed"
-    );
+    ctx.access.record(AccessRecord {
+        client,
+        listener: l.role,
+        master: o.master.map(|m| m.name()),
+        master_addr: o.master.map(|m| m.addr(l.role)),
+        duration_ms: started.elapsed().as_millis() as u64,
+        connect_ms: o.connect_ms,
+        attempts: o.attempts,
+        bytes_in: o.bytes_in,
+        bytes_out: o.bytes_out,
+        reason: o.reason,
+    });
 }
