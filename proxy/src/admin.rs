@@ -9,7 +9,7 @@
 //! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (also while shutting down) (no token needed) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/masters` | state, sessions per port, last check of every master |
-//! | `GET /api/v1/sessions?master=&listener=` | live sessions, filtered |
+//! | `GET /api/v1/sessions?master=&listener=&limit=&after=` | live sessions by id, filtered, a page at a time (`next_after` when more follow) |
 //! | `POST /api/v1/masters/{name}/drain\|disable\|enable` | admin actions |
 //! | `POST /api/v1/reload` | reload the configuration file |
 
@@ -201,8 +201,19 @@ async fn masters(State(s): St) -> Response {
 struct SessionFilter {
     master: Option<String>,
     listener: Option<String>,
+    /// Sessions per page (1 to [`MAX_PAGE`], default [`DEFAULT_PAGE`]).
+    limit: Option<usize>,
+    /// Only sessions with a greater id (the `next_after` of the previous page).
+    after: Option<u64>,
 }
 
+/// Sessions per page unless `limit` says otherwise.
+pub const DEFAULT_PAGE: usize = 1000;
+/// The largest `limit`.
+pub const MAX_PAGE: usize = 10_000;
+
+/// Live sessions by id, a page at a time: each master's book gives at most `limit` sessions above
+/// `after` (a short hold of its lock, no copy of the whole book), merged and cut to `limit`.
 async fn sessions(
     State(s): St,
     q: Result<Query<SessionFilter>, axum::extract::rejection::QueryRejection>,
@@ -212,7 +223,7 @@ async fn sessions(
         Err(e) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                format!("{e}; the filters are master=<name> and listener=publish|request"),
+                format!("{e}; the parameters are master=<name>, listener=publish|request, limit=1..{MAX_PAGE}, after=<session id>"),
             )
         }
     };
@@ -227,36 +238,59 @@ async fn sessions(
             )
         }
     };
+    let limit = f.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit={limit} is out of range; use 1 to {MAX_PAGE}"),
+        );
+    }
+    let after = f.after.unwrap_or(0);
     let snap = s.snapshot();
     if let Some(name) = &f.master {
         if snap.master(name).is_none() {
             return error(StatusCode::NOT_FOUND, format!("no master named {name:?}"));
         }
     }
-    let mut out = Vec::new();
+    let mut page = Vec::new();
     for m in snap
         .masters
         .iter()
         .filter(|m| f.master.as_ref().is_none_or(|n| *n == m.cfg().name))
     {
-        for role in Role::ALL
-            .into_iter()
-            .filter(|r| role.is_none_or(|x| x == *r))
-        {
-            for c in m.book.of_role(role) {
-                out.push(json!({
-                    "id": c.id,
-                    "master": m.name(),
-                    "listener": role.as_str(),
-                    "client": c.client.to_string(),
-                    "age_s": c.started.elapsed().as_secs(),
-                    "bytes_in": c.bytes_in.load(std::sync::atomic::Ordering::Relaxed),
-                    "bytes_out": c.bytes_out.load(std::sync::atomic::Ordering::Relaxed),
-                }));
-            }
+        let name = m.name();
+        // `limit + 1`: one more tells whether another page follows.
+        for c in m.book.page(role, after, limit + 1) {
+            page.push((c, name.clone()));
         }
     }
-    Json(json!({ "count": out.len(), "sessions": out })).into_response()
+    page.sort_by_key(|(c, _)| c.id);
+    let more = page.len() > limit;
+    page.truncate(limit);
+    let next_after = if more {
+        page.last().map(|(c, _)| c.id)
+    } else {
+        None
+    };
+    let out: Vec<_> = page
+        .iter()
+        .map(|(c, master)| {
+            json!({
+                "id": c.id,
+                "master": master,
+                "listener": c.role.as_str(),
+                "client": c.client.to_string(),
+                "age_s": c.started.elapsed().as_secs(),
+                "bytes_in": c.bytes_in.load(std::sync::atomic::Ordering::Relaxed),
+                "bytes_out": c.bytes_out.load(std::sync::atomic::Ordering::Relaxed),
+            })
+        })
+        .collect();
+    let mut body = json!({ "count": out.len(), "sessions": out });
+    if let Some(n) = next_after {
+        body["next_after"] = json!(n);
+    }
+    Json(body).into_response()
 }
 
 async fn master_action(State(s): St, Path((name, action)): Path<(String, String)>) -> Response {

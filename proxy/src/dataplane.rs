@@ -1,7 +1,7 @@
 //! The data-plane context: the little a session (or any [`crate::serve::Serve`] implementation)
 //! needs, and nothing of the control plane. A session sees the current [`Snapshot`], the buffer
-//! pool, the token that closes every session when the shutdown grace runs out, and metric handles
-//! resolved ahead of time. It cannot reload, bind, or act on masters.
+//! pool, the token that closes every session when the shutdown grace runs out, metric handles
+//! resolved ahead of time, and the access-log sink. It cannot reload, bind, or act on masters.
 //!
 //! Like mini-redis's `Handler`: the control plane ([`crate::control`]) holds an `Arc` of this and
 //! hands it to every accepted connection.
@@ -13,6 +13,7 @@ use arc_swap::ArcSwap;
 use saltgate_config::Role;
 use tokio_util::sync::CancellationToken;
 
+use crate::accesslog::AccessSink;
 use crate::metrics::{ListenerHandles, Metrics};
 use crate::pump::BufPool;
 use crate::snapshot::Snapshot;
@@ -30,16 +31,19 @@ pub struct DataPlane {
     listeners: [ListenerHandles; 2],
     /// Session ids, unique over the process (the admin API pages by them).
     next_session: AtomicU64,
+    /// Where each closed session's access record goes.
+    pub access: Arc<dyn AccessSink>,
 }
 
 impl DataPlane {
-    pub fn new(snapshot: Snapshot, metrics: &Metrics) -> Self {
+    pub fn new(snapshot: Snapshot, metrics: &Metrics, access: Arc<dyn AccessSink>) -> Self {
         Self {
             snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
             pool: BufPool::new(POOL_FREE),
             sessions_token: CancellationToken::new(),
             listeners: Role::ALL.map(|r| ListenerHandles::new(metrics, r)),
             next_session: AtomicU64::new(1),
+            access,
         }
     }
 

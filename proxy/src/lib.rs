@@ -9,6 +9,7 @@
 //! [`pump`] until a [`close::CloseReason`]. [`check`] runs the probers and feeds [`health`]; a
 //! master that goes DOWN has its sessions closed at a bounded pace.
 
+pub mod accesslog;
 pub mod admin;
 pub mod check;
 pub mod close;
@@ -23,6 +24,7 @@ pub mod master;
 pub mod metrics;
 pub mod notify;
 pub mod pump;
+pub mod ratelimit;
 pub mod registry;
 pub mod selection;
 pub mod serve;

@@ -146,19 +146,35 @@ pub async fn accept_loop<F>(
     let mut last_warn: Option<Instant> = None;
     let mut suppressed = 0u64;
     loop {
-        // Take the session's permits first: at maxconn, connections wait in the kernel backlog.
-        let permits = tokio::select! {
-            p = async { (limit.acquire().await, global.acquire().await) } => Permits { _listener: p.0, _global: p.1 },
+        // The listener's permit first: at its maxconn, connections wait in the kernel backlog.
+        // `biased`, stop first: once stopped (a reload may hand this socket to a new loop), no
+        // further connection is accepted here, even one already waiting.
+        let own = tokio::select! {
+            biased;
             _ = stop.cancelled() => return,
+            p = limit.acquire() => p,
         };
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            biased;
             _ = stop.cancelled() => return,
+            r = listener.accept() => r,
         };
         match accepted {
             Ok((stream, peer)) => {
                 backoff = Duration::from_millis(10);
-                on_accept(stream, peer, permits);
+                // The process-wide permit only once a connection is there: taken before, an idle
+                // listener's loop would park a permit that a busy listener's client waits for. At
+                // the global maxconn, one accepted connection per listener waits here (served,
+                // not dropped, when a permit frees).
+                let global = global.acquire().await;
+                on_accept(
+                    stream,
+                    peer,
+                    Permits {
+                        _listener: own,
+                        _global: global,
+                    },
+                );
             }
             Err(e) if is_exhaustion(&e) => {
                 errors.inc();

@@ -237,6 +237,34 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_close_stops_when_the_master_comes_back_up() {
+        let m = master(None);
+        let parent = CancellationToken::new();
+        let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        let leases: Vec<_> = (0..40)
+            .map(|id| {
+                let mut l = m.try_reserve(Role::Publish).unwrap();
+                l.register(id, client, &parent);
+                l
+            })
+            .collect();
+        let closed = || {
+            leases
+                .iter()
+                .filter(|l| l.ctl().is_some_and(|c| c.cancel.is_cancelled()))
+                .count()
+        };
+        m.set_port(Role::Publish, false);
+        m.close_while_down([Some(10), None], CloseReason::MasterDown);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let before = closed();
+        assert!((2..=4).contains(&before), "{before}");
+        m.set_port(Role::Publish, true);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(closed(), before, "no more sessions closed once it is UP");
+    }
+
     #[test]
     fn a_masters_maxconn_caps_its_leases_per_port() {
         let m = master(Some(2));

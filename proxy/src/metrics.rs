@@ -1,4 +1,4 @@
-//! Every Prometheus metric saltgate exports, declared here and listed in the README. The registry
+//! Every Prometheus metric saltgate exports, declared here and listed in docs/operations.md. The registry
 //! is created here and passed around (never the global one).
 //!
 //! Counters and histograms are updated where things happen; per-master state and live-session
@@ -17,6 +17,7 @@ use saltgate_config::Role;
 
 use crate::close::CloseReason;
 use crate::master::{Master, MasterState};
+use crate::ratelimit::LogLimit;
 
 pub struct Metrics {
     pub registry: Registry,
@@ -195,6 +196,8 @@ pub struct ListenerHandles {
     pub bytes: [IntCounter; 2],
     refused_vec: IntCounterVec,
     refused: [OnceLock<IntCounter>; CloseReason::ALL.len()],
+    /// The "no master available" line.
+    pub no_master_log: LogLimit,
 }
 
 impl ListenerHandles {
@@ -210,6 +213,7 @@ impl ListenerHandles {
             ],
             refused_vec: m.refused.clone(),
             refused: Default::default(),
+            no_master_log: LogLimit::default(),
         }
     }
 
@@ -230,6 +234,8 @@ pub struct MasterHandles {
     pub connect_errors: [IntCounter; 2],
     closed_vec: IntCounterVec,
     closed: [[OnceLock<IntCounter>; CloseReason::ALL.len()]; 2],
+    /// The "connect to master failed" line.
+    pub connect_log: LogLimit,
 }
 
 impl MasterHandles {
@@ -240,6 +246,7 @@ impl MasterHandles {
                 .map(|r| m.connect_errors.with_label_values(&[name, r.as_str()])),
             closed_vec: m.sessions_closed.clone(),
             closed: Default::default(),
+            connect_log: LogLimit::default(),
         }
     }
 

@@ -145,6 +145,53 @@ impl Activity {
     }
 }
 
+/// How often a busy session publishes its byte counts (to its [`SessionCtl`] and the listener's
+/// shared counter); an idle one has nothing to publish, and the rest is published when the
+/// session ends.
+pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
+
+/// One direction's byte count, kept locally and published every [`FLUSH_EVERY`] and on drop (the
+/// session ended, however): no shared atomic is touched per read.
+struct Tally<'a> {
+    session: &'a AtomicU64,
+    listener: &'a IntCounter,
+    pending: u64,
+    flushed_at: Instant,
+}
+
+impl<'a> Tally<'a> {
+    fn new(session: &'a AtomicU64, listener: &'a IntCounter) -> Self {
+        Self {
+            session,
+            listener,
+            pending: 0,
+            flushed_at: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, n: u64) {
+        self.pending += n;
+        if self.flushed_at.elapsed() >= FLUSH_EVERY {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.pending > 0 {
+            self.session.fetch_add(self.pending, Ordering::Relaxed);
+            self.listener.inc_by(self.pending);
+            self.pending = 0;
+        }
+        self.flushed_at = Instant::now();
+    }
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 async fn copy_half(
     r: OwnedReadHalf,
     mut w: OwnedWriteHalf,
@@ -153,6 +200,7 @@ async fn copy_half(
     act: &Activity,
     pool: &BufPool,
 ) -> DirEnd {
+    let mut tally = Tally::new(count, metric);
     loop {
         if let Err(e) = r.readable().await {
             return DirEnd::ReadErr(e);
@@ -171,8 +219,7 @@ async fn copy_half(
                 if let Err(e) = w.write_all(&buf[..n]).await {
                     return DirEnd::WriteErr(e);
                 }
-                count.fetch_add(n as u64, Ordering::Relaxed);
-                metric.inc_by(n as u64);
+                tally.add(n as u64);
                 act.touch();
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -182,7 +229,8 @@ async fn copy_half(
 }
 
 /// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
-/// counters, client → master and master → client.
+/// counters, client → master and master → client; they and the session's own counts are updated
+/// every [`FLUSH_EVERY`] and at the end, not per read.
 pub async fn pump(
     client: TcpStream,
     master: TcpStream,
@@ -249,6 +297,22 @@ mod tests {
 
     fn s(n: u64) -> Option<Duration> {
         Some(Duration::from_secs(n))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn byte_counts_are_published_every_few_seconds_and_when_the_session_ends() {
+        let session = AtomicU64::new(0);
+        let listener = IntCounter::new("t", "t").unwrap();
+        let mut t = Tally::new(&session, &listener);
+        t.add(10);
+        t.add(5);
+        assert_eq!((session.load(Ordering::Relaxed), listener.get()), (0, 0));
+        tokio::time::advance(FLUSH_EVERY).await;
+        t.add(1);
+        assert_eq!((session.load(Ordering::Relaxed), listener.get()), (16, 16));
+        t.add(4);
+        drop(t);
+        assert_eq!((session.load(Ordering::Relaxed), listener.get()), (20, 20));
     }
 
     #[test]

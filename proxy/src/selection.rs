@@ -106,15 +106,18 @@ pub struct SourceHash;
 /// the same master.
 fn stable_hash(client: IpAddr, master: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let octets: Vec<u8> = match client {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
+    let (v4, v6);
+    let octets: &[u8] = match client {
+        IpAddr::V4(a) => {
+            v4 = a.octets();
+            &v4
+        }
+        IpAddr::V6(a) => {
+            v6 = a.octets();
+            &v6
+        }
     };
-    for b in octets
-        .iter()
-        .chain([0xffu8].iter())
-        .chain(master.as_bytes())
-    {
+    for b in octets.iter().chain(&[0xffu8]).chain(master.as_bytes()) {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
@@ -132,10 +135,11 @@ pub fn rendezvous_score(client: IpAddr, master: &str, weight: u32) -> f64 {
 impl Selector for SourceHash {
     fn order(&self, masters: &[Arc<Master>], role: Role, client: IpAddr, out: &mut Vec<usize>) {
         eligible(masters, role, out);
-        out.sort_by(|&a, &b| {
-            let sa = rendezvous_score(client, &masters[a].cfg().name, masters[a].cfg().weight);
-            let sb = rendezvous_score(client, &masters[b].cfg().name, masters[b].cfg().weight);
-            sb.total_cmp(&sa)
+        // One score per candidate (not two per comparison); scores are positive, so their bits
+        // sort as the numbers do.
+        out.sort_by_cached_key(|&i| {
+            let cfg = masters[i].cfg();
+            std::cmp::Reverse(rendezvous_score(client, &cfg.name, cfg.weight).to_bits())
         });
     }
 }

@@ -5,11 +5,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 
+use crate::accesslog::AccessRecord;
 use crate::close::CloseReason;
 use crate::dataplane::DataPlane;
 use crate::listener::tune;
@@ -61,6 +62,9 @@ struct Connected {
     connect_ms: u64,
 }
 
+/// The pause before a retry on the master just tried (when no other candidate is left).
+pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
 /// How the connect phase ended.
 enum Connect {
     Done(Connected),
@@ -68,8 +72,9 @@ enum Connect {
     Shutdown,
 }
 
-/// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer). Each
-/// attempt first leases a place under the master's `maxconn`.
+/// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer; a master
+/// is never tried twice in a row without [`RETRY_PAUSE`]). Each attempt first leases a place under
+/// the master's `maxconn`.
 async fn connect(
     ctx: &DataPlane,
     l: &ListenerConfig,
@@ -79,15 +84,25 @@ async fn connect(
 ) -> Connect {
     let role = l.role;
     let mut attempts = 0u32;
+    let mut last: Option<usize> = None;
     for &i in order.iter().cycle().take(1 + l.retries as usize) {
         let master = &snap.masters[i];
         let handles = &snap.handles[i];
         if !master.is_available() {
             continue;
         }
+        if last == Some(i) {
+            // The same master again (it is the only candidate left): not back to back, as
+            // HAProxy's turn-around delay.
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_PAUSE) => {}
+                _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
+            }
+        }
         let Some(lease) = master.try_reserve(role) else {
             continue;
         };
+        last = Some(i);
         attempts += 1;
         let addr = master.addr(role);
         let attempt = tokio::time::timeout(l.timeout_connect, TcpStream::connect(addr));
@@ -100,7 +115,9 @@ async fn connect(
             _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
         };
         handles.connect_errors[role as usize].inc();
-        tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, "connect to master failed");
+        if let Some(left_out) = handles.connect_log.allow() {
+            tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, left_out, "connect to master failed (at most one line per master every 5 s; left_out: failures not logged since the last)");
+        }
     }
     Connect::Failed { attempts }
 }
@@ -157,10 +174,13 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if reason == CloseReason::NoMaster {
-                tracing::info!(client = %peer, listener = %role, "no master available; closing the client connection");
+                if let Some(left_out) = lm.no_master_log.allow() {
+                    tracing::info!(client = %peer, listener = %role, left_out, "no master available; closing the client connection (at most one line every 5 s; left_out: not logged since the last)");
+                }
             }
             lm.refused(reason).inc();
             access_log(
+                &ctx,
                 &listener,
                 peer,
                 started,
@@ -193,6 +213,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     drop(lease);
     handles.closed(role, reason).inc();
     access_log(
+        &ctx,
         &listener,
         peer,
         started,
@@ -207,24 +228,27 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     );
 }
 
-/// One line per closed session, like HAProxy's tcplog, as a structured event on target
-/// `saltgate::access` (text or JSON, per `--log-format`).
-fn access_log(l: &ListenerConfig, client: SocketAddr, started: Instant, o: Outcome<'_>) {
+/// One [`AccessRecord`] per closed session, to the data plane's access sink.
+fn access_log(
+    ctx: &DataPlane,
+    l: &ListenerConfig,
+    client: SocketAddr,
+    started: Instant,
+    o: Outcome<'_>,
+) {
     if !l.access_log {
         return;
     }
-    tracing::info!(
-        target: "saltgate::access",
-        client = %client,
-        listener = %l.role,
-        master = %o.master.map(|m| m.name()).unwrap_or_else(|| "-".into()),
-        master_addr = %o.master.map(|m| m.addr(l.role).to_string()).unwrap_or_else(|| "-".into()),
-        duration_ms = started.elapsed().as_millis() as u64,
-        connect_ms = o.connect_ms,
-        attempts = o.attempts,
-        bytes_in = o.bytes_in,
-        bytes_out = o.bytes_out,
-        reason = %o.reason,
-        "session closed"
-    );
+    ctx.access.record(AccessRecord {
+        client,
+        listener: l.role,
+        master: o.master.map(|m| m.name()),
+        master_addr: o.master.map(|m| m.addr(l.role)),
+        duration_ms: started.elapsed().as_millis() as u64,
+        connect_ms: o.connect_ms,
+        attempts: o.attempts,
+        bytes_in: o.bytes_in,
+        bytes_out: o.bytes_out,
+        reason: o.reason,
+    });
 }

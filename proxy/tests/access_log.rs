@@ -1,6 +1,5 @@
-//! The access log, read back through a subscriber. Its own test binary: a thread-local
-//! subscriber in a binary whose other tests log from other threads can lose events to tracing's
-//! callsite-interest cache.
+//! The access log, read back as typed records from a memory sink (no log text to parse, no
+//! subscriber that other test threads could race).
 
 mod common;
 
@@ -9,53 +8,68 @@ use std::sync::Arc;
 use common::api::{addr, run_with};
 use common::*;
 use saltgate_config::Role;
+use saltgate_proxy::accesslog::MemorySink;
+use saltgate_proxy::close::CloseReason;
 use saltgate_proxy::Options;
 
-/// Collects what a tracing subscriber writes, for assertions on the access log.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_counts_connect_attempts_and_names_the_master_that_served() {
-    let log = Captured::default();
-    let w = log.clone();
-    let sub = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || w.clone())
-        .finish();
-    // The test runtime is single-threaded: every task of the proxy logs through this subscriber.
-    let _guard = tracing::subscriber::set_default(sub);
+    let log = Arc::new(MemorySink::default());
     let c = FakeCluster::start(2, Behaviour::Echo).await;
     let (r, _stop) = run_with(
         c.config(),
         Options {
             prober: Arc::new(ScriptedProber::default()),
+            access_log: log.clone(),
             ..Default::default()
         },
     )
     .await;
     c.port(0, Role::Publish).stop(); // checks still say UP: the first candidate refuses
-    let (s, name) = connect(addr(&r, Role::Publish)).await;
+    let (mut s, name) = connect(addr(&r, Role::Publish)).await;
     assert_eq!(name, "b");
+    assert_eq!(echo(&mut s, b"four").await, b"four");
+    let client = s.local_addr().unwrap();
     drop(s);
-    wait_for("the access line", || {
-        String::from_utf8_lossy(&log.0.lock().unwrap()).contains("session closed")
-    })
+    wait_for("the access record", || !log.records().is_empty()).await;
+    let rec = &log.records()[0];
+    assert_eq!(rec.client, client);
+    assert_eq!(rec.listener, Role::Publish);
+    assert_eq!(rec.master.as_deref(), Some("b"));
+    assert_eq!(rec.master_addr, Some(c.port(1, Role::Publish).addr));
+    assert_eq!(rec.attempts, 2);
+    assert_eq!(
+        (rec.bytes_in, rec.bytes_out),
+        (4, 2 + 4),
+        "banner \"b\\n\" then the echo"
+    );
+    assert_eq!(rec.reason, CloseReason::ClientEof);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_gets_a_record_without_a_master() {
+    let log = Arc::new(MemorySink::default());
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let p = Arc::new(ScriptedProber::default());
+    let (r, _stop) = run_with(
+        c.config(),
+        Options {
+            prober: p.clone(),
+            access_log: log.clone(),
+            ..Default::default()
+        },
+    )
     .await;
-    let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
-    let line = text.lines().find(|l| l.contains("session closed")).unwrap();
-    assert!(
-        line.contains("attempts=2") && line.contains("master=b"),
-        "{line}"
+    p.all_down.store(true, std::sync::atomic::Ordering::SeqCst);
+    wait_for("a down", || !r.master("a").unwrap().is_up()).await;
+    let mut s = tokio::net::TcpStream::connect(addr(&r, Role::Request))
+        .await
+        .unwrap();
+    assert!(closed(&mut s).await);
+    wait_for("the access record", || !log.records().is_empty()).await;
+    let rec = &log.records()[0];
+    assert_eq!(
+        (rec.master.as_deref(), rec.attempts, rec.reason),
+        (None, 0, CloseReason::NoMaster)
     );
 }

@@ -91,21 +91,40 @@ struct Fixture {
     request: SocketAddr,
 }
 
-async fn fixture() -> Fixture {
-    let (mp, mr) = (free_port("127.0.0.2"), free_port("127.0.0.2"));
-    let mut masters = Vec::new();
-    for (i, ip) in ["127.0.0.2", "127.0.0.3", "127.0.0.4"].iter().enumerate() {
-        for port in [mp, mr] {
-            masters.push(
-                FakeMaster::start_at(
-                    &format!("rserve{}", i + 1),
-                    format!("{ip}:{port}").parse().unwrap(),
-                    Behaviour::Echo,
-                )
-                .await,
-            );
+/// rserve1..3: a publish and a request port each, the same two port numbers on 127.0.0.2-4 (as the
+/// fixture wants). rserve1 binds port 0 and keeps its sockets (nothing is found free and released);
+/// the others bind the same numbers, and if one is taken on their address it starts over.
+async fn same_ports_on_three_ips() -> (Vec<Arc<FakeMaster>>, u16, u16) {
+    'again: for _ in 0..20 {
+        let first = [
+            FakeMaster::start("rserve1", "127.0.0.2", Behaviour::Echo).await,
+            FakeMaster::start("rserve1", "127.0.0.2", Behaviour::Echo).await,
+        ];
+        let (mp, mr) = (first[0].addr.port(), first[1].addr.port());
+        let mut masters = first.to_vec();
+        for (i, ip) in ["127.0.0.3", "127.0.0.4"].iter().enumerate() {
+            for port in [mp, mr] {
+                let at: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+                match FakeMaster::try_start_at(&format!("rserve{}", i + 2), at, Behaviour::Echo)
+                    .await
+                {
+                    Some(m) => masters.push(m),
+                    None => {
+                        masters.iter().for_each(|m| m.stop());
+                        continue 'again;
+                    }
+                }
+            }
         }
+        return (masters, mp, mr);
     }
+    panic!("no port pair free on 127.0.0.2-4 after 20 tries");
+}
+
+async fn fixture() -> Fixture {
+    let (masters, mp, mr) = same_ports_on_three_ips().await;
+    // saltgate runs from a file, which must name its listener ports (the loaders refuse port 0):
+    // these two are found free first, the one race left.
     let publish: SocketAddr = free_addr();
     let request: SocketAddr = free_addr();
     let text = std::fs::read_to_string(repo("examples/haproxy/salt-master-cluster-loopback.cfg"))

@@ -49,7 +49,7 @@ async fn round_robin_spreads_sessions_over_masters_in_order() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn down_master_is_skipped_and_taken_back_after_rise_successes() {
     let c = FakeCluster::start(3, Behaviour::Echo).await;
     let p = Arc::new(ScriptedProber::default());
@@ -241,7 +241,7 @@ async fn master_half_close_is_passed_on_and_the_client_can_still_send() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mark_down_closes_that_masters_sessions_and_only_those() {
     let c = FakeCluster::start(2, Behaviour::Echo).await;
     let p = Arc::new(ScriptedProber::default());
@@ -268,7 +268,7 @@ async fn mark_down_closes_that_masters_sessions_and_only_those() {
     assert!(!r.master("a").unwrap().is_up());
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_close_spreads_closes_over_time() {
     let c = FakeCluster::start(1, Behaviour::Echo).await;
     let p = Arc::new(ScriptedProber::default());
@@ -301,12 +301,14 @@ async fn listener_maxconn_holds_extra_connections_in_the_backlog() {
     let mut second = tokio::net::TcpStream::connect(addr(&r, Role::Publish))
         .await
         .unwrap();
+    // An awaited event instead of a sleep: a full session through the other listener (uncapped)
+    // is served meanwhile; the second publish client still has nothing to read.
+    let (mut other, _) = connect(addr(&r, Role::Request)).await;
+    assert_eq!(echo(&mut other, b"r").await, b"r");
     let mut b = [0u8; 2];
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), second.read(&mut b))
-            .await
-            .is_err(),
-        "second session waits"
+        matches!(second.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "second session waits in the backlog"
     );
     drop(first);
     assert_eq!(
@@ -483,5 +485,24 @@ async fn both_legs_of_a_session_get_tcp_user_timeout() {
         user_timeouts_to(c.port(0, Role::Publish).addr),
         [Some(want)],
         "master leg"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_on_the_only_master_is_not_back_to_back() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let mut cfg = c.config();
+    cfg.publish.retries = 1;
+    let (r, _stop) = run(cfg, Some(Arc::new(ScriptedProber::default()))).await;
+    c.port(0, Role::Publish).stop(); // checks still say UP: every connect is refused at once
+    let t0 = tokio::time::Instant::now();
+    let mut s = tokio::net::TcpStream::connect(addr(&r, Role::Publish))
+        .await
+        .unwrap();
+    assert!(closed(&mut s).await);
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900),
+        "two attempts on one refusing master {took:?} apart"
     );
 }

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use self::reload::ConfigSource;
+use crate::accesslog::{AccessSink, TracingSink};
 use crate::admin::AdminOps;
 use crate::check::{MasterEvent, Prober, SaltProbes};
 use crate::close::CloseReason;
@@ -102,6 +103,8 @@ pub struct Options {
     pub watch: Option<Duration>,
     /// Applied to every configuration read from the source (command-line overrides).
     pub override_config: Option<ConfigOverride>,
+    /// Where access records go (default: the `saltgate::access` tracing target).
+    pub access_log: Arc<dyn AccessSink>,
 }
 
 /// A change applied to each reloaded configuration (e.g. `--admin-bind`).
@@ -114,6 +117,7 @@ impl Default for Options {
             source: None,
             watch: None,
             override_config: None,
+            access_log: Arc::new(TracingSink),
         }
     }
 }
@@ -155,7 +159,7 @@ pub async fn start(
         None => None,
     };
     let control = Arc::new(Control {
-        data: Arc::new(DataPlane::new(empty, &metrics)),
+        data: Arc::new(DataPlane::new(empty, &metrics, opts.access_log)),
         tracker: TaskTracker::new(),
         metrics: metrics.clone(),
         token: ArcSwap::from_pointee(None),

@@ -35,7 +35,8 @@ pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// A port on `ip` that was free a moment ago (for configurations that need a fixed address).
+/// A port on `ip` that was free a moment ago, for configuration files, which must name their
+/// listener ports (the loaders refuse port 0). Racy by nature: everything else binds port 0.
 pub fn free_port(ip: &str) -> u16 {
     std::net::TcpListener::bind((ip, 0))
         .unwrap()
@@ -77,7 +78,18 @@ impl FakeMaster {
     }
 
     pub async fn start_at(name: &str, addr: SocketAddr, behaviour: Behaviour) -> Arc<FakeMaster> {
-        let l = TcpListener::bind(addr).await.expect("bind fake master");
+        Self::try_start_at(name, addr, behaviour)
+            .await
+            .expect("bind fake master")
+    }
+
+    /// As [`FakeMaster::start_at`]; `None` when the address is taken.
+    pub async fn try_start_at(
+        name: &str,
+        addr: SocketAddr,
+        behaviour: Behaviour,
+    ) -> Option<Arc<FakeMaster>> {
+        let l = TcpListener::bind(addr).await.ok()?;
         let m = Arc::new(FakeMaster {
             name: name.into(),
             addr: l.local_addr().unwrap(),
@@ -88,7 +100,7 @@ impl FakeMaster {
             received: Default::default(),
         });
         m.serve(l);
-        m
+        Some(m)
     }
 
     fn serve(&self, l: TcpListener) {
