@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::duration::format_duration;
-use crate::model::{Config, HealthSettings, ListenerConfig};
+use crate::model::{Config, HealthSettings, ListenerConfig, Role};
 
 fn idle(d: Option<Duration>) -> String {
     d.map(format_duration).unwrap_or_else(|| "none".to_string())
@@ -157,5 +157,16 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
         l.on_master_down.as_str()
     )?;
     writeln!(o, "    close_rate: {}", l.close_rate)?;
+    if l.role == Role::Publish {
+        let r = &l.rebalance;
+        writeln!(
+            o,
+            "    rebalance:                 # move sessions onto a master back UP or added"
+        )?;
+        writeln!(o, "      enabled: {}", r.enabled)?;
+        writeln!(o, "      tolerance: {}%", r.tolerance_pct)?;
+        writeln!(o, "      rate: {}/s", r.rate)?;
+        writeln!(o, "      delay: {}", format_duration(r.delay))?;
+    }
     writeln!(o, "    access_log: {}", l.access_log)
 }

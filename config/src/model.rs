@@ -330,6 +330,37 @@ pub struct ListenerConfig {
     pub close_rate: u32,
     /// One log line per closed session (HAProxy `option tcplog`).
     pub access_log: bool,
+    /// Moving publish sessions onto a master that came back UP or was added (publish only).
+    pub rebalance: Rebalance,
+}
+
+/// Rebalancing of publish sessions: when a master comes back UP (or is added), sessions are
+/// moved to it (closed with reason `rebalanced`; the minion reconnects and is placed on the least
+/// loaded master) while the spread exceeds `tolerance_pct`, at most `rate` per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rebalance {
+    pub enabled: bool,
+    /// How far (percent of its weighted share) a master's session count may be from its share.
+    pub tolerance_pct: u32,
+    /// Most sessions moved per second (at least 1).
+    pub rate: u32,
+    /// How long a master must stay UP before sessions are moved to it.
+    pub delay: Duration,
+}
+
+impl Rebalance {
+    /// On (the publish listener's default).
+    pub const ON: Rebalance = Rebalance {
+        enabled: true,
+        tolerance_pct: defaults::REBALANCE_TOLERANCE_PCT,
+        rate: defaults::REBALANCE_RATE,
+        delay: defaults::REBALANCE_DELAY,
+    };
+    /// Off (the request listener: its sessions are short and rebalance themselves).
+    pub const OFF: Rebalance = Rebalance {
+        enabled: false,
+        ..Rebalance::ON
+    };
 }
 
 impl ListenerConfig {
@@ -354,6 +385,10 @@ impl ListenerConfig {
             on_master_down: OnMasterDown::Close,
             close_rate: defaults::CLOSE_RATE,
             access_log: true,
+            rebalance: match role {
+                Role::Publish => Rebalance::ON,
+                Role::Request => Rebalance::OFF,
+            },
         }
     }
 }
@@ -378,4 +413,7 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
     pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(60);
     pub const ADMIN_PORT: u16 = 9505;
+    pub const REBALANCE_TOLERANCE_PCT: u32 = 10;
+    pub const REBALANCE_RATE: u32 = 50;
+    pub const REBALANCE_DELAY: Duration = Duration::from_secs(10);
 }

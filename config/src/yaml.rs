@@ -13,7 +13,7 @@ use crate::addr::parse_bind;
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
     defaults, AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
-    OnMasterDown, Role,
+    OnMasterDown, Rebalance, Role,
 };
 use crate::yaml_tree::{self, Kind, Node};
 use crate::yaml_values::{join, Checker, Fields};
@@ -63,7 +63,9 @@ const LISTENER_KEYS: &[&str] = &[
     "on_master_down",
     "close_rate",
     "access_log",
+    "rebalance",
 ];
+const REBALANCE_KEYS: &[&str] = &["enabled", "tolerance", "rate", "delay"];
 
 impl Checker<'_> {
     fn health(&mut self, n: Option<&Node>, base: HealthSettings, prefix: &str) -> HealthSettings {
@@ -276,7 +278,76 @@ impl Checker<'_> {
                 .unwrap_or(l.close_rate);
         }
         l.access_log = self.boolean(f.get("access_log"), &join(&p, "access_log"), l.access_log);
+        if let Some(v) = f.get("rebalance") {
+            if role == Role::Publish {
+                l.rebalance = self.rebalance(v, &join(&p, "rebalance"));
+            } else {
+                self.err(
+                    v,
+                    &join(&p, "rebalance"),
+                    "only publish sessions are rebalanced (request sessions are short)",
+                    "move it under listeners.publish",
+                );
+            }
+        }
         l
+    }
+
+    /// `rebalance: {enabled, tolerance: 10%, rate: 50/s, delay: 10s}`; `rebalance: false` turns
+    /// it off.
+    fn rebalance(&mut self, n: &Node, p: &str) -> Rebalance {
+        let mut r = Rebalance::ON;
+        if let Kind::Bool(b) = n.kind {
+            r.enabled = b;
+            return r;
+        }
+        let f = self.fields(Some(n), p, REBALANCE_KEYS);
+        r.enabled = self.boolean(f.get("enabled"), &join(p, "enabled"), r.enabled);
+        if let Some(v) = f.get("tolerance") {
+            let field = join(p, "tolerance");
+            let write = "a percentage from 1% to 100%, e.g. 10%";
+            if let Some(t) = self.text(v, &field, write) {
+                let num = t.trim().trim_end_matches('%').trim();
+                match num.parse::<u32>() {
+                    Ok(n) if (1..=100).contains(&n) => r.tolerance_pct = n,
+                    _ => self.err(
+                        v,
+                        &field,
+                        format!("{t:?} is not a percentage from 1% to 100%"),
+                        format!(
+                            "write {write} (default {}%)",
+                            defaults::REBALANCE_TOLERANCE_PCT
+                        ),
+                    ),
+                }
+            }
+        }
+        if let Some(v) = f.get("rate") {
+            let field = join(p, "rate");
+            let write = "sessions per second, e.g. 50/s";
+            if let Some(t) = self.text(v, &field, write) {
+                let num = t.trim().trim_end_matches("/s").trim();
+                match num.parse::<u32>() {
+                    Ok(n) if n >= 1 => r.rate = n,
+                    _ => self.err(
+                        v,
+                        &field,
+                        format!("{t:?} is not a number of sessions per second (1 or more)"),
+                        format!("write {write} (default {}/s)", defaults::REBALANCE_RATE),
+                    ),
+                }
+            }
+        }
+        if let Some(v) = f.get("delay") {
+            r.delay = self
+                .duration(
+                    v,
+                    &join(p, "delay"),
+                    &duration_text(defaults::REBALANCE_DELAY),
+                )
+                .unwrap_or(r.delay);
+        }
+        r
     }
 }
 
@@ -732,4 +803,73 @@ pub fn yaml_path_at(text: &str, line: u32) -> String {
         out.push_str(&seg);
     }
     out
+}
+
+#[cfg(test)]
+mod rebalance_tests {
+    use super::*;
+
+    const BASE: &str = "masters:
+  - name: a
+    host: 127.0.0.2
+listeners:
+  request:
+    bind: 127.0.0.1:4506
+  publish:
+    bind: 127.0.0.1:4505
+";
+
+    fn load(extra: &str) -> Result<Config, ConfigErrors> {
+        parse_yaml(&format!("{BASE}{extra}"), None)
+    }
+
+    #[test]
+    fn rebalancing_is_on_by_default_for_publish_only() {
+        let c = load("").unwrap();
+        assert_eq!(c.publish.rebalance, Rebalance::ON);
+        assert!(c.publish.rebalance.enabled);
+        assert!(!c.request.rebalance.enabled);
+    }
+
+    #[test]
+    fn rebalance_keys_are_read_in_their_written_forms() {
+        let c = load("    rebalance: {enabled: true, tolerance: 15%, rate: 20/s, delay: 3s}\n")
+            .unwrap();
+        let r = c.publish.rebalance;
+        assert_eq!((r.tolerance_pct, r.rate), (15, 20));
+        assert_eq!(r.delay, Duration::from_secs(3));
+        let c = load("    rebalance: {tolerance: 5, rate: 7}\n").unwrap();
+        assert_eq!(
+            (c.publish.rebalance.tolerance_pct, c.publish.rebalance.rate),
+            (5, 7)
+        );
+        assert!(
+            !load("    rebalance: false\n")
+                .unwrap()
+                .publish
+                .rebalance
+                .enabled
+        );
+        let c = load("    rebalance: {enabled: false}\n").unwrap();
+        assert!(!c.publish.rebalance.enabled);
+        let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
+        assert_eq!(back.publish.rebalance, c.publish.rebalance);
+    }
+
+    #[test]
+    fn bad_rebalance_values_name_the_field_and_the_fix() {
+        let e = load("    rebalance: {tolerance: 0%, rate: 0/s, speed: 3}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("listeners.publish.rebalance.tolerance"), "{e}");
+        assert!(e.contains("listeners.publish.rebalance.rate"), "{e}");
+        assert!(e.contains("speed"), "{e}");
+        let e = parse_yaml(
+            "masters:\n  - name: a\n    host: 127.0.0.2\nlisteners:\n  publish:\n    bind: 127.0.0.1:4505\n  request:\n    bind: 127.0.0.1:4506\n    rebalance: {rate: 5}\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("move it under listeners.publish"), "{e}");
+    }
 }

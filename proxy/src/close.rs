@@ -28,10 +28,12 @@ pub enum CloseReason {
     Drained,
     /// The master was disabled through the admin API.
     Disabled,
+    /// Moved to a less loaded master by the rebalancer (the minion reconnects and is placed anew).
+    Rebalanced,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 11] = [
+    pub const ALL: [CloseReason; 12] = [
         CloseReason::ClientEof,
         CloseReason::MasterEof,
         CloseReason::ClientReset,
@@ -43,6 +45,7 @@ impl CloseReason {
         CloseReason::Shutdown,
         CloseReason::Drained,
         CloseReason::Disabled,
+        CloseReason::Rebalanced,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -58,6 +61,7 @@ impl CloseReason {
             CloseReason::Shutdown => "shutdown",
             CloseReason::Drained => "drained",
             CloseReason::Disabled => "disabled",
+            CloseReason::Rebalanced => "rebalanced",
         }
     }
 

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod notify;
 pub mod pump;
 pub mod ratelimit;
+pub mod rebalance;
 pub mod registry;
 pub mod selection;
 pub mod serve;

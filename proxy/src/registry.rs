@@ -34,6 +34,10 @@ pub struct SessionCtl {
     /// Bytes client → master and master → client, published by the pump (see [`crate::pump`]).
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Idleness as the rebalancer samples it (see [`SessionCtl::observe`]): bytes seen at the
+    /// last sample, and when (ms on the caller's clock) they were last seen to change.
+    seen_bytes: AtomicU64,
+    last_active_ms: AtomicU64,
 }
 
 impl SessionCtl {
@@ -47,7 +51,23 @@ impl SessionCtl {
             reason: AtomicU8::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
+            seen_bytes: AtomicU64::new(0),
+            last_active_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Samples the byte counters (no cost on the data path): if bytes moved since the last
+    /// sample, the session was active at `now_ms`.
+    pub fn observe(&self, now_ms: u64) {
+        let b = self.bytes_in.load(Ordering::Relaxed) + self.bytes_out.load(Ordering::Relaxed);
+        if self.seen_bytes.swap(b, Ordering::Relaxed) != b {
+            self.last_active_ms.store(now_ms, Ordering::Relaxed);
+        }
+    }
+
+    /// When it was last seen active by [`SessionCtl::observe`] (0: never).
+    pub fn last_active_ms(&self) -> u64 {
+        self.last_active_ms.load(Ordering::Relaxed)
     }
 
     /// Asks the session to close. The first reason given wins.

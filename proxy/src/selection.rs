@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use saltgate_config::{Balance, Role};
+use saltgate_config::{Balance, ListenerConfig, Role};
 
 use crate::master::Master;
 
@@ -24,6 +24,19 @@ pub fn for_balance(b: Balance, n_masters: usize) -> Box<dyn Selector> {
         Balance::RoundRobin => Box::new(RoundRobin::new(n_masters)),
         Balance::LeastConn => Box::new(LeastConn),
         Balance::Source => Box::new(SourceHash),
+    }
+}
+
+/// Builds a listener's selector: as its `balance` says, except that while rebalancing is on (see
+/// [`crate::rebalance`]) the publish listener places each new session on the least loaded master
+/// (weights respected), so moved minions land where they are wanted. `source` keeps its affinity.
+pub fn for_listener(l: &ListenerConfig, n_masters: usize) -> Box<dyn Selector> {
+    if l.role == Role::Publish && crate::rebalance::applies(&l.rebalance, l.balance) {
+        Box::new(LeastLoaded {
+            rr: RoundRobin::new(n_masters),
+        })
+    } else {
+        for_balance(l.balance, n_masters)
     }
 }
 
@@ -90,6 +103,24 @@ impl Selector for LeastConn {
     fn order(&self, masters: &[Arc<Master>], role: Role, _client: IpAddr, out: &mut Vec<usize>) {
         eligible(masters, role, out);
         out.sort_by_key(|&i| {
+            let m = &masters[i];
+            (u64::from(m.session_count(role)) << 16) / u64::from(m.cfg().weight.max(1))
+        });
+    }
+}
+
+/// Fewest live sessions relative to weight, ties in (weighted) round-robin turn: the publish
+/// selector while rebalancing is on. With equal loads it behaves as round robin.
+#[derive(Debug)]
+pub struct LeastLoaded {
+    rr: RoundRobin,
+}
+
+impl Selector for LeastLoaded {
+    fn order(&self, masters: &[Arc<Master>], role: Role, client: IpAddr, out: &mut Vec<usize>) {
+        self.rr.order(masters, role, client, out);
+        // Stable: equal loads keep the round-robin order.
+        out.sort_by_cached_key(|&i| {
             let m = &masters[i];
             (u64::from(m.session_count(role)) << 16) / u64::from(m.cfg().weight.max(1))
         });
@@ -268,6 +299,27 @@ mod tests {
         let _s2 = ms[1].try_reserve(Role::Publish).unwrap();
         let _s3 = ms[1].try_reserve(Role::Publish).unwrap();
         assert_eq!(picks(&LeastConn, &ms, 1), "a");
+    }
+
+    #[test]
+    fn with_rebalancing_on_the_publish_listener_prefers_the_least_loaded() {
+        let ms = [master("a", 1, false), master("b", 1, false)];
+        let _s = ms[0].try_reserve(Role::Publish).unwrap();
+        let publish = ListenerConfig::defaults_for(Role::Publish);
+        assert_eq!(publish.balance, Balance::RoundRobin);
+        assert_eq!(picks(&*for_listener(&publish, 2), &ms, 3), "bbb");
+        drop(_s);
+        let three = [ms[0].clone(), ms[1].clone(), master("c", 1, false)];
+        assert_eq!(
+            picks(&*for_listener(&publish, 3), &three, 6),
+            "abcabc",
+            "equal loads: round robin"
+        );
+        let mut off = publish.clone();
+        off.rebalance.enabled = false;
+        assert_eq!(picks(&*for_listener(&off, 2), &ms, 2), "ab");
+        let request = ListenerConfig::defaults_for(Role::Request);
+        assert_eq!(picks(&*for_listener(&request, 2), &ms, 2), "ab");
     }
 
     #[test]

@@ -163,8 +163,8 @@ impl Snapshot {
             .collect();
         let n = masters.len();
         let selectors = [
-            selection::for_balance(config.publish.balance, n),
-            selection::for_balance(config.request.balance, n),
+            selection::for_listener(&config.publish, n),
+            selection::for_listener(&config.request, n),
         ];
         Ok((
             Snapshot {

@@ -10,7 +10,7 @@ pub mod reload;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -89,6 +89,9 @@ pub(crate) struct Control {
     pub admin_stop: CancellationToken,
     /// Set (under `reload_lock`) when shutdown starts: no reload may bind listeners after it.
     pub stopping: AtomicBool,
+    /// Bumped by every master event: the rebalancer run holding the current value is the only
+    /// one that moves sessions (see [`crate::rebalance`]).
+    pub rebalance_epoch: Arc<AtomicU64>,
 }
 
 /// Why the proxy could not start.
@@ -176,6 +179,7 @@ pub async fn start(
         accept_stop: CancellationToken::new(),
         admin_stop: CancellationToken::new(),
         stopping: AtomicBool::new(false),
+        rebalance_epoch: Arc::new(AtomicU64::new(0)),
     });
     let snapshot = Arc::downgrade(&control.data.snapshot);
     metrics.watch_masters(Box::new(move || {
@@ -430,9 +434,24 @@ impl Running {
     }
 }
 
-/// Acts on master flips: closes a DOWN master's sessions on listeners configured to.
+/// Acts on master flips: closes a DOWN master's sessions on listeners configured to; rebalances
+/// publish sessions onto a master that came UP (a master added by a reload comes UP when its
+/// first checks pass). Every flip ends the rebalancing run in progress.
 async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<MasterEvent>) {
     while let Some(ev) = rx.recv().await {
+        let epoch = control.rebalance_epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        if ev.flip == Flip::Up {
+            let l = &control.data.load().config.publish;
+            if crate::rebalance::applies(&l.rebalance, l.balance) {
+                tokio::spawn(crate::rebalance::run(
+                    control.data.clone(),
+                    control.rebalance_epoch.clone(),
+                    epoch,
+                    control.accept_stop.clone(),
+                    ev.master.name(),
+                ));
+            }
+        }
         if ev.flip != Flip::Down {
             continue;
         }
