@@ -197,20 +197,12 @@ pub async fn run(
 ) -> (Outcome, usize) {
     let t0 = Instant::now();
     let ms = || t0.elapsed().as_millis() as u64 + 1;
-    let first = data.load();
-    let generation = first.generation;
-    let r = first.config.publish.rebalance;
-    if !applies(&r, first.config.publish.balance) {
-        return (Outcome::Off, 0);
-    }
-    drop(first);
-    let current = |data: &DataPlane| {
-        epoch.load(Ordering::Acquire) == mine
-            && !stop.is_cancelled()
-            && data.load().generation == generation
-    };
-    // Wait `delay` (the master must stay UP), sampling idleness meanwhile.
-    let until = tokio::time::Instant::now() + r.delay;
+    let delay = data.load().config.publish.rebalance.delay;
+    let live = || epoch.load(Ordering::Acquire) == mine && !stop.is_cancelled();
+    // Wait `delay` (the master must stay UP), sampling idleness meanwhile. A reload during the
+    // delay is fine (a master added by a reload can flip UP before its snapshot is in force); the
+    // configuration in force at the end of the delay is the one the run keeps to.
+    let until = tokio::time::Instant::now() + delay;
     loop {
         for m in data.load().masters.iter() {
             m.book
@@ -218,7 +210,7 @@ pub async fn run(
                 .iter()
                 .for_each(|s| s.observe(ms()));
         }
-        if !current(&data) {
+        if !live() {
             return (Outcome::Superseded, 0);
         }
         let now = tokio::time::Instant::now();
@@ -230,14 +222,21 @@ pub async fn run(
             _ = stop.cancelled() => return (Outcome::Superseded, 0),
         }
     }
-    let start_total: u64 = {
-        let snap = data.load();
-        totals(&loads(&snap.masters)).0
-    };
+    let first = data.load();
+    let generation = first.generation;
+    let r = first.config.publish.rebalance;
+    if !applies(&r, first.config.publish.balance) {
+        return (Outcome::Off, 0);
+    }
+    let start_total = totals(&loads(&first.masters)).0;
+    drop(first);
+    // Any later configuration change (reload) ends the run.
+    let current = |data: &DataPlane| live() && data.load().generation == generation;
     tracing::info!(master = %trigger, tolerance_pct = r.tolerance_pct, rate_per_s = r.rate, "rebalancing publish sessions");
-    // Batches every 50 ms or more (jitter adds up to half of it), each within the rate window.
+    // Batches every 50-75 ms (jitter), sized for the rate at the slowest tick; the window keeps
+    // any one second at `rate` or fewer.
     let tick = Duration::from_millis(50);
-    let per_tick = (r.rate as usize).div_ceil(20).max(1);
+    let per_tick = ((r.rate as usize * 75).div_ceil(1000)).max(1);
     let mut window = RateWindow::new(r.rate);
     let mut moved = 0usize;
     let mut last_move = Instant::now();
@@ -275,7 +274,7 @@ pub async fn run(
                     n_moved += 1;
                 }
             }
-            window.record(now, n_moved);
+            window.record(Instant::now(), n_moved);
             moved += n_moved;
             if n_moved > 0 {
                 last_move = Instant::now();

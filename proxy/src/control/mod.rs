@@ -203,6 +203,8 @@ pub async fn start(
         control.admin_stop.cancel();
         return Err(e);
     }
+    // From the configuration now in force: masters added by later reloads are rebalanced onto.
+    tokio::spawn(watch_added_masters(control.clone(), control.data.load()));
     if let (Some(every), Some(src)) = (opts.watch, control.source.clone()) {
         tokio::spawn(self::reload::watch_file(control.clone(), src.path, every));
     }
@@ -434,27 +436,61 @@ impl Running {
     }
 }
 
-/// Acts on master flips: closes a DOWN master's sessions on listeners configured to; rebalances
-/// publish sessions onto a master that came UP (a master added by a reload comes UP when its
-/// first checks pass). Every flip ends the rebalancing run in progress.
-async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<MasterEvent>) {
-    while let Some(ev) = rx.recv().await {
-        let epoch = control.rebalance_epoch.fetch_add(1, Ordering::AcqRel) + 1;
-        if ev.flip == Flip::Up {
-            let l = &control.data.load().config.publish;
-            if crate::rebalance::applies(&l.rebalance, l.balance) {
-                tokio::spawn(crate::rebalance::run(
-                    control.data.clone(),
-                    control.rebalance_epoch.clone(),
-                    epoch,
-                    control.accept_stop.clone(),
-                    ev.master.name(),
-                ));
-            }
+impl Control {
+    /// Starts a rebalancing run for `trigger` (a master that came UP or was added), superseding
+    /// the one in progress, if the publish listener rebalances.
+    fn start_rebalance(&self, trigger: String) {
+        let epoch = self.rebalance_epoch.fetch_add(1, Ordering::AcqRel) + 1;
+        let l = &self.data.load().config.publish;
+        if crate::rebalance::applies(&l.rebalance, l.balance) {
+            tokio::spawn(crate::rebalance::run(
+                self.data.clone(),
+                self.rebalance_epoch.clone(),
+                epoch,
+                self.accept_stop.clone(),
+                trigger,
+            ));
         }
-        if ev.flip != Flip::Down {
+    }
+}
+
+/// Masters added by a reload start UP (as HAProxy) without a flip: this notices them (the
+/// snapshot generation, checked twice a second) and rebalances onto them.
+async fn watch_added_masters(control: Arc<Control>, mut seen: Arc<Snapshot>) {
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = control.accept_stop.cancelled() => return,
+        }
+        let now = control.data.load();
+        if now.generation == seen.generation {
             continue;
         }
+        let added: Vec<String> = now
+            .masters
+            .iter()
+            .filter(|m| !seen.masters.iter().any(|o| Arc::ptr_eq(o, m)))
+            .map(|m| m.name())
+            .collect();
+        if !added.is_empty() {
+            control.start_rebalance(added.join(","));
+        }
+        seen = now;
+    }
+}
+
+/// Acts on master flips: closes a DOWN master's sessions on listeners configured to; rebalances
+/// publish sessions onto a master that came UP. Every flip ends the rebalancing run in progress.
+async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<MasterEvent>) {
+    while let Some(ev) = rx.recv().await {
+        if ev.flip == Flip::Up {
+            control.start_rebalance(ev.master.name());
+            continue;
+        }
+        // DOWN: the run in progress stops.
+        control.rebalance_epoch.fetch_add(1, Ordering::AcqRel);
         let snap = control.data.load();
         let rates = Role::ALL.map(|role| {
             let l = snap.config.listener(role);
