@@ -1,5 +1,5 @@
-//! Rebalancing publish sessions, gently: when a master comes back UP (or is added and passes its
-//! checks), publish sessions are moved to it while the spread over the masters exceeds the
+//! Rebalancing publish sessions, gently: when a master comes back UP (or is added by a reload: it
+//! starts UP), publish sessions are moved to it while the spread over the masters exceeds the
 //! listener's `rebalance.tolerance`, at most `rebalance.rate` per second (with jitter), longest
 //! idle first. Moving a session is closing it with reason `rebalanced`: the minion reconnects and
 //! the publish listener's selector (least loaded, weights respected, while rebalancing is on)
