@@ -30,6 +30,8 @@ pub struct DataPlane {
     listeners: [ListenerHandles; 2],
     /// Session ids, unique over the process (the admin API pages by them).
     next_session: AtomicU64,
+    /// The publish fan-out hub's metrics (`saltgate_fanout_*`), registered once per process.
+    pub fanout: Arc<crate::pubhub::FanoutMetrics>,
 }
 
 impl DataPlane {
@@ -40,6 +42,7 @@ impl DataPlane {
             sessions_token: CancellationToken::new(),
             listeners: Role::ALL.map(|r| ListenerHandles::new(metrics, r)),
             next_session: AtomicU64::new(1),
+            fanout: Arc::new(crate::pubhub::FanoutMetrics::new(&metrics.registry)),
         }
     }
 

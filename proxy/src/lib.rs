@@ -22,6 +22,7 @@ pub mod listener;
 pub mod master;
 pub mod metrics;
 pub mod notify;
+pub mod pubhub;
 pub mod pump;
 pub mod registry;
 pub mod selection;
