@@ -426,3 +426,56 @@ fn fanout_on_the_request_listener_and_unknown_modes_are_refused_with_the_fix() {
     assert!(e.contains("listeners.publish.mode"), "{e}");
     assert!(e.contains("l4") && e.contains("fanout"), "{e}");
 }
+
+/// Sends 16 KiB messages from `m` until saltgate counts drops (a minion's queue is full).
+async fn publish_until_dropped(r: &Running, m: &Publisher) {
+    let body = Bytes::from(vec![b'y'; 16 * 1024]);
+    let deadline = tokio::time::Instant::now() + T;
+    while metric(r, "saltgate_fanout_messages_dropped_total", &[]).await == 0.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no drop counted");
+        for _ in 0..200 {
+            m.publish(vec![body.clone()]);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_held_by_a_minion_that_never_reads() {
+    let m = fake_master(0, 0).await;
+    let (r, stop) = run(config(&[&m])).await;
+    let mut stalled = Connection::connect(
+        r.local_addrs(Role::Publish)[0],
+        &HandshakeConfig::new(SocketType::Sub),
+    )
+    .await
+    .unwrap();
+    stalled
+        .send_command(&Command::Subscribe(Bytes::new()))
+        .await
+        .unwrap();
+    assert!(m.wait_for_subscribed(1, T).await, "upstream subscribed");
+    publish_until_dropped(&r, &m).await;
+    // saltgate's write to the stalled minion is blocked now; the drain must still end.
+    stop.send(()).unwrap();
+    tokio::time::timeout(T, r.wait())
+        .await
+        .expect("shutdown completes after the grace although the minion never reads");
+    drop(stalled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_turns_an_l4_publish_listener_into_a_fanout_one() {
+    let a = fake_master(0, 0).await;
+    let b = fake_master(1, 0).await;
+    let mut cfg = config(&[&a, &b]);
+    cfg.publish.mode = ListenerMode::L4;
+    let (r, _stop) = run(cfg.clone()).await;
+    cfg.publish.mode = ListenerMode::Fanout;
+    r.reload(cfg).await.expect("reload to fanout applies");
+    let mut sub = minion(&r);
+    assert_eq!(
+        until_heard_from(&mut sub, &[(0, &a), (1, &b)]).await.len(),
+        2
+    );
+}

@@ -17,6 +17,7 @@ use saltgate_wire::zmtp::{Command, Heartbeat, Properties, SocketType, ZmtpError}
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
 
 use super::Hub;
 use crate::dataplane::DataPlane;
@@ -98,6 +99,21 @@ async fn handshake(
     Ok(peer.supports_3_1())
 }
 
+/// Writes `buf` unless the hub stops or the shutdown grace runs out first: a minion that does
+/// not read must not hold the shutdown drain (a write to it can block for ever).
+async fn write(
+    io: &mut TcpStream,
+    buf: &[u8],
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Result<(), End> {
+    tokio::select! {
+        r = io.write_all(buf) => r.map_err(End::from),
+        _ = stop.cancelled() => Err(End::Shutdown),
+        _ = shutdown.cancelled() => Err(End::Shutdown),
+    }
+}
+
 pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) {
     let handles = ctx.listener(Role::Publish);
     handles.accepted.inc();
@@ -145,8 +161,8 @@ async fn drive(
     mut rbuf: BytesMut,
     dec: &FrameDecoder,
     peer_3_1: bool,
-    stop: &tokio_util::sync::CancellationToken,
-    shutdown: &tokio_util::sync::CancellationToken,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
 ) -> End {
     // A ZMTP 3.0 peer does not know PING: never send it one, never time it out.
     let hb: Option<Heartbeat> = hub
@@ -162,7 +178,56 @@ async fn drive(
     let mut remote_ttl: Option<Duration> = None;
     let mut in_multipart = false;
     let mut w = BytesMut::new();
+    let mut decode_now = !rbuf.is_empty();
     loop {
+        // Frames that arrived with the handshake, or with the last read.
+        if decode_now {
+            decode_now = false;
+            loop {
+                let frame = match dec.decode(&mut rbuf) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(e) => return End::Error(e.into()),
+                };
+                match frame {
+                    Frame::Command(body) => match Command::parse(&body) {
+                        Ok(Command::Ping { ttl, context }) => {
+                            remote_ttl =
+                                (ttl > 0).then(|| Duration::from_millis(u64::from(ttl) * 100));
+                            w.clear();
+                            Command::Pong { context }.encode_frame(&mut w);
+                            if let Err(end) = write(io, &w, stop, shutdown).await {
+                                return end;
+                            }
+                        }
+                        Ok(Command::Subscribe(t)) => slot.topics().subscribe(t),
+                        Ok(Command::Cancel(t)) => slot.topics().cancel(&t),
+                        Ok(Command::Error(r)) => {
+                            return End::Error(ZmtpError::PeerError(
+                                String::from_utf8_lossy(&r).into_owned(),
+                            ))
+                        }
+                        Ok(_) => {}
+                        Err(e) => return End::Error(e.into()),
+                    },
+                    Frame::Message { body, more } => {
+                        // Legacy subscriptions are single-frame messages; a SUB sends nothing else.
+                        if !in_multipart && !more {
+                            match body.first() {
+                                Some(1) => slot.topics().subscribe(body.slice(1..)),
+                                Some(0) => slot.topics().cancel(&body[1..]),
+                                _ => {}
+                            }
+                        }
+                        in_multipart = more;
+                    }
+                }
+            }
+            // Keep no buffer on an idle session.
+            if rbuf.is_empty() && rbuf.capacity() > 4096 {
+                rbuf = BytesMut::new();
+            }
+        }
         let limit = match (hb.map(|h| h.timeout.max(h.interval)), remote_ttl) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -177,52 +242,12 @@ async fn drive(
                     Ok(_) => last_rx = Instant::now(),
                     Err(e) => return e.into(),
                 }
-                loop {
-                    let frame = match dec.decode(&mut rbuf) {
-                        Ok(Some(f)) => f,
-                        Ok(None) => break,
-                        Err(e) => return End::Error(e.into()),
-                    };
-                    match frame {
-                        Frame::Command(body) => match Command::parse(&body) {
-                            Ok(Command::Ping { ttl, context }) => {
-                                remote_ttl = (ttl > 0).then(|| Duration::from_millis(u64::from(ttl) * 100));
-                                w.clear();
-                                Command::Pong { context }.encode_frame(&mut w);
-                                if let Err(e) = io.write_all(&w).await {
-                                    return e.into();
-                                }
-                            }
-                            Ok(Command::Subscribe(t)) => slot.topics().subscribe(t),
-                            Ok(Command::Cancel(t)) => slot.topics().cancel(&t),
-                            Ok(Command::Error(r)) => {
-                                return End::Error(ZmtpError::PeerError(String::from_utf8_lossy(&r).into_owned()))
-                            }
-                            Ok(_) => {}
-                            Err(e) => return End::Error(e.into()),
-                        },
-                        Frame::Message { body, more } => {
-                            // Legacy subscriptions are single-frame messages; a SUB sends nothing else.
-                            if !in_multipart && !more {
-                                match body.first() {
-                                    Some(1) => slot.topics().subscribe(body.slice(1..)),
-                                    Some(0) => slot.topics().cancel(&body[1..]),
-                                    _ => {}
-                                }
-                            }
-                            in_multipart = more;
-                        }
-                    }
-                }
-                // Keep no buffer on an idle session.
-                if rbuf.is_empty() && rbuf.capacity() > 4096 {
-                    rbuf = BytesMut::new();
-                }
+                decode_now = true;
             }
             msg = rx.recv() => match msg {
                 Some(m) => {
-                    if let Err(e) = io.write_all(&m).await {
-                        return e.into();
+                    if let Err(end) = write(io, &m, stop, shutdown).await {
+                        return end;
                     }
                 }
                 None => return End::Shutdown,
@@ -231,8 +256,8 @@ async fn drive(
                 let ttl = hb.map(|h| (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16).unwrap_or(0);
                 w.clear();
                 Command::Ping { ttl, context: Bytes::new() }.encode_frame(&mut w);
-                if let Err(e) = io.write_all(&w).await {
-                    return e.into();
+                if let Err(end) = write(io, &w, stop, shutdown).await {
+                    return end;
                 }
             }
             _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
