@@ -479,3 +479,49 @@ async fn a_reload_turns_an_l4_publish_listener_into_a_fanout_one() {
         2
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_answers_a_masters_pings_so_it_is_never_dropped_for_silence() {
+    // A master that PINGs every 50 ms and drops a subscriber silent for 200 ms.
+    let addr: SocketAddr = format!("{}:0", master_ip(0)).parse().unwrap();
+    let m = Publisher::bind(
+        addr,
+        PubOptions {
+            heartbeat: Some(saltgate_wire::zmtp::Heartbeat {
+                interval: Duration::from_millis(50),
+                timeout: Duration::from_millis(200),
+                ttl: Duration::ZERO,
+            }),
+            ..PubOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (r, _stop) = run(config(&[&m])).await;
+    let mut sub = minion(&r);
+    until_heard_from(&mut sub, &[(0, &m)]).await;
+    // Ten times the master's timeout, hearing from it all along.
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < until {
+        until_heard_from(&mut sub, &[(0, &m)]).await;
+    }
+    assert_eq!(
+        metric(
+            &r,
+            "saltgate_fanout_upstream_connects_total",
+            &[("master", "m0")]
+        )
+        .await,
+        1.0,
+        "the upstream PONGs the master's PINGs: never dropped, never re-dialled"
+    );
+    assert_eq!(
+        metric(
+            &r,
+            "saltgate_fanout_upstream_disconnects_total",
+            &[("master", "m0")]
+        )
+        .await,
+        0.0
+    );
+}
