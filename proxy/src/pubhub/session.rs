@@ -118,7 +118,7 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     let handles = ctx.listener(Role::Publish);
     handles.accepted.inc();
     handles.live.inc();
-    let end = serve(&hub, &ctx, stream).await;
+    let end = serve(&hub, ctx.sessions_token.clone(), stream).await;
     handles.live.dec();
     match &end {
         End::Error(e) => tracing::info!(client = %peer, error = %e, "fanout session closed"),
@@ -126,12 +126,11 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     }
 }
 
-async fn serve(hub: &Arc<Hub>, ctx: &Arc<DataPlane>, mut io: TcpStream) -> End {
+async fn serve(hub: &Arc<Hub>, shutdown: CancellationToken, mut io: TcpStream) -> End {
     let opts = &hub.opts;
     let dec = FrameDecoder::new(opts.max_frame_size);
     let mut rbuf = BytesMut::new();
     let stop = hub.stop.clone();
-    let shutdown = ctx.sessions_token.clone();
     let hs = tokio::select! {
         r = tokio::time::timeout(opts.handshake_timeout, handshake(&mut io, &mut rbuf, &dec)) => r,
         _ = stop.cancelled() => return End::Shutdown,
@@ -264,5 +263,92 @@ async fn drive(
                 return End::HeartbeatTimeout;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pubhub::HubOptions;
+    use saltgate_wire::zmtp::{Connection, HandshakeConfig};
+
+    async fn hub_and_minion(
+        opts: HubOptions,
+    ) -> (Arc<Hub>, Connection, tokio::task::JoinHandle<End>) {
+        let hub = Arc::new(Hub::new(opts));
+        let l = tokio::net::TcpListener::bind("127.0.5.20:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let h = hub.clone();
+        let task = tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            serve(&h, CancellationToken::new(), s).await
+        });
+        let c = Connection::connect(addr, &HandshakeConfig::new(SocketType::Sub))
+            .await
+            .unwrap();
+        (hub, c, task)
+    }
+
+    #[tokio::test]
+    async fn the_hub_pings_a_minion_and_closes_it_when_it_stays_silent() {
+        let (_hub, mut c, task) = hub_and_minion(HubOptions {
+            heartbeat: Some(Heartbeat {
+                interval: Duration::from_millis(50),
+                timeout: Duration::from_millis(200),
+                ttl: Duration::ZERO,
+            }),
+            ..HubOptions::default()
+        })
+        .await;
+        let t = Duration::from_secs(10);
+        let mut pinged = false;
+        // Read (never answer) until the hub closes the connection.
+        let end = tokio::time::timeout(t, async {
+            loop {
+                match c.read_frame().await {
+                    Ok(Frame::Command(body)) => {
+                        if matches!(Command::parse(&body), Ok(Command::Ping { .. })) {
+                            pinged = true;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => return e,
+                }
+            }
+        })
+        .await
+        .expect("the hub closes a silent minion");
+        assert!(pinged, "PINGs came first; then: {end}");
+        let why = tokio::time::timeout(t, task).await.unwrap().unwrap();
+        assert!(matches!(why, End::HeartbeatTimeout), "{why:?}");
+    }
+
+    #[tokio::test]
+    async fn a_minion_gets_only_what_its_subscriptions_match() {
+        let (hub, mut c, _task) = hub_and_minion(HubOptions::default()).await;
+        c.send_command(&Command::Subscribe(Bytes::from_static(b"top")))
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while hub
+            .publish(&[Bytes::from_static(b"topic"), Bytes::from_static(b"x")])
+            .queued
+            == 0
+        {
+            assert!(Instant::now() < deadline, "the subscription never applied");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(hub.publish(&[Bytes::from_static(b"other")]).queued, 0);
+        let f = tokio::time::timeout(Duration::from_secs(10), c.read_frame())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            f,
+            Frame::Message {
+                body: Bytes::from_static(b"topic"),
+                more: true
+            }
+        );
     }
 }
