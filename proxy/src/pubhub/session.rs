@@ -351,4 +351,31 @@ mod tests {
             }
         );
     }
+
+    #[tokio::test]
+    async fn a_subscribe_in_the_same_segment_as_ready_applies_at_once() {
+        let hub = Arc::new(Hub::new(HubOptions::default()));
+        let l = tokio::net::TcpListener::bind("127.0.5.20:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let h = hub.clone();
+        tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            serve(&h, CancellationToken::new(), s).await
+        });
+        // What libzmq often does: greeting, READY and SUBSCRIBE in one write, then nothing.
+        let mut out = BytesMut::new();
+        out.extend_from_slice(&Greeting::ours(false).encode());
+        Command::Ready(Properties::default().with("Socket-Type", "SUB")).encode_frame(&mut out);
+        Command::Subscribe(Bytes::new()).encode_frame(&mut out);
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&out).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while hub.publish(&[Bytes::from_static(b"job")]).queued == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the SUBSCRIBE that came with READY was never applied"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
 }
