@@ -525,3 +525,78 @@ async fn the_upstream_answers_a_masters_pings_so_it_is_never_dropped_for_silence
         0.0
     );
 }
+
+/// pyzmq (libzmq 4.3, what Salt's minion runs on) as the minion: `$SALTGATE_VENV/bin/python`.
+fn venv_python() -> std::path::PathBuf {
+    let venv = std::env::var_os("SALTGATE_VENV").unwrap_or_else(|| {
+        panic!("SALTGATE_VENV is not set: run ./scripts/test.sh (it exports the Salt 3008.5 venv with pyzmq)")
+    });
+    let py = std::path::PathBuf::from(venv).join("bin/python");
+    assert!(
+        py.exists(),
+        "{} missing: run ./scripts/test.sh",
+        py.display()
+    );
+    py
+}
+
+const PYZMQ_MINION: &str = r#"
+import sys, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.SUB)
+s.setsockopt(zmq.RCVTIMEO, 20000)
+s.setsockopt(zmq.SUBSCRIBE, b"")
+s.connect(sys.argv[1])
+want = set(sys.argv[2].split(","))
+seen = set()
+while not want <= seen:
+    frames = s.recv_multipart()
+    seen.add(frames[0].decode().split(":")[0])
+print("heard " + ",".join(sorted(seen)), flush=True)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pyzmq_minion_hears_every_master_through_the_hub() {
+    let py = venv_python();
+    let a = fake_master(0, 0).await;
+    let b = fake_master(1, 0).await;
+    let (r, _stop) = run(config(&[&a, &b])).await;
+    let url = format!("tcp://{}", r.local_addrs(Role::Publish)[0]);
+    let mut child = tokio::process::Command::new(py)
+        .arg("-c")
+        .arg(PYZMQ_MINION)
+        .arg(&url)
+        .arg("0,1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python starts");
+    let mut out = child.stdout.take().unwrap();
+    let reader = tokio::spawn(async move {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s).await;
+        s
+    });
+    // Publish from both masters until the pyzmq minion has heard both and exited.
+    let deadline = tokio::time::Instant::now() + T;
+    let mut n = 0u64;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pyzmq minion never heard both masters"
+        );
+        n += 1;
+        a.publish(vec![Bytes::from(format!("0:{n}"))]);
+        b.publish(vec![Bytes::from(format!("1:{n}"))]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let said = reader.await.unwrap();
+    assert!(
+        status.success(),
+        "pyzmq minion failed: {status}, said {said:?}"
+    );
+    assert_eq!(said.trim(), "heard 0,1");
+}
