@@ -140,7 +140,8 @@ async fn relay(hub: &Hub, name: &str, mut conn: Connection) -> ZmtpError {
     let mut assembler = MessageAssembler::new(DEFAULT_MAX_MESSAGE_FRAMES, hub.opts.max_frame_size);
     loop {
         // A master that hangs (sends nothing, not even PONGs) is dropped after the timeout.
-        let deadline = hb.and_then(|h| conn.last_received().checked_add(h.timeout.max(h.interval)));
+        let limit = hb.map(|h| h.timeout.max(h.interval));
+        let deadline = limit.and_then(|l| conn.last_received().checked_add(l));
         tokio::select! {
             f = conn.read_frame() => match f {
                 Ok(Frame::Command(body)) => match Command::parse(&body) {
@@ -173,7 +174,8 @@ async fn relay(hub: &Hub, name: &str, mut conn: Connection) -> ZmtpError {
                 }
             }
             _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                if deadline.is_some_and(|_| hb.is_some_and(|h| conn.last_received() + h.timeout.max(h.interval) <= Instant::now())) {
+                // Bytes of a large frame may have arrived meanwhile: only silence counts.
+                if limit.is_some_and(|l| conn.last_received() + l <= Instant::now()) {
                     return ZmtpError::Timeout("upstream heartbeat");
                 }
             }
