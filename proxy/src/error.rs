@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use saltgate_config::ConfigErrors;
 
-use crate::snapshot::ResolveError;
+use crate::snapshot::NoMasterResolves;
 
 /// Why a configuration could not be put in force. The running one stays.
 #[derive(Debug, thiserror::Error)]
@@ -14,7 +14,7 @@ pub enum ApplyError {
     #[error("invalid configuration:\n{0}")]
     Invalid(ConfigErrors),
     #[error(transparent)]
-    Resolve(#[from] ResolveError),
+    Resolve(#[from] NoMasterResolves),
     #[error("cannot listen on {addr} ({what}): {source} (fix: free the port, or change the bind address)")]
     Bind {
         what: String,

@@ -16,6 +16,8 @@ use crate::selection::{self, Selector};
 use crate::serve::BoxFuture;
 
 pub struct Snapshot {
+    /// The masters whose host did not resolve (they are in `masters`, DOWN in state `unresolved`).
+    pub unresolved: Vec<ResolveError>,
     /// Increases by one with every configuration applied (1 at start).
     pub generation: u64,
     pub config: Config,
@@ -36,13 +38,19 @@ impl std::fmt::Debug for Snapshot {
 }
 
 /// A master's host could not be resolved.
-#[derive(Debug, thiserror::Error)]
-#[error("master {master}: cannot resolve {host:?}: {reason} (fix: use an IP address or a name this host can resolve)")]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("master {master}: cannot resolve {host:?}: {reason}; use an IP address or a name this host can resolve")]
 pub struct ResolveError {
     pub master: String,
     pub host: String,
     pub reason: String,
 }
+
+/// No master at all resolved: nothing to serve. (Some unresolved masters beside resolved ones are
+/// not an error: they start DOWN in state `unresolved` and are retried.)
+#[derive(Debug, thiserror::Error)]
+#[error("no master resolves:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+pub struct NoMasterResolves(pub Vec<ResolveError>);
 
 /// How long the lookup of one master's host may take (a reload holds the reload lock meanwhile).
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,7 +58,7 @@ pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Looks a host up; the first address, port 0.
 pub type Lookup = fn(String) -> BoxFuture<Result<SocketAddr, String>>;
 
-fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
+pub fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
     Box::pin(async move {
         tokio::net::lookup_host((host.as_str(), 0))
             .await
@@ -61,13 +69,12 @@ fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
 }
 
 /// Resolves every master's host, all at once (each distinct host once), each lookup bounded by
-/// `timeout`. Returns `[publish, request]` per master, in order; the first failure (in
-/// configuration order) otherwise.
+/// `timeout`. Returns `[publish, request]` or the failure per master, in order.
 pub async fn resolve_all(
     masters: &[MasterConfig],
     timeout: Duration,
     lookup: Lookup,
-) -> Result<Vec<[SocketAddr; 2]>, ResolveError> {
+) -> Vec<Result<[SocketAddr; 2], ResolveError>> {
     let mut lookups = tokio::task::JoinSet::new();
     let mut hosts: HashMap<String, Result<SocketAddr, String>> = HashMap::new();
     for m in masters {
@@ -127,14 +134,46 @@ impl Snapshot {
         old: Option<&Snapshot>,
         checks_parent: &CancellationToken,
         metrics: &Metrics,
-    ) -> Result<(Snapshot, MasterDiff), ResolveError> {
+    ) -> Result<(Snapshot, MasterDiff), NoMasterResolves> {
+        Self::build_with(
+            config,
+            generation,
+            old,
+            checks_parent,
+            metrics,
+            system_lookup,
+        )
+        .await
+    }
+
+    /// [`Snapshot::build`] with the given host lookup.
+    pub async fn build_with(
+        config: Config,
+        generation: u64,
+        old: Option<&Snapshot>,
+        checks_parent: &CancellationToken,
+        metrics: &Metrics,
+        lookup: Lookup,
+    ) -> Result<(Snapshot, MasterDiff), NoMasterResolves> {
         let mut diff = MasterDiff::default();
         let mut masters = Vec::with_capacity(config.masters.len());
-        let resolved = resolve_all(&config.masters, RESOLVE_TIMEOUT, system_lookup).await?;
+        let resolved = resolve_all(&config.masters, RESOLVE_TIMEOUT, lookup).await;
+        let unresolved: Vec<ResolveError> = resolved
+            .iter()
+            .filter_map(|r| r.as_ref().err().cloned())
+            .collect();
+        if !resolved.is_empty() && unresolved.len() == resolved.len() {
+            return Err(NoMasterResolves(unresolved));
+        }
         for (m, addrs) in config.masters.iter().zip(resolved) {
             let same = old.and_then(|o| {
                 o.masters.iter().find(|x| {
-                    x.cfg().name == m.name && x.addrs == addrs && x.cfg().check == m.check
+                    x.cfg().name == m.name
+                        && x.cfg().check == m.check
+                        && match &addrs {
+                            Ok(a) => !x.upstream.is_unresolved() && x.addrs == *a,
+                            Err(_) => x.upstream.is_unresolved(),
+                        }
                 })
             });
             match same {
@@ -143,7 +182,18 @@ impl Snapshot {
                     masters.push(x.clone());
                 }
                 None => {
-                    let x = Arc::new(Master::new(m.clone(), addrs, checks_parent));
+                    let x = match addrs {
+                        Ok(a) => Master::new(m.clone(), a, checks_parent),
+                        Err(e) => {
+                            // Placeholder addresses: an unresolved master is never selected nor checked.
+                            let a = [m.publish_port, m.request_port]
+                                .map(|p| SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, p)));
+                            let x = Master::new(m.clone(), a, checks_parent);
+                            x.upstream.set_unresolved(&e.reason);
+                            x
+                        }
+                    };
+                    let x = Arc::new(x);
                     diff.added.push(x.clone());
                     masters.push(x);
                 }
@@ -168,6 +218,7 @@ impl Snapshot {
         ];
         Ok((
             Snapshot {
+                unresolved,
                 generation,
                 config,
                 masters,
@@ -230,9 +281,11 @@ mod tests {
         let hosts: Vec<String> = (1..=10).map(|i| format!("slow-{i}")).collect();
         let refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
         let t0 = tokio::time::Instant::now();
-        let r = resolve_all(&masters(&refs), RESOLVE_TIMEOUT, scripted)
+        let r: Vec<_> = resolve_all(&masters(&refs), RESOLVE_TIMEOUT, scripted)
             .await
-            .unwrap();
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         assert_eq!(r[9][0], "10.0.0.10:4505".parse().unwrap());
         assert_eq!(r[9][1], "10.0.0.10:4506".parse().unwrap());
@@ -241,9 +294,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lookup_that_never_answers_fails_at_the_timeout_naming_the_master() {
         let t0 = tokio::time::Instant::now();
-        let e = resolve_all(&masters(&["slow-1", "hang"]), RESOLVE_TIMEOUT, scripted)
-            .await
-            .unwrap_err();
+        let r = resolve_all(&masters(&["slow-1", "hang"]), RESOLVE_TIMEOUT, scripted).await;
+        assert!(r[0].is_ok());
+        let e = r[1].clone().unwrap_err();
         assert_eq!(t0.elapsed(), RESOLVE_TIMEOUT);
         assert_eq!((e.master.as_str(), e.host.as_str()), ("m1", "hang"));
         assert!(e.to_string().contains("no answer within"), "{e}");

@@ -107,8 +107,14 @@ impl Control {
         for (m, new_cfg) in diff.kept {
             m.update_cfg(new_cfg);
         }
+        for e in &snap.unresolved {
+            tracing::warn!(master = %e.master, host = %e.host, reason = %e.reason, "master's host does not resolve: it starts DOWN (state `unresolved`) and resolution is retried");
+        }
+        if !snap.unresolved.is_empty() {
+            tokio::spawn(retry_unresolved(self.clone(), generation));
+        }
         for m in &diff.added {
-            if m.cfg().check {
+            if m.cfg().check && !m.upstream.is_unresolved() {
                 for role in Role::ALL {
                     tokio::spawn(check::run_port_checks(
                         m.clone(),
@@ -320,6 +326,69 @@ impl Control {
         }
         result
     }
+}
+
+/// The longest wait between two lookups of an unresolved master's host.
+const RESOLVE_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// While the configuration of `generation` is in force, looks up the hosts of its unresolved
+/// masters again, first after their health `interval`, then doubling up to [`RESOLVE_RETRY_MAX`].
+/// Once one resolves, the configuration in force is applied again (as a reload: masters that did
+/// not change keep their health and sessions); that apply starts its own retry if some remain.
+async fn retry_unresolved(control: Arc<Control>, generation: u64) {
+    let snap = control.data.load();
+    let pending: Vec<saltgate_config::MasterConfig> = snap
+        .unresolved
+        .iter()
+        .filter_map(|e| snap.config.masters.iter().find(|m| m.name == e.master))
+        .cloned()
+        .collect();
+    let Some(mut wait) = pending.iter().map(|m| m.health.interval).min() else {
+        return;
+    };
+    drop(snap);
+    wait = wait.max(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = control.accept_stop.cancelled() => return,
+        }
+        if control.is_stopping() || control.data.load().generation != generation {
+            return; // a newer configuration took over (with its own retry if needed)
+        }
+        let now = crate::snapshot::resolve_all(
+            &pending,
+            crate::snapshot::RESOLVE_TIMEOUT,
+            crate::snapshot::system_lookup,
+        )
+        .await;
+        if now.iter().any(Result::is_ok) {
+            let config = control.data.load().config.clone();
+            if control.data.load().generation != generation {
+                return;
+            }
+            match reapply(&control, config).await {
+                Ok(g) => tracing::info!(
+                    generation = g,
+                    "a master's host resolves now: configuration applied again"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a master's host resolves now, but applying the configuration again failed")
+                }
+            }
+            return;
+        }
+        wait = (wait * 2).min(RESOLVE_RETRY_MAX);
+    }
+}
+
+/// [`Control::apply`] behind a named `Send` future (it is called from a task that `apply` spawns).
+fn reapply(
+    control: &Arc<Control>,
+    config: Config,
+) -> crate::serve::BoxFuture<Result<u64, ApplyError>> {
+    let control = control.clone();
+    Box::pin(async move { control.apply(config, false).await })
 }
 
 /// How long reading the configuration file may take (a hung network filesystem must not stall

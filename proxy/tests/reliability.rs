@@ -1,0 +1,135 @@
+//! Bad days (issue 12): DNS failures, descriptor exhaustion, admin floods. Addresses 127.0.7.0/24.
+
+mod common;
+
+use std::time::Duration;
+
+use common::api::*;
+use common::*;
+use saltgate_config::{
+    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
+    OnMasterDown, Probe, Role,
+};
+
+const IP: &str = "127.0.7.1";
+
+/// A config with one master per `(name, host, publish, request)`, listeners and admin on 127.0.7.1.
+fn config(masters: &[(&str, &str, u16, u16)]) -> Config {
+    let health = HealthSettings {
+        interval: Duration::from_millis(50),
+        fastinter: Duration::from_millis(50),
+        downinter: Duration::from_millis(50),
+        rise: 2,
+        fall: 2,
+        timeout: Duration::from_millis(500),
+        probe: Probe::Tcp,
+    };
+    let masters = masters
+        .iter()
+        .map(|&(name, host, p, r)| MasterConfig {
+            name: name.into(),
+            host: host.into(),
+            publish_port: p,
+            request_port: r,
+            weight: 1,
+            maxconn: None,
+            backup: false,
+            disabled: false,
+            check: true,
+            health,
+        })
+        .collect();
+    let listener = |role| ListenerConfig {
+        bind: vec![format!("{IP}:0").parse().unwrap()],
+        balance: Balance::RoundRobin,
+        timeout_connect: Duration::from_secs(2),
+        on_master_down: OnMasterDown::Close,
+        close_rate: 0,
+        ..ListenerConfig::defaults_for(role)
+    };
+    Config {
+        global: Global {
+            shutdown_grace: Duration::from_secs(5),
+            raise_nofile: false,
+            maxconn: None,
+            drain_timeout: Duration::from_secs(300),
+            tcp_user_timeout: Some(Duration::from_secs(60)),
+        },
+        health,
+        masters,
+        publish: listener(Role::Publish),
+        request: listener(Role::Request),
+        admin: AdminConfig {
+            enabled: true,
+            bind: format!("{IP}:0").parse().unwrap(),
+            token_file: None,
+            allow_unauthenticated: false,
+        },
+    }
+}
+
+/// A healthy master "a" on 127.0.7.2 and "ghost" whose name never resolves.
+async fn with_ghost() -> (
+    Config,
+    std::sync::Arc<FakeMaster>,
+    std::sync::Arc<FakeMaster>,
+) {
+    let p = FakeMaster::start("a", "127.0.7.2", Behaviour::Echo).await;
+    let r = FakeMaster::start("a", "127.0.7.2", Behaviour::Echo).await;
+    let cfg = config(&[
+        ("a", "127.0.7.2", p.addr.port(), r.addr.port()),
+        ("ghost", "saltgate-test.invalid", 4505, 4506),
+    ]);
+    (cfg, p, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unresolvable_master_starts_down_as_unresolved_beside_a_healthy_one() {
+    let (cfg, _p, _r) = with_ghost().await;
+    let (r, _stop, _prober) = run(cfg.clone()).await;
+    let ghost = r.master("ghost").expect("ghost is configured");
+    assert!(
+        !ghost.is_available(),
+        "an unresolved master is never selected"
+    );
+    for _ in 0..4 {
+        assert_eq!(connect(addr(&r, Role::Request)).await.1, "a");
+    }
+    let admin = r.admin_addr().unwrap();
+    let (code, v) = json(admin, "GET", "/api/v1/masters", None).await;
+    assert_eq!(code, 200, "{v}");
+    let list = v.as_array().or_else(|| v["masters"].as_array()).unwrap();
+    let g = list.iter().find(|m| m["name"] == "ghost").unwrap();
+    assert_eq!(g["state"], "unresolved", "{g}");
+    let s = scrape(admin).await;
+    assert_eq!(
+        value(
+            &s,
+            "saltgate_master_state",
+            &[("master", "ghost"), ("state", "unresolved")]
+        ),
+        1.0
+    );
+    // A reload of the same configuration is accepted too, and keeps a's health.
+    let a = r.master("a").unwrap();
+    r.reload(cfg)
+        .await
+        .expect("reload with an unresolved master");
+    assert!(std::sync::Arc::ptr_eq(&a, &r.master("a").unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_no_master_resolves_start_fails_listing_each_host() {
+    let cfg = config(&[
+        ("g1", "saltgate-one.invalid", 4505, 4506),
+        ("g2", "saltgate-two.invalid", 4505, 4506),
+    ]);
+    let e = saltgate_proxy::start(cfg, Default::default(), std::future::pending())
+        .await
+        .err()
+        .expect("no master resolves: start fails");
+    let msg = e.to_string();
+    for want in ["g1", "saltgate-one.invalid", "g2", "saltgate-two.invalid"] {
+        assert!(msg.contains(want), "{want} missing in: {msg}");
+    }
+}
