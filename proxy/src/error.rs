@@ -23,6 +23,8 @@ pub enum ApplyError {
     },
     #[error("admin.token_file {path}: {reason} (fix: put the bearer token in that file, readable by saltgate)")]
     Token { path: PathBuf, reason: String },
+    #[error("admin: {problem}; {fix}")]
+    Exposed { problem: String, fix: String },
     #[error("no configuration file to reload from (saltgate runs the embedded default)")]
     NoSource,
     #[error("saltgate is shutting down: the configuration is not reloaded")]
@@ -33,7 +35,9 @@ impl ApplyError {
     /// The `result` label of `saltgate_reloads_total`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ApplyError::Invalid(_) | ApplyError::Token { .. } => "invalid",
+            ApplyError::Invalid(_) | ApplyError::Token { .. } | ApplyError::Exposed { .. } => {
+                "invalid"
+            }
             _ => "error",
         }
     }

@@ -136,6 +136,25 @@ fn main() -> ExitCode {
             match load(&file, format) {
                 Some(l) => {
                     let c = &l.config;
+                    let pre = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(saltgate_proxy::control::reload::preflight(c)),
+                        Err(e) => {
+                            eprintln!("error: cannot start the tokio runtime: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    for w in &pre.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    if !pre.errors.is_empty() {
+                        for e in &pre.errors {
+                            eprintln!("error: {e}");
+                        }
+                        return ExitCode::FAILURE;
+                    }
                     eprintln!(
                         "configuration valid: {} master(s); publish on {:?}, request on {:?}",
                         c.masters.len(),
@@ -233,6 +252,10 @@ fn main() -> ExitCode {
                 }
             }
             ov.apply(&mut loaded.config);
+            if let Some((problem, fix)) = loaded.config.admin.exposure_refusal() {
+                tracing::error!("--admin-bind: {problem}; {fix}");
+                return ExitCode::FAILURE;
+            }
             match run(loaded, source, ov) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

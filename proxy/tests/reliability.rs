@@ -133,3 +133,93 @@ async fn when_no_master_resolves_start_fails_listing_each_host() {
         assert!(msg.contains(want), "{want} missing in: {msg}");
     }
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_saltgate");
+
+fn yaml(masters: &[(&str, &str)], extra: &str) -> String {
+    let mut y = String::from("masters:\n");
+    for (name, host) in masters {
+        y += &format!("  - name: {name}\n    host: {host}\n");
+    }
+    y += &format!(
+        "listeners:\n  publish:\n    bind: {IP}:4505\n  request:\n    bind: {IP}:4506\n{extra}"
+    );
+    y
+}
+
+fn check_config(text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("saltgate.yaml");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_refuses_a_missing_token_file_as_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("no-such.token");
+    let (code, err) = check_config(&yaml(
+        &[("a", "127.0.7.2")],
+        &format!(
+            "admin:\n  bind: {IP}:9505\n  token_file: {}\n",
+            token.display()
+        ),
+    ));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("token_file") && err.contains("no-such.token"),
+        "{err}"
+    );
+}
+
+#[test]
+fn check_config_warns_on_an_unresolvable_master_and_fails_when_none_resolves() {
+    let (code, err) = check_config(&yaml(
+        &[("a", "127.0.7.2"), ("ghost", "saltgate-test.invalid")],
+        "",
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("warning") && err.contains("saltgate-test.invalid"),
+        "{err}"
+    );
+    let (code, err) = check_config(&yaml(
+        &[
+            ("g1", "saltgate-one.invalid"),
+            ("g2", "saltgate-two.invalid"),
+        ],
+        "",
+    ));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("saltgate-one.invalid") && err.contains("saltgate-two.invalid"),
+        "{err}"
+    );
+}
+
+#[test]
+fn admin_bind_beyond_loopback_without_a_token_is_refused_before_binding() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("saltgate.yaml");
+    std::fs::write(&path, yaml(&[("a", "127.0.7.2")], "")).unwrap();
+    // 192.0.2.1 (TEST-NET-1) is never local: the refusal must come before any bind.
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--admin-bind", "192.0.2.1:9505", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("--admin-bind") && text.contains("token_file"),
+        "{text}"
+    );
+}

@@ -38,6 +38,12 @@ impl Control {
         if self.is_stopping() {
             return Err(ApplyError::Stopping);
         }
+        if let Some((problem, fix)) = config.admin.exposure_refusal() {
+            return Err(ApplyError::Exposed { problem, fix });
+        }
+        if config.admin.exposed_without_token() {
+            tracing::warn!(bind = %config.admin.bind, "the admin API is reachable beyond loopback without a token (admin.allow_unauthenticated: true): anyone who reaches it can drain and disable masters; set admin.token_file");
+        }
         let old = self.data.load();
         let generation = old.generation + 1;
         let token = match &config.admin.token_file {
@@ -441,7 +447,7 @@ fn read_source(
 
 /// Reads the admin token off the runtime, bounded by [`READ_TIMEOUT`] (a hung filesystem must
 /// not stall sessions, nor hold the reload lock forever).
-async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
+pub(crate) async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
     let err = |reason: String| ApplyError::Token {
         path: path.to_path_buf(),
         reason,
@@ -455,6 +461,53 @@ async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
         return Err(err("the file is empty".into()));
     }
     Ok(t.to_string())
+}
+
+/// What `check-config` finds beyond the file itself: the checks `run` makes before binding.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// `run` would refuse to start.
+    pub errors: Vec<String>,
+    /// `run` would start, degraded (such as a master that does not resolve).
+    pub warnings: Vec<String>,
+}
+
+/// Runs the checks `run` makes before binding: the admin exposure, the token file, the
+/// resolution of every master's host (a master that does not resolve is a warning: it starts DOWN
+/// as `unresolved`; none resolving is an error).
+pub async fn preflight(config: &Config) -> Preflight {
+    let mut out = Preflight::default();
+    if let Some((problem, fix)) = config.admin.exposure_refusal() {
+        out.errors.push(format!("admin: {problem}; {fix}"));
+    } else if config.admin.exposed_without_token() {
+        out.warnings.push(format!(
+            "admin: the admin API on {} is reachable beyond loopback without a token (allow_unauthenticated: true); set admin.token_file",
+            config.admin.bind
+        ));
+    }
+    if config.admin.enabled {
+        if let Some(p) = &config.admin.token_file {
+            if let Err(e) = read_token(p).await {
+                out.errors.push(e.to_string());
+            }
+        }
+    }
+    let resolved = crate::snapshot::resolve_all(
+        &config.masters,
+        crate::snapshot::RESOLVE_TIMEOUT,
+        crate::snapshot::system_lookup,
+    )
+    .await;
+    let failed: Vec<_> = resolved.into_iter().filter_map(Result::err).collect();
+    if !config.masters.is_empty() && failed.len() == config.masters.len() {
+        out.errors
+            .push(crate::snapshot::NoMasterResolves(failed).to_string());
+    } else {
+        out.warnings.extend(failed.iter().map(|e| {
+            format!("{e} (saltgate starts with this master DOWN, state `unresolved`, and retries)")
+        }));
+    }
+    out
 }
 
 /// Reloads when the configuration file's content changes (polled: robust to editors that replace
