@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::api::*;
@@ -222,4 +223,81 @@ fn admin_bind_beyond_loopback_without_a_token_is_refused_before_binding() {
         text.contains("--admin-bind") && text.contains("token_file"),
         "{text}"
     );
+}
+
+/// Kills the child (by its PID) when dropped.
+struct Child(std::process::Child);
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_log(log: &std::path::Path, what: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what:?} in the log:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_exhaustion_does_not_mark_healthy_masters_down() {
+    let p = FakeMaster::start("a", "127.0.7.3", Behaviour::Echo).await;
+    let r = FakeMaster::start("a", "127.0.7.3", Behaviour::Echo).await;
+    let request = SocketAddr::from(([127, 0, 7, 1], free_port(IP)));
+    let publish = SocketAddr::from(([127, 0, 7, 1], free_port(IP)));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("saltgate.yaml");
+    let log = dir.path().join("saltgate.log");
+    std::fs::write(
+        &path,
+        format!(
+            "global:\n  raise_nofile: false\nhealth:\n  interval: 20ms\n  fall: 2\n  rise: 2\n  timeout: 1s\n\
+             masters:\n  - name: a\n    host: 127.0.7.3\n    publish_port: {}\n    request_port: {}\n\
+             listeners:\n  publish:\n    bind: {publish}\n  request:\n    bind: {request}\n",
+            p.addr.port(),
+            r.addr.port()
+        ),
+    )
+    .unwrap();
+    let _child = Child(
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n 48 && exec {BIN} run --probe tcp --admin-bind off --config {} >{} 2>&1",
+                path.display(),
+                log.display()
+            ))
+            .spawn()
+            .unwrap(),
+    );
+    wait_log(&log, "configuration in force").await;
+    // Silent clients hold every descriptor saltgate has (each session also holds one upstream).
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(request),
+        )
+        .await
+        {
+            held.push(s);
+        }
+    }
+    wait_log(&log, "out of local resources").await;
+    drop(held);
+    let text = wait_log(&log, "local resources available again").await;
+    assert!(!text.contains("marked DOWN"), "{text}");
+    // Still serving.
+    let (_s, name) = connect(request).await;
+    assert_eq!(name, "a");
 }
