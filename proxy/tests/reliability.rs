@@ -301,3 +301,69 @@ async fn descriptor_exhaustion_does_not_mark_healthy_masters_down() {
     let (_s, name) = connect(request).await;
     assert_eq!(name, "a");
 }
+
+/// True when the peer closes `s` (EOF or reset) within `within`.
+async fn closed_within(s: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 256];
+    loop {
+        match tokio::time::timeout(within, s.read(&mut b)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue, // e.g. a 408 response before the close
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_connection_that_sends_nothing_is_closed_at_the_header_timeout() {
+    let (cfg, _p, _r) = with_ghost().await;
+    let (r, _stop, _prober) = run(cfg).await;
+    let admin = r.admin_addr().unwrap();
+    let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let t0 = std::time::Instant::now();
+    assert!(
+        closed_within(
+            &mut s,
+            saltgate_proxy::admin::HEADER_READ_TIMEOUT + Duration::from_secs(3)
+        )
+        .await,
+        "a silent admin connection stays open"
+    );
+    assert!(
+        t0.elapsed() >= saltgate_proxy::admin::HEADER_READ_TIMEOUT - Duration::from_millis(100)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_connections_over_the_cap_are_closed_at_once() {
+    let (cfg, _p, _r) = with_ghost().await;
+    let (r, _stop, _prober) = run(cfg).await;
+    let admin = r.admin_addr().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..saltgate_proxy::admin::MAX_CONNECTIONS {
+        held.push(tokio::net::TcpStream::connect(admin).await.unwrap());
+    }
+    // The connection over the cap is accepted last and closed well before the header timeout.
+    let mut extra = tokio::net::TcpStream::connect(admin).await.unwrap();
+    assert!(
+        closed_within(&mut extra, Duration::from_secs(2)).await,
+        "connection over the cap not closed"
+    );
+    // Once they are gone, the API answers again.
+    drop(held);
+    let mut ok = false;
+    for _ in 0..100 {
+        if let Ok(Ok((200, _))) = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::spawn(http(admin, "GET", "/healthz", None)),
+        )
+        .await
+        {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "the admin API does not answer after the flood");
+}
