@@ -188,7 +188,8 @@ async fn auth(State(s): St, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-async fn readyz(State(s): St) -> Response {
+/// Open to anyone (load balancers probe it): master names only with a valid token.
+async fn readyz(State(s): St, headers: header::HeaderMap) -> Response {
     let snap = s.snapshot();
     let up: Vec<String> = snap
         .masters
@@ -199,8 +200,18 @@ async fn readyz(State(s): St) -> Response {
     let listening = s.listening();
     let stopping = s.stopping();
     let ready = !up.is_empty() && listening && !stopping;
-    let body =
-        json!({ "ready": ready, "masters_up": up, "listening": listening, "stopping": stopping });
+    let token = s.token();
+    let authorized = token.as_ref().as_ref().is_some_and(|want| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|g| same(g.as_bytes(), want.as_bytes()))
+    });
+    let mut body = json!({ "ready": ready, "masters_up": up.len(), "masters": snap.masters.len(), "listening": listening, "stopping": stopping });
+    if authorized {
+        body["masters_up_names"] = json!(up);
+    }
     let code = if ready {
         StatusCode::OK
     } else {

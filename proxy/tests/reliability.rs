@@ -367,3 +367,57 @@ async fn admin_connections_over_the_cap_are_closed_at_once() {
     }
     assert!(ok, "the admin API does not answer after the flood");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_gives_up_at_its_timeout_with_a_clear_error() {
+    // Accepts (the kernel does) but never answers.
+    let silent = tokio::net::TcpListener::bind(format!("{IP}:0"))
+        .await
+        .unwrap();
+    let addr = silent.local_addr().unwrap();
+    let t0 = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args([
+                "ctl",
+                "--admin",
+                &addr.to_string(),
+                "--timeout",
+                "300ms",
+                "status",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("300ms") && err.contains("--timeout"), "{err}");
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_names_masters_only_to_a_valid_token() {
+    let (mut cfg, _p, _r) = with_ghost().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    cfg.admin.token_file = Some(token);
+    let (r, _stop, _prober) = run(cfg).await;
+    let admin = r.admin_addr().unwrap();
+    for t in [None, Some("wrong")] {
+        let (code, body) = http(admin, "GET", "/readyz", t).await;
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            !body.contains("\"a\""),
+            "names without a valid token: {body}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["masters_up"], 1, "{body}");
+    }
+    let (code, v) = json(admin, "GET", "/readyz", Some("s3cret")).await;
+    assert_eq!(code, 200);
+    assert_eq!(v["masters_up_names"], serde_json::json!(["a"]), "{v}");
+}
