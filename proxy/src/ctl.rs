@@ -15,7 +15,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
-    #[error("cannot reach the admin API at {addr}: {reason} (is saltgate running, with admin.enabled and admin.bind = {addr}?)")]
+    #[error("cannot reach the admin API at {addr}: {reason}; check that saltgate runs with admin.enabled and admin.bind = {addr} (or pass --admin)")]
     Unreachable { addr: SocketAddr, reason: String },
     #[error("no answer from the admin API at {addr} within {after:?}; check that saltgate is not overloaded, or give more time with --timeout (a reload may take a while)")]
     Timeout { addr: SocketAddr, after: Duration },

@@ -421,3 +421,32 @@ async fn readyz_names_masters_only_to_a_valid_token() {
     assert_eq!(code, 200);
     assert_eq!(v["masters_up_names"], serde_json::json!(["a"]), "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_refuses_a_file_that_is_not_utf8() {
+    let (cfg, p, r) = with_ghost().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("saltgate.yaml");
+    let mut text = yaml(&[("a", "127.0.7.2")], &format!("admin:\n  bind: {IP}:0\n"))
+        .replace("4505", &free_port(IP).to_string())
+        .replace("4506", &free_port(IP).to_string())
+        .replace(
+            "host: 127.0.7.2\n",
+            &format!(
+                "host: 127.0.7.2\n    publish_port: {}\n    request_port: {}\n",
+                p.addr.port(),
+                r.addr.port()
+            ),
+        )
+        .into_bytes();
+    text.extend_from_slice(b"# caf\xe9 (Latin-1)\n");
+    std::fs::write(&file, &text).unwrap();
+    let (running, _stop) = run_from_file(cfg, &file).await;
+    let before = running.generation();
+    let e = running
+        .reload_from_source("test")
+        .await
+        .expect_err("a Latin-1 file is refused");
+    assert!(e.to_string().to_lowercase().contains("utf-8"), "{e}");
+    assert_eq!(running.generation(), before);
+}

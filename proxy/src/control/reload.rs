@@ -76,11 +76,11 @@ impl Control {
                     // Same address, other role: its socket is handed to the new role after the swap.
                     continue;
                 }
-                let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|source| {
+                let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|reason| {
                     ApplyError::Bind {
                         what: role.to_string(),
                         addr,
-                        source,
+                        reason,
                     }
                 })?;
                 fresh.push((role, addr, sock));
@@ -91,10 +91,10 @@ impl Control {
             let same = running.as_ref().is_some_and(|h| h.bind == cfg.admin.bind);
             if cfg.admin.enabled && !same {
                 let sock =
-                    listener::bind(cfg.admin.bind, 128).map_err(|source| ApplyError::Bind {
+                    listener::bind(cfg.admin.bind, 128).map_err(|reason| ApplyError::Bind {
                         what: "admin".into(),
                         addr: cfg.admin.bind,
-                        source,
+                        reason,
                     })?;
                 Some(sock)
             } else {
@@ -440,9 +440,9 @@ fn read_source(
             "check the path and its permissions",
         ))
     })?;
-    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let loaded = saltgate_config::parse_bytes(&bytes, Some(&src.path), src.format);
     *seen = Some(bytes);
-    saltgate_config::parse(&text, Some(&src.path), src.format)
+    loaded
 }
 
 /// Reads the admin token off the runtime, bounded by [`READ_TIMEOUT`] (a hung filesystem must
