@@ -301,4 +301,81 @@ mod tests {
         assert_eq!((e.master.as_str(), e.host.as_str()), ("m1", "hang"));
         assert!(e.to_string().contains("no answer within"), "{e}");
     }
+
+    fn dns_down(host: String) -> BoxFuture<Result<SocketAddr, String>> {
+        Box::pin(async move {
+            match host.as_str() {
+                "ghost" => Err("Name or service not known".to_string()),
+                _ => Ok(SocketAddr::from(([127, 0, 7, 9], 0))),
+            }
+        })
+    }
+
+    fn dns_up(_host: String) -> BoxFuture<Result<SocketAddr, String>> {
+        Box::pin(async move { Ok(SocketAddr::from(([127, 0, 7, 9], 0))) })
+    }
+
+    fn config(hosts: &[&str]) -> Config {
+        let mut c = saltgate_config::parse(
+            saltgate_config::EMBEDDED_DEFAULT,
+            None,
+            saltgate_config::Format::Yaml,
+        )
+        .unwrap()
+        .config;
+        c.masters = masters(hosts);
+        c
+    }
+
+    #[tokio::test]
+    async fn an_unresolved_master_is_down_and_replaced_once_it_resolves_others_kept() {
+        let stop = CancellationToken::new();
+        let metrics = Metrics::new();
+        let cfg = config(&["ok", "ghost"]);
+        let (first, diff) = Snapshot::build_with(cfg.clone(), 1, None, &stop, &metrics, dns_down)
+            .await
+            .unwrap();
+        assert_eq!(diff.added.len(), 2);
+        assert_eq!(first.unresolved.len(), 1);
+        assert_eq!(
+            first.masters[1].state(),
+            crate::master::MasterState::Unresolved
+        );
+        assert!(!first.masters[1].is_available());
+        assert!(first.masters[0].is_available());
+        // Still down: the unresolved master is carried over, not rebuilt.
+        let (again, _) =
+            Snapshot::build_with(cfg.clone(), 2, Some(&first), &stop, &metrics, dns_down)
+                .await
+                .unwrap();
+        assert!(Arc::ptr_eq(&first.masters[1], &again.masters[1]));
+        // It resolves: a new master replaces it; the other one is kept with its health.
+        let (next, diff) = Snapshot::build_with(cfg, 3, Some(&again), &stop, &metrics, dns_up)
+            .await
+            .unwrap();
+        assert!(next.unresolved.is_empty());
+        assert!(Arc::ptr_eq(&again.masters[0], &next.masters[0]));
+        assert_eq!(diff.added.len(), 1);
+        assert_eq!(next.masters[1].state(), crate::master::MasterState::Up);
+    }
+
+    #[tokio::test]
+    async fn no_master_resolving_is_an_error_listing_each_host() {
+        let e = Snapshot::build_with(
+            config(&["ghost", "ghost"]),
+            1,
+            None,
+            &CancellationToken::new(),
+            &Metrics::new(),
+            dns_down,
+        )
+        .await
+        .err()
+        .unwrap();
+        assert_eq!(e.0.len(), 2);
+        assert!(
+            e.to_string().contains("m0") && e.to_string().contains("m1"),
+            "{e}"
+        );
+    }
 }
