@@ -154,6 +154,7 @@ pub async fn run_port_checks(
                 // Not a check of the master: neither a failure nor a success; try again soon.
                 local.inc();
                 local_resource_episode(&format!("{name} {role} check: {e}"));
+                tracing::debug!(master = %name, port = %role, error = %e, "check not counted: local resource exhausted");
                 tokio::select! {
                     _ = tokio::time::sleep(settings.fastinter) => {}
                     _ = stop.cancelled() => return,

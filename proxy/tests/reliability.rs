@@ -273,7 +273,7 @@ async fn descriptor_exhaustion_does_not_mark_healthy_masters_down() {
         std::process::Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "ulimit -n 48 && exec {BIN} run --probe tcp --admin-bind off --config {} >{} 2>&1",
+                "ulimit -n 48 && exec {BIN} --log-level info,saltgate_proxy::check=debug run --probe tcp --admin-bind off --config {} >{} 2>&1",
                 path.display(),
                 log.display()
             ))
@@ -294,6 +294,19 @@ async fn descriptor_exhaustion_does_not_mark_healthy_masters_down() {
         }
     }
     wait_log(&log, "out of local resources").await;
+    // Hold until several checks in a row met the exhaustion (more than `fall`).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.matches("check not counted").count() >= 6 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no check met the exhaustion:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     drop(held);
     let text = wait_log(&log, "local resources available again").await;
     assert!(!text.contains("marked DOWN"), "{text}");
