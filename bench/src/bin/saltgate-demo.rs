@@ -192,17 +192,21 @@ async fn demo(args: &Args, root: &Path, tally: &mut Tally) -> Result<()> {
     let t0 = Instant::now();
     wait_until(
         phase,
-        "saltgate marks every master up",
+        "saltgate's health checks pass on every master",
         move || async move {
-            Ok(master_states(admin)
-                .await?
-                .values()
-                .all(|s| s.as_str() == "up"))
+            let v = get_json(admin, "/api/v1/masters").await?;
+            let list = v["masters"].as_array().cloned().unwrap_or_default();
+            Ok(!list.is_empty()
+                && list.iter().all(|m| {
+                    m["state"] == "up"
+                        && m["publish"]["last_check"]["ok"] == true
+                        && m["request"]["last_check"]["ok"] == true
+                }))
         },
     )
     .await?;
     println!(
-        "  every master is up in saltgate ({} ms)",
+        "  saltgate's health checks pass on every master ({} ms)",
         t0.elapsed().as_millis()
     );
 
