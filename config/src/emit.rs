@@ -5,7 +5,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use crate::duration::format_duration;
-use crate::model::{Config, HealthSettings, ListenerConfig, Role};
+use crate::model::{Config, HealthSettings, ListenerConfig, ListenerMode, Role};
 
 fn idle(d: Option<Duration>) -> String {
     d.map(format_duration).unwrap_or_else(|| "none".to_string())
@@ -124,6 +124,13 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
     writeln!(o, "  {}:", l.role)?;
     let binds: Vec<String> = l.bind.iter().map(|a| format!("\"{a}\"")).collect();
     writeln!(o, "    bind: [{}]", binds.join(", "))?;
+    if l.mode != ListenerMode::L4 {
+        writeln!(
+            o,
+            "    mode: {}            # l4 | fanout (publish only)",
+            l.mode.as_str()
+        )?;
+    }
     writeln!(o, "    balance: {}", l.balance.as_str())?;
     writeln!(
         o,

@@ -303,11 +303,33 @@ impl OnMasterDown {
     }
 }
 
+/// What a listener does with a minion's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListenerMode {
+    /// Layer 4: one master connection per minion connection, bytes pumped both ways.
+    #[default]
+    L4,
+    /// Publish listener only: saltgate is the minions' PUB peer and relays what every UP master
+    /// publishes (one upstream SUB per master) to every minion. See docs/fanout.md.
+    Fanout,
+}
+
+impl ListenerMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerMode::L4 => "l4",
+            ListenerMode::Fanout => "fanout",
+        }
+    }
+}
+
 /// A listener: where minions connect for one role, and how their sessions are handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerConfig {
     pub role: Role,
     pub bind: Vec<SocketAddr>,
+    /// `l4` (default) or `fanout` (publish listener only).
+    pub mode: ListenerMode,
     pub balance: Balance,
     /// Idle timeout on the client side (HAProxy `timeout client`). `None`: never.
     pub timeout_client: Option<Duration>,
@@ -373,6 +395,7 @@ impl ListenerConfig {
         Self {
             role,
             bind: vec![SocketAddr::from(([0, 0, 0, 0], role.default_port()))],
+            mode: ListenerMode::L4,
             balance: Balance::RoundRobin,
             timeout_client: Some(idle),
             timeout_server: Some(idle),

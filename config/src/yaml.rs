@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::addr::parse_bind;
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
-    defaults, AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
-    OnMasterDown, Rebalance, Role,
+    defaults, AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, ListenerMode,
+    MasterConfig, OnMasterDown, Rebalance, Role,
 };
 use crate::yaml_tree::{self, Kind, Node};
 use crate::yaml_values::{join, Checker, Fields};
@@ -51,6 +51,7 @@ const MASTER_KEYS: &[&str] = &[
 const LISTENERS_KEYS: &[&str] = &["publish", "request"];
 const LISTENER_KEYS: &[&str] = &[
     "bind",
+    "mode",
     "balance",
     "timeout_client",
     "timeout_server",
@@ -181,6 +182,27 @@ impl Checker<'_> {
             }
             if !texts.is_empty() || matches!(&b.kind, Kind::Seq(_)) {
                 l.bind = bind;
+            }
+        }
+        if let Some(v) = f.get("mode") {
+            let field = join(&p, "mode");
+            if let Some(t) = self.text(v, &field, "l4 or fanout") {
+                match (t.as_str(), role) {
+                    ("l4", _) => l.mode = ListenerMode::L4,
+                    ("fanout", Role::Publish) => l.mode = ListenerMode::Fanout,
+                    ("fanout", Role::Request) => self.err(
+                        v,
+                        &field,
+                        "fanout is a mode of the publish listener only (requests go to one master)",
+                        "remove mode from listeners.request, or set listeners.publish.mode: fanout",
+                    ),
+                    (other, _) => self.err(
+                        v,
+                        &field,
+                        format!("unknown mode {other:?}"),
+                        "use l4 (the default) or fanout (publish listener only)",
+                    ),
+                }
             }
         }
         if let Some(b) = f.get("balance") {

@@ -151,6 +151,8 @@ fn seconds(v: &Value) -> Option<f64> {
         other => value_string(other).and_then(|s| s.trim().parse::<f64>().ok()),
     }
     .filter(|s| s.is_finite() && *s >= 0.0)
+    // Durations beyond ~30 years are as good as forever (and would overflow `Duration`).
+    .map(|s| s.min(1e9))
 }
 
 fn missing_arg(fun: &str, name: &str) -> Outcome {
@@ -174,7 +176,7 @@ pub async fn execute(job: &Job, ctx: &ExecContext) -> Outcome {
         "test.arg" => Outcome::ok(test_arg(job, &args)),
         "test.sleep" => match args.get(0, "length").and_then(seconds) {
             Some(s) => {
-                tokio::time::sleep(Duration::from_secs_f64(s.trunc().min(1e9))).await;
+                tokio::time::sleep(Duration::from_secs_f64(s.trunc())).await;
                 Outcome::ok(Value::Boolean(true))
             }
             None => missing_arg(&job.fun, "length"),
@@ -470,6 +472,13 @@ mod tests {
         assert_eq!((o.ret, o.retcode, o.success), (text("hi"), 0, true));
         let o = execute(&job("cmd.run", vec![text("false")]), &c).await;
         assert_eq!((o.retcode, o.success), (1, false));
+        // An absurd timeout from the publisher is capped, not a panic.
+        let kw = map(vec![
+            ("__kwarg__", Value::Boolean(true)),
+            ("timeout", Value::F64(1e300)),
+        ]);
+        let o = execute(&job("cmd.run", vec![text("echo ok"), kw]), &c).await;
+        assert_eq!(o.ret, text("ok"));
     }
 
     #[tokio::test]

@@ -68,15 +68,80 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(json!({ "error": msg.into() }))).into_response()
 }
 
-/// Serves the API on `sock` until `stop` is cancelled.
+/// How long a client may take to send a request's headers (slowloris), and to start the next
+/// request on a kept-alive connection.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection is asked to close (after its request in progress) once it has been open this long.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// Admin connections open at once; one more is closed at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Serves the API on `sock` until `stop` is cancelled: at most [`MAX_CONNECTIONS`] connections,
+/// each with [`HEADER_READ_TIMEOUT`] and [`CONNECTION_LIFETIME`].
 pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+
     let app = router(ops);
-    if let Err(e) = axum::serve(sock, app)
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
-    {
-        tracing::error!(error = %e, "admin API stopped");
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let refused = crate::ratelimit::LogLimit::default();
+    let conns = tokio_util::task::TaskTracker::new();
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = sock.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "admin API: accept failed; retrying in 100 ms");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        _ = stop.cancelled() => break,
+                    }
+                }
+            },
+            _ = stop.cancelled() => break,
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            if let Some(left_out) = refused.allow() {
+                tracing::warn!(client = %peer, max = MAX_CONNECTIONS, left_out, "admin API: too many connections; this one is closed at once");
+            }
+            drop(stream);
+            continue;
+        };
+        let app = app.clone();
+        let stop = stop.clone();
+        conns.spawn(async move {
+            let _slot = slot;
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    app.clone().oneshot(req.map(axum::body::Body::new))
+                });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let lifetime = tokio::time::sleep(CONNECTION_LIFETIME);
+            tokio::pin!(lifetime);
+            let mut asked = false;
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    _ = &mut lifetime, if !asked => {
+                        asked = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ = stop.cancelled(), if !asked => {
+                        asked = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        });
     }
+    conns.close();
+    let _ = tokio::time::timeout(REQUEST_TIMEOUT, conns.wait()).await;
 }
 
 pub(crate) fn router(shared: Ops) -> Router {
@@ -123,7 +188,8 @@ async fn auth(State(s): St, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-async fn readyz(State(s): St) -> Response {
+/// Open to anyone (load balancers probe it): master names only with a valid token.
+async fn readyz(State(s): St, headers: header::HeaderMap) -> Response {
     let snap = s.snapshot();
     let up: Vec<String> = snap
         .masters
@@ -134,8 +200,18 @@ async fn readyz(State(s): St) -> Response {
     let listening = s.listening();
     let stopping = s.stopping();
     let ready = !up.is_empty() && listening && !stopping;
-    let body =
-        json!({ "ready": ready, "masters_up": up, "listening": listening, "stopping": stopping });
+    let token = s.token();
+    let authorized = token.as_ref().as_ref().is_some_and(|want| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|g| same(g.as_bytes(), want.as_bytes()))
+    });
+    let mut body = json!({ "ready": ready, "masters_up": up.len(), "masters": snap.masters.len(), "listening": listening, "stopping": stopping });
+    if authorized {
+        body["masters_up_names"] = json!(up);
+    }
     let code = if ready {
         StatusCode::OK
     } else {

@@ -18,6 +18,43 @@ use crate::health::{HealthState, PortState};
 use crate::master::{CheckReport, Flip, Master};
 use crate::metrics::Metrics;
 
+/// How a probe's `Err` begins when the probe failed for want of a local resource (see
+/// [`is_local_resource`]): such a failure says nothing about the master and is not counted.
+pub const LOCAL_RESOURCE: &str = "local resource exhausted";
+
+/// EMFILE, ENFILE, ENOBUFS, ENOMEM: this host ran out of descriptors, buffers or memory.
+pub fn is_local_resource(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Whether a local resource episode is under way (logged once when it starts and once when it ends).
+static LOCAL_EPISODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records a local resource failure: logged once per episode.
+pub fn local_resource_episode(detail: &str) {
+    if !LOCAL_EPISODE.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        tracing::error!(error = %detail, "out of local resources (descriptors, buffers or memory): health checks and connects that fail for this are not counted against masters until it ends (saltgate_local_resource_errors_total); raise the open-file limit or lower maxconn");
+    }
+}
+
+/// A probe or connect got through: ends a local resource episode (logged once).
+fn local_resource_recovered() {
+    if LOCAL_EPISODE.swap(false, std::sync::atomic::Ordering::AcqRel) {
+        tracing::info!("local resources available again: health checks count again");
+    }
+}
+
+fn connect_error(what: &str, e: &std::io::Error) -> String {
+    if is_local_resource(e) {
+        format!("{LOCAL_RESOURCE}: {what}: {e}")
+    } else {
+        format!("{what}: {e}")
+    }
+}
+
 /// Tests one master port. `Err` carries a short reason for the logs and the admin API.
 pub trait Prober: Send + Sync + 'static {
     fn probe(
@@ -47,7 +84,7 @@ impl Prober for SaltProbes {
                     match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
                     {
                         Ok(Ok(_stream)) => Ok(()),
-                        Ok(Err(e)) => Err(format!("connect: {e}")),
+                        Ok(Err(e)) => Err(connect_error("connect", &e)),
                         Err(_) => Err(format!("connect: no answer within {timeout:?}")),
                     }
                 }
@@ -55,7 +92,12 @@ impl Prober for SaltProbes {
                     probe::zmtp_greeting(addr, timeout)
                         .await
                         .map(|_| ())
-                        .map_err(|e| format!("ZMTP greeting: {e}"))
+                        .map_err(|e| match e {
+                            probe::ProbeError::Connect(e) => {
+                                connect_error("ZMTP greeting: connect", &e)
+                            }
+                            e => format!("ZMTP greeting: {e}"),
+                        })
                 }
                 (Probe::Salt, Role::Request) => match probe::salt_ping(addr, timeout).await {
                     Ok(_) => Ok(()),
@@ -63,6 +105,9 @@ impl Prober for SaltProbes {
                         "salt ping: not ready (cluster_retry: not yet a cluster member)"
                             .to_string(),
                     ),
+                    Err(probe::ProbeError::Connect(e)) => {
+                        Err(connect_error("salt ping: connect", &e))
+                    }
                     Err(e) => Err(format!("salt ping: {e}")),
                 },
             }
@@ -94,6 +139,7 @@ pub async fn run_port_checks(
     let failures = metrics
         .check_failures
         .with_label_values(&[name.as_str(), role.as_str()]);
+    let local = metrics.local_resource_errors.with_label_values(&["check"]);
     let stop = master.checks_stop.clone();
     let mut state = HealthState::default();
     loop {
@@ -103,6 +149,20 @@ pub async fn run_port_checks(
             r = prober.probe(addr, role, settings.probe, settings.timeout) => r,
             _ = stop.cancelled() => return,
         };
+        match &result {
+            Err(e) if e.starts_with(LOCAL_RESOURCE) => {
+                // Not a check of the master: neither a failure nor a success; try again soon.
+                local.inc();
+                local_resource_episode(&format!("{name} {role} check: {e}"));
+                tracing::debug!(master = %name, port = %role, error = %e, "check not counted: local resource exhausted");
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.fastinter) => {}
+                    _ = stop.cancelled() => return,
+                }
+                continue;
+            }
+            _ => local_resource_recovered(),
+        }
         let took = t0.elapsed();
         duration.observe(took.as_secs_f64());
         let ok = result.is_ok();

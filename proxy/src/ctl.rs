@@ -10,25 +10,29 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-/// How long `ctl` waits for the API.
-pub const TIMEOUT: Duration = Duration::from_secs(35);
+/// How long `ctl` waits for the API by default (`--timeout`).
+pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
-    #[error("cannot reach the admin API at {addr}: {reason} (is saltgate running, with admin.enabled and admin.bind = {addr}?)")]
+    #[error("cannot reach the admin API at {addr}: {reason}; check that saltgate runs with admin.enabled and admin.bind = {addr} (or pass --admin)")]
     Unreachable { addr: SocketAddr, reason: String },
+    #[error("no answer from the admin API at {addr} within {after:?}; check that saltgate is not overloaded, or give more time with --timeout (a reload may take a while)")]
+    Timeout { addr: SocketAddr, after: Duration },
     #[error("the admin API refused: HTTP {status}: {message}")]
     Refused { status: u16, message: String },
     #[error("unexpected answer from the admin API: {0}")]
     Protocol(String),
 }
 
-/// Sends one request; returns the JSON body of a 2xx answer.
+/// Sends one request; returns the JSON body of a 2xx answer, or [`CtlError::Timeout`] after
+/// `timeout`.
 pub async fn call(
     addr: SocketAddr,
     method: &str,
     path: &str,
     token: Option<&str>,
+    timeout: Duration,
 ) -> Result<Value, CtlError> {
     let unreachable = |reason: String| CtlError::Unreachable { addr, reason };
     let fut = async {
@@ -74,9 +78,12 @@ pub async fn call(
         }
         Ok(json)
     };
-    tokio::time::timeout(TIMEOUT, fut)
+    tokio::time::timeout(timeout, fut)
         .await
-        .unwrap_or_else(|_| Err(unreachable(format!("no answer within {TIMEOUT:?}"))))
+        .unwrap_or(Err(CtlError::Timeout {
+            addr,
+            after: timeout,
+        }))
 }
 
 /// The `ctl status` table.

@@ -33,6 +33,8 @@ pub struct DataPlane {
     next_session: AtomicU64,
     /// Where each closed session's access record goes.
     pub access: Arc<dyn AccessSink>,
+    /// The publish fan-out hub's metrics (`saltgate_fanout_*`), registered once per process.
+    pub fanout: Arc<crate::pubhub::FanoutMetrics>,
 }
 
 impl DataPlane {
@@ -44,6 +46,7 @@ impl DataPlane {
             listeners: Role::ALL.map(|r| ListenerHandles::new(metrics, r)),
             next_session: AtomicU64::new(1),
             access,
+            fanout: Arc::new(crate::pubhub::FanoutMetrics::new(&metrics.registry)),
         }
     }
 

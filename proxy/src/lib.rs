@@ -23,6 +23,7 @@ pub mod listener;
 pub mod master;
 pub mod metrics;
 pub mod notify;
+pub mod pubhub;
 pub mod pump;
 pub mod ratelimit;
 pub mod rebalance;

@@ -69,6 +69,9 @@ enum Cmd {
         /// File holding the admin bearer token.
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// How long to wait for the admin API (such as 10s, 2m).
+        #[arg(long, default_value = "10s", value_parser = parse_timeout)]
+        timeout: std::time::Duration,
         #[command(subcommand)]
         action: CtlAction,
     },
@@ -136,6 +139,25 @@ fn main() -> ExitCode {
             match load(&file, format) {
                 Some(l) => {
                     let c = &l.config;
+                    let pre = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt.block_on(saltgate_proxy::control::reload::preflight(c)),
+                        Err(e) => {
+                            eprintln!("error: cannot start the tokio runtime: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    for w in &pre.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    if !pre.errors.is_empty() {
+                        for e in &pre.errors {
+                            eprintln!("error: {e}");
+                        }
+                        return ExitCode::FAILURE;
+                    }
                     eprintln!(
                         "configuration valid: {} master(s); publish on {:?}, request on {:?}",
                         c.masters.len(),
@@ -165,8 +187,9 @@ fn main() -> ExitCode {
         Cmd::Ctl {
             admin,
             token_file,
+            timeout,
             action,
-        } => ctl(admin, token_file, action),
+        } => ctl(admin, token_file, timeout, action),
         Cmd::Run {
             config,
             haproxy_config,
@@ -233,6 +256,10 @@ fn main() -> ExitCode {
                 }
             }
             ov.apply(&mut loaded.config);
+            if let Some((problem, fix)) = loaded.config.admin.exposure_refusal() {
+                tracing::error!("--admin-bind: {problem}; {fix}");
+                return ExitCode::FAILURE;
+            }
             match run(loaded, source, ov) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -327,7 +354,22 @@ fn signals() -> std::io::Result<(
     Ok((shutdown, hup))
 }
 
-fn ctl(admin: std::net::SocketAddr, token_file: Option<PathBuf>, action: CtlAction) -> ExitCode {
+fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    match saltgate_config::duration::parse_duration(
+        text,
+        saltgate_config::duration::BareNumber::Refuse,
+    ) {
+        Ok(d) if d.is_zero() => Err("must be more than 0; such as 10s".into()),
+        r => r,
+    }
+}
+
+fn ctl(
+    admin: std::net::SocketAddr,
+    token_file: Option<PathBuf>,
+    timeout: std::time::Duration,
+    action: CtlAction,
+) -> ExitCode {
     let token = match token_file
         .map(|p| {
             std::fs::read_to_string(&p)
@@ -364,6 +406,7 @@ fn ctl(admin: std::net::SocketAddr, token_file: Option<PathBuf>, action: CtlActi
         method,
         &path,
         token.as_deref(),
+        timeout,
     )) {
         Ok(v) => {
             match action {

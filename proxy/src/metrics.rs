@@ -45,6 +45,10 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     /// `saltgate_config_generation`: the configuration generation in force (1 at start).
     pub generation: IntGauge,
+    /// `saltgate_local_resource_errors_total{during}`: a probe (`check`) or a session's connect
+    /// (`connect`) failed for want of a local resource (EMFILE, ENFILE, ENOBUFS, ENOMEM); not
+    /// counted against the master.
+    pub local_resource_errors: IntCounterVec,
     /// Not a metric: the recent flips, reloads and checks the status page shows. Here because
     /// every task that reports something already holds the metrics.
     pub events: crate::events::EventLog,
@@ -145,6 +149,11 @@ impl Metrics {
                 )
                 .expect("valid metric"),
             ),
+            local_resource_errors: counter(
+                "saltgate_local_resource_errors_total",
+                "Probes (during=check) and session connects (during=connect) that failed for want of a local resource (descriptors, buffers, memory); not counted against the master.",
+                &["during"],
+            ),
             registry: r,
             events: crate::events::EventLog::new(),
         };
@@ -236,6 +245,8 @@ pub struct MasterHandles {
     closed: [[OnceLock<IntCounter>; CloseReason::ALL.len()]; 2],
     /// The "connect to master failed" line.
     pub connect_log: LogLimit,
+    /// `saltgate_local_resource_errors_total{during="connect"}`.
+    pub local_resource_errors: IntCounter,
 }
 
 impl MasterHandles {
@@ -247,6 +258,7 @@ impl MasterHandles {
             closed_vec: m.sessions_closed.clone(),
             closed: Default::default(),
             connect_log: LogLimit::default(),
+            local_resource_errors: m.local_resource_errors.with_label_values(&["connect"]),
         }
     }
 

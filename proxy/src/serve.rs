@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use saltgate_config::{Config, Role};
+use saltgate_config::{Config, ListenerMode, Role};
 use tokio::net::TcpStream;
 
 use crate::dataplane::DataPlane;
@@ -45,7 +45,14 @@ impl Serve for L4Session {
     }
 }
 
-/// The [`Serve`] for a listener of `role` under `config`.
-pub fn for_listener(role: Role, _config: &Config) -> Arc<dyn Serve> {
-    Arc::new(L4Session { role })
+/// The [`Serve`] for a listener of `role` under `config`: the fan-out hub for a publish listener
+/// in `mode: fanout`, the L4 session otherwise. Cheap: the hub starts its upstreams with its
+/// first session (a reload calls this to compare kinds).
+pub fn for_listener(role: Role, config: &Config) -> Arc<dyn Serve> {
+    match (role, config.listener(role).mode) {
+        (Role::Publish, ListenerMode::Fanout) => {
+            Arc::new(crate::pubhub::PubHub::new(Default::default()))
+        }
+        _ => Arc::new(L4Session { role }),
+    }
 }

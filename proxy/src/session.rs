@@ -109,6 +109,12 @@ async fn connect(
         let failure = tokio::select! {
             r = attempt => match r {
                 Ok(Ok(stream)) => return Connect::Done(Connected { stream, lease, master: master.clone(), handles: handles.clone(), attempts, connect_ms: 0 }),
+                Ok(Err(e)) if crate::check::is_local_resource(&e) => {
+                    // Says nothing about the master: not one of its connect errors.
+                    handles.local_resource_errors.inc();
+                    crate::check::local_resource_episode(&format!("connect to {addr}: {e}"));
+                    continue;
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {:?}", l.timeout_connect),
             },

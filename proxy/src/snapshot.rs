@@ -16,6 +16,8 @@ use crate::selection::{self, Selector};
 use crate::serve::BoxFuture;
 
 pub struct Snapshot {
+    /// The masters whose host did not resolve (they are in `masters`, DOWN in state `unresolved`).
+    pub unresolved: Vec<ResolveError>,
     /// Increases by one with every configuration applied (1 at start).
     pub generation: u64,
     pub config: Config,
@@ -36,13 +38,19 @@ impl std::fmt::Debug for Snapshot {
 }
 
 /// A master's host could not be resolved.
-#[derive(Debug, thiserror::Error)]
-#[error("master {master}: cannot resolve {host:?}: {reason} (fix: use an IP address or a name this host can resolve)")]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("master {master}: cannot resolve {host:?}: {reason}; use an IP address or a name this host can resolve")]
 pub struct ResolveError {
     pub master: String,
     pub host: String,
     pub reason: String,
 }
+
+/// No master at all resolved: nothing to serve. (Some unresolved masters beside resolved ones are
+/// not an error: they start DOWN in state `unresolved` and are retried.)
+#[derive(Debug, thiserror::Error)]
+#[error("no master resolves:\n{}", .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+pub struct NoMasterResolves(pub Vec<ResolveError>);
 
 /// How long the lookup of one master's host may take (a reload holds the reload lock meanwhile).
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,7 +58,7 @@ pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Looks a host up; the first address, port 0.
 pub type Lookup = fn(String) -> BoxFuture<Result<SocketAddr, String>>;
 
-fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
+pub fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
     Box::pin(async move {
         tokio::net::lookup_host((host.as_str(), 0))
             .await
@@ -61,13 +69,12 @@ fn system_lookup(host: String) -> BoxFuture<Result<SocketAddr, String>> {
 }
 
 /// Resolves every master's host, all at once (each distinct host once), each lookup bounded by
-/// `timeout`. Returns `[publish, request]` per master, in order; the first failure (in
-/// configuration order) otherwise.
+/// `timeout`. Returns `[publish, request]` or the failure per master, in order.
 pub async fn resolve_all(
     masters: &[MasterConfig],
     timeout: Duration,
     lookup: Lookup,
-) -> Result<Vec<[SocketAddr; 2]>, ResolveError> {
+) -> Vec<Result<[SocketAddr; 2], ResolveError>> {
     let mut lookups = tokio::task::JoinSet::new();
     let mut hosts: HashMap<String, Result<SocketAddr, String>> = HashMap::new();
     for m in masters {
@@ -127,14 +134,46 @@ impl Snapshot {
         old: Option<&Snapshot>,
         checks_parent: &CancellationToken,
         metrics: &Metrics,
-    ) -> Result<(Snapshot, MasterDiff), ResolveError> {
+    ) -> Result<(Snapshot, MasterDiff), NoMasterResolves> {
+        Self::build_with(
+            config,
+            generation,
+            old,
+            checks_parent,
+            metrics,
+            system_lookup,
+        )
+        .await
+    }
+
+    /// [`Snapshot::build`] with the given host lookup.
+    pub async fn build_with(
+        config: Config,
+        generation: u64,
+        old: Option<&Snapshot>,
+        checks_parent: &CancellationToken,
+        metrics: &Metrics,
+        lookup: Lookup,
+    ) -> Result<(Snapshot, MasterDiff), NoMasterResolves> {
         let mut diff = MasterDiff::default();
         let mut masters = Vec::with_capacity(config.masters.len());
-        let resolved = resolve_all(&config.masters, RESOLVE_TIMEOUT, system_lookup).await?;
+        let resolved = resolve_all(&config.masters, RESOLVE_TIMEOUT, lookup).await;
+        let unresolved: Vec<ResolveError> = resolved
+            .iter()
+            .filter_map(|r| r.as_ref().err().cloned())
+            .collect();
+        if !resolved.is_empty() && unresolved.len() == resolved.len() {
+            return Err(NoMasterResolves(unresolved));
+        }
         for (m, addrs) in config.masters.iter().zip(resolved) {
             let same = old.and_then(|o| {
                 o.masters.iter().find(|x| {
-                    x.cfg().name == m.name && x.addrs == addrs && x.cfg().check == m.check
+                    x.cfg().name == m.name
+                        && x.cfg().check == m.check
+                        && match &addrs {
+                            Ok(a) => !x.upstream.is_unresolved() && x.addrs == *a,
+                            Err(_) => x.upstream.is_unresolved(),
+                        }
                 })
             });
             match same {
@@ -143,7 +182,18 @@ impl Snapshot {
                     masters.push(x.clone());
                 }
                 None => {
-                    let x = Arc::new(Master::new(m.clone(), addrs, checks_parent));
+                    let x = match addrs {
+                        Ok(a) => Master::new(m.clone(), a, checks_parent),
+                        Err(e) => {
+                            // Placeholder addresses: an unresolved master is never selected nor checked.
+                            let a = [m.publish_port, m.request_port]
+                                .map(|p| SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, p)));
+                            let x = Master::new(m.clone(), a, checks_parent);
+                            x.upstream.set_unresolved(&e.reason);
+                            x
+                        }
+                    };
+                    let x = Arc::new(x);
                     diff.added.push(x.clone());
                     masters.push(x);
                 }
@@ -168,6 +218,7 @@ impl Snapshot {
         ];
         Ok((
             Snapshot {
+                unresolved,
                 generation,
                 config,
                 masters,
@@ -230,9 +281,11 @@ mod tests {
         let hosts: Vec<String> = (1..=10).map(|i| format!("slow-{i}")).collect();
         let refs: Vec<&str> = hosts.iter().map(String::as_str).collect();
         let t0 = tokio::time::Instant::now();
-        let r = resolve_all(&masters(&refs), RESOLVE_TIMEOUT, scripted)
+        let r: Vec<_> = resolve_all(&masters(&refs), RESOLVE_TIMEOUT, scripted)
             .await
-            .unwrap();
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
         assert_eq!(r[9][0], "10.0.0.10:4505".parse().unwrap());
         assert_eq!(r[9][1], "10.0.0.10:4506".parse().unwrap());
@@ -241,11 +294,88 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lookup_that_never_answers_fails_at_the_timeout_naming_the_master() {
         let t0 = tokio::time::Instant::now();
-        let e = resolve_all(&masters(&["slow-1", "hang"]), RESOLVE_TIMEOUT, scripted)
-            .await
-            .unwrap_err();
+        let r = resolve_all(&masters(&["slow-1", "hang"]), RESOLVE_TIMEOUT, scripted).await;
+        assert!(r[0].is_ok());
+        let e = r[1].clone().unwrap_err();
         assert_eq!(t0.elapsed(), RESOLVE_TIMEOUT);
         assert_eq!((e.master.as_str(), e.host.as_str()), ("m1", "hang"));
         assert!(e.to_string().contains("no answer within"), "{e}");
+    }
+
+    fn dns_down(host: String) -> BoxFuture<Result<SocketAddr, String>> {
+        Box::pin(async move {
+            match host.as_str() {
+                "ghost" => Err("Name or service not known".to_string()),
+                _ => Ok(SocketAddr::from(([127, 0, 7, 9], 0))),
+            }
+        })
+    }
+
+    fn dns_up(_host: String) -> BoxFuture<Result<SocketAddr, String>> {
+        Box::pin(async move { Ok(SocketAddr::from(([127, 0, 7, 9], 0))) })
+    }
+
+    fn config(hosts: &[&str]) -> Config {
+        let mut c = saltgate_config::parse(
+            saltgate_config::EMBEDDED_DEFAULT,
+            None,
+            saltgate_config::Format::Yaml,
+        )
+        .unwrap()
+        .config;
+        c.masters = masters(hosts);
+        c
+    }
+
+    #[tokio::test]
+    async fn an_unresolved_master_is_down_and_replaced_once_it_resolves_others_kept() {
+        let stop = CancellationToken::new();
+        let metrics = Metrics::new();
+        let cfg = config(&["ok", "ghost"]);
+        let (first, diff) = Snapshot::build_with(cfg.clone(), 1, None, &stop, &metrics, dns_down)
+            .await
+            .unwrap();
+        assert_eq!(diff.added.len(), 2);
+        assert_eq!(first.unresolved.len(), 1);
+        assert_eq!(
+            first.masters[1].state(),
+            crate::master::MasterState::Unresolved
+        );
+        assert!(!first.masters[1].is_available());
+        assert!(first.masters[0].is_available());
+        // Still down: the unresolved master is carried over, not rebuilt.
+        let (again, _) =
+            Snapshot::build_with(cfg.clone(), 2, Some(&first), &stop, &metrics, dns_down)
+                .await
+                .unwrap();
+        assert!(Arc::ptr_eq(&first.masters[1], &again.masters[1]));
+        // It resolves: a new master replaces it; the other one is kept with its health.
+        let (next, diff) = Snapshot::build_with(cfg, 3, Some(&again), &stop, &metrics, dns_up)
+            .await
+            .unwrap();
+        assert!(next.unresolved.is_empty());
+        assert!(Arc::ptr_eq(&again.masters[0], &next.masters[0]));
+        assert_eq!(diff.added.len(), 1);
+        assert_eq!(next.masters[1].state(), crate::master::MasterState::Up);
+    }
+
+    #[tokio::test]
+    async fn no_master_resolving_is_an_error_listing_each_host() {
+        let e = Snapshot::build_with(
+            config(&["ghost", "ghost"]),
+            1,
+            None,
+            &CancellationToken::new(),
+            &Metrics::new(),
+            dns_down,
+        )
+        .await
+        .err()
+        .unwrap();
+        assert_eq!(e.0.len(), 2);
+        assert!(
+            e.to_string().contains("m0") && e.to_string().contains("m1"),
+            "{e}"
+        );
     }
 }

@@ -36,14 +36,17 @@ pub enum MasterState {
     Down,
     Draining,
     Disabled,
+    /// Its host does not resolve (DOWN, never selected; resolution is retried).
+    Unresolved,
 }
 
 impl MasterState {
-    pub const ALL: [MasterState; 4] = [
+    pub const ALL: [MasterState; 5] = [
         MasterState::Up,
         MasterState::Down,
         MasterState::Draining,
         MasterState::Disabled,
+        MasterState::Unresolved,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -51,6 +54,7 @@ impl MasterState {
             MasterState::Down => "down",
             MasterState::Draining => "draining",
             MasterState::Disabled => "disabled",
+            MasterState::Unresolved => "unresolved",
         }
     }
 }
@@ -78,6 +82,8 @@ pub struct Upstream {
     /// Bumped by every DOWN flip, so only the newest paced close of a DOWN master runs.
     down_epoch: AtomicU64,
     last_check: [Mutex<CheckReport>; 2],
+    /// Its host did not resolve: DOWN for good (this master object is replaced once it resolves).
+    unresolved: AtomicBool,
 }
 
 impl Upstream {
@@ -93,7 +99,29 @@ impl Upstream {
             admin_epoch: AtomicU64::new(0),
             down_epoch: AtomicU64::new(0),
             last_check: Default::default(),
+            unresolved: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the master's host unresolved: both ports DOWN and checked (no check runs), `reason`
+    /// as the last check of both.
+    pub fn set_unresolved(&self, reason: &str) {
+        self.unresolved.store(true, Ordering::Release);
+        for role in Role::ALL {
+            self.set_port(role, false);
+            self.set_last_check(
+                role,
+                CheckReport {
+                    ok: false,
+                    detail: format!("unresolved: {reason}"),
+                    duration_ms: 0,
+                },
+            );
+        }
+    }
+
+    pub fn is_unresolved(&self) -> bool {
+        self.unresolved.load(Ordering::Acquire)
     }
 
     /// UP by its checks (both ports).
@@ -132,6 +160,7 @@ impl Upstream {
         match (self.admin(), self.is_up()) {
             (Admin::Disabled, _) => MasterState::Disabled,
             (Admin::Draining, _) => MasterState::Draining,
+            _ if self.is_unresolved() => MasterState::Unresolved,
             (Admin::Enabled, true) => MasterState::Up,
             (Admin::Enabled, false) => MasterState::Down,
         }

@@ -38,6 +38,12 @@ impl Control {
         if self.is_stopping() {
             return Err(ApplyError::Stopping);
         }
+        if let Some((problem, fix)) = config.admin.exposure_refusal() {
+            return Err(ApplyError::Exposed { problem, fix });
+        }
+        if config.admin.exposed_without_token() {
+            tracing::warn!(bind = %config.admin.bind, "the admin API is reachable beyond loopback without a token (admin.allow_unauthenticated: true): anyone who reaches it can drain and disable masters; set admin.token_file");
+        }
         let old = self.data.load();
         let generation = old.generation + 1;
         let token = match &config.admin.token_file {
@@ -70,11 +76,11 @@ impl Control {
                     // Same address, other role: its socket is handed to the new role after the swap.
                     continue;
                 }
-                let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|source| {
+                let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|reason| {
                     ApplyError::Bind {
                         what: role.to_string(),
                         addr,
-                        source,
+                        reason,
                     }
                 })?;
                 fresh.push((role, addr, sock));
@@ -85,10 +91,10 @@ impl Control {
             let same = running.as_ref().is_some_and(|h| h.bind == cfg.admin.bind);
             if cfg.admin.enabled && !same {
                 let sock =
-                    listener::bind(cfg.admin.bind, 128).map_err(|source| ApplyError::Bind {
+                    listener::bind(cfg.admin.bind, 128).map_err(|reason| ApplyError::Bind {
                         what: "admin".into(),
                         addr: cfg.admin.bind,
-                        source,
+                        reason,
                     })?;
                 Some(sock)
             } else {
@@ -107,8 +113,14 @@ impl Control {
         for (m, new_cfg) in diff.kept {
             m.update_cfg(new_cfg);
         }
+        for e in &snap.unresolved {
+            tracing::warn!(master = %e.master, host = %e.host, reason = %e.reason, "master's host does not resolve: it starts DOWN (state `unresolved`) and resolution is retried");
+        }
+        if !snap.unresolved.is_empty() {
+            tokio::spawn(retry_unresolved(self.clone(), generation));
+        }
         for m in &diff.added {
-            if m.cfg().check {
+            if m.cfg().check && !m.upstream.is_unresolved() {
                 for role in Role::ALL {
                     tokio::spawn(check::run_port_checks(
                         m.clone(),
@@ -322,6 +334,69 @@ impl Control {
     }
 }
 
+/// The longest wait between two lookups of an unresolved master's host.
+const RESOLVE_RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// While the configuration of `generation` is in force, looks up the hosts of its unresolved
+/// masters again, first after their health `interval`, then doubling up to [`RESOLVE_RETRY_MAX`].
+/// Once one resolves, the configuration in force is applied again (as a reload: masters that did
+/// not change keep their health and sessions); that apply starts its own retry if some remain.
+async fn retry_unresolved(control: Arc<Control>, generation: u64) {
+    let snap = control.data.load();
+    let pending: Vec<saltgate_config::MasterConfig> = snap
+        .unresolved
+        .iter()
+        .filter_map(|e| snap.config.masters.iter().find(|m| m.name == e.master))
+        .cloned()
+        .collect();
+    let Some(mut wait) = pending.iter().map(|m| m.health.interval).min() else {
+        return;
+    };
+    drop(snap);
+    wait = wait.max(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = control.accept_stop.cancelled() => return,
+        }
+        if control.is_stopping() || control.data.load().generation != generation {
+            return; // a newer configuration took over (with its own retry if needed)
+        }
+        let now = crate::snapshot::resolve_all(
+            &pending,
+            crate::snapshot::RESOLVE_TIMEOUT,
+            crate::snapshot::system_lookup,
+        )
+        .await;
+        if now.iter().any(Result::is_ok) {
+            let config = control.data.load().config.clone();
+            if control.data.load().generation != generation {
+                return;
+            }
+            match reapply(&control, config).await {
+                Ok(g) => tracing::info!(
+                    generation = g,
+                    "a master's host resolves now: configuration applied again"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a master's host resolves now, but applying the configuration again failed")
+                }
+            }
+            return;
+        }
+        wait = (wait * 2).min(RESOLVE_RETRY_MAX);
+    }
+}
+
+/// [`Control::apply`] behind a named `Send` future (it is called from a task that `apply` spawns).
+fn reapply(
+    control: &Arc<Control>,
+    config: Config,
+) -> crate::serve::BoxFuture<Result<u64, ApplyError>> {
+    let control = control.clone();
+    Box::pin(async move { control.apply(config, false).await })
+}
+
 /// How long reading the configuration file may take (a hung network filesystem must not stall
 /// a runtime worker, nor reloads forever).
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -365,14 +440,14 @@ fn read_source(
             "check the path and its permissions",
         ))
     })?;
-    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let loaded = saltgate_config::parse_bytes(&bytes, Some(&src.path), src.format);
     *seen = Some(bytes);
-    saltgate_config::parse(&text, Some(&src.path), src.format)
+    loaded
 }
 
 /// Reads the admin token off the runtime, bounded by [`READ_TIMEOUT`] (a hung filesystem must
 /// not stall sessions, nor hold the reload lock forever).
-async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
+pub(crate) async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
     let err = |reason: String| ApplyError::Token {
         path: path.to_path_buf(),
         reason,
@@ -386,6 +461,53 @@ async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
         return Err(err("the file is empty".into()));
     }
     Ok(t.to_string())
+}
+
+/// What `check-config` finds beyond the file itself: the checks `run` makes before binding.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// `run` would refuse to start.
+    pub errors: Vec<String>,
+    /// `run` would start, degraded (such as a master that does not resolve).
+    pub warnings: Vec<String>,
+}
+
+/// Runs the checks `run` makes before binding: the admin exposure, the token file, the
+/// resolution of every master's host (a master that does not resolve is a warning: it starts DOWN
+/// as `unresolved`; none resolving is an error).
+pub async fn preflight(config: &Config) -> Preflight {
+    let mut out = Preflight::default();
+    if let Some((problem, fix)) = config.admin.exposure_refusal() {
+        out.errors.push(format!("admin: {problem}; {fix}"));
+    } else if config.admin.exposed_without_token() {
+        out.warnings.push(format!(
+            "admin: the admin API on {} is reachable beyond loopback without a token (allow_unauthenticated: true); set admin.token_file",
+            config.admin.bind
+        ));
+    }
+    if config.admin.enabled {
+        if let Some(p) = &config.admin.token_file {
+            if let Err(e) = read_token(p).await {
+                out.errors.push(e.to_string());
+            }
+        }
+    }
+    let resolved = crate::snapshot::resolve_all(
+        &config.masters,
+        crate::snapshot::RESOLVE_TIMEOUT,
+        crate::snapshot::system_lookup,
+    )
+    .await;
+    let failed: Vec<_> = resolved.into_iter().filter_map(Result::err).collect();
+    if !config.masters.is_empty() && failed.len() == config.masters.len() {
+        out.errors
+            .push(crate::snapshot::NoMasterResolves(failed).to_string());
+    } else {
+        out.warnings.extend(failed.iter().map(|e| {
+            format!("{e} (saltgate starts with this master DOWN, state `unresolved`, and retries)")
+        }));
+    }
+    out
 }
 
 /// Reloads when the configuration file's content changes (polled: robust to editors that replace

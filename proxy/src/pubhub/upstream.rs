@@ -1,0 +1,184 @@
+//! The hub's upstreams: one SUB connection, subscribed to everything, to every master UP in the
+//! current snapshot. [`manage`] compares the UP masters with the running upstreams every
+//! `watch_interval` (a reload swaps the snapshot, a health flip changes a master's state) and
+//! starts or stops one upstream at a time; nothing else is touched when a master comes or goes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use saltgate_config::Role;
+use saltgate_wire::zmtp::frame::{MessageAssembler, DEFAULT_MAX_MESSAGE_FRAMES};
+use saltgate_wire::zmtp::{Command, Connection, Frame, HandshakeConfig, SocketType, ZmtpError};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use super::Hub;
+use crate::snapshot::Snapshot;
+
+/// Longest wait between two dials of a master that keeps failing.
+const MAX_RECONNECT: Duration = Duration::from_secs(2);
+
+/// Keeps one upstream per UP master until cancelled (the caller selects on its stop tokens).
+pub(super) async fn manage(hub: Arc<Hub>, snapshot: Arc<ArcSwap<Snapshot>>) {
+    let mut running: HashMap<(String, SocketAddr), CancellationToken> = HashMap::new();
+    // Every upstream stops when the manager is dropped (hub dropped, or shutdown).
+    let all = hub.stop.child_token();
+    let _stop_all = all.clone().drop_guard();
+    let mut tick = tokio::time::interval(hub.opts.watch_interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let snap = snapshot.load();
+        let wanted: Vec<(String, SocketAddr)> = snap
+            .masters
+            .iter()
+            .filter(|m| m.is_up())
+            .map(|m| (m.name(), m.addr(Role::Publish)))
+            .collect();
+        running.retain(|key, stop| {
+            let keep = wanted.contains(key);
+            if !keep {
+                tracing::info!(master = %key.0, addr = %key.1, "fanout: master not UP (or removed): its upstream stops");
+                stop.cancel();
+            }
+            keep
+        });
+        for key in wanted {
+            if running.contains_key(&key) {
+                continue;
+            }
+            tracing::info!(master = %key.0, addr = %key.1, "fanout: master UP: opening its upstream");
+            let stop = all.child_token();
+            running.insert(key.clone(), stop.clone());
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = upstream(&hub, &key.0, key.1) => {}
+                    _ = stop.cancelled() => {}
+                }
+            });
+        }
+    }
+}
+
+/// Dials `addr` forever; relays every message to the hub.
+async fn upstream(hub: &Hub, name: &str, addr: SocketAddr) {
+    let m = hub.metrics().cloned();
+    let mut hs = HandshakeConfig::new(SocketType::Sub);
+    hs.max_frame_size = hub.opts.max_frame_size;
+    hs.timeout = hub.opts.handshake_timeout;
+    let mut failures = 0u32;
+    loop {
+        match Connection::connect(addr, &hs).await {
+            Ok(conn) => {
+                failures = 0;
+                if let Some(m) = &m {
+                    m.upstream_connects.with_label_values(&[name]).inc();
+                    m.upstreams_connected.inc();
+                }
+                hub.connected.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(master = name, %addr, "fanout: upstream connected");
+                let guard = Connected { hub, name };
+                let e = relay(hub, name, conn).await;
+                drop(guard);
+                tracing::warn!(master = name, %addr, error = %e, "fanout: upstream lost; minion sessions stay");
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                tracing::debug!(master = name, %addr, error = %e, "fanout: upstream connect failed");
+            }
+        }
+        let factor = 1u32 << failures.min(5);
+        tokio::time::sleep(hub.opts.reconnect.saturating_mul(factor).min(MAX_RECONNECT)).await;
+    }
+}
+
+/// Counts the disconnect however the connection ends (error, or the upstream being stopped).
+struct Connected<'a> {
+    hub: &'a Hub,
+    name: &'a str,
+}
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.hub.connected.fetch_sub(1, Ordering::Relaxed);
+        if let Some(m) = self.hub.metrics() {
+            m.upstream_disconnects.with_label_values(&[self.name]).inc();
+            m.upstreams_connected.dec();
+        }
+    }
+}
+
+/// Subscribes to everything and relays until the connection fails.
+async fn relay(hub: &Hub, name: &str, mut conn: Connection) -> ZmtpError {
+    let peer_3_1 = conn.peer().greeting.supports_3_1();
+    let sub = if peer_3_1 {
+        conn.send_command(&Command::Subscribe(Bytes::new())).await
+    } else {
+        conn.send_message(&[[1u8]]).await
+    };
+    if let Err(e) = sub {
+        return e;
+    }
+    let received = hub
+        .metrics()
+        .map(|m| m.upstream_messages.with_label_values(&[name]));
+    let hb = hub
+        .opts
+        .heartbeat
+        .filter(|h| peer_3_1 && !h.interval.is_zero());
+    let mut ping = hb.map(|h| {
+        let mut t = tokio::time::interval_at(Instant::now() + h.interval, h.interval);
+        t.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        t
+    });
+    let mut assembler = MessageAssembler::new(DEFAULT_MAX_MESSAGE_FRAMES, hub.opts.max_frame_size);
+    loop {
+        // A master that hangs (sends nothing, not even PONGs) is dropped after the timeout.
+        let limit = hb.map(|h| h.timeout.max(h.interval));
+        let deadline = limit.and_then(|l| conn.last_received().checked_add(l));
+        tokio::select! {
+            f = conn.read_frame() => match f {
+                Ok(Frame::Command(body)) => match Command::parse(&body) {
+                    Ok(Command::Ping { context, .. }) => {
+                        if let Err(e) = conn.send_command(&Command::Pong { context }).await {
+                            return e;
+                        }
+                    }
+                    Ok(Command::Error(r)) => {
+                        return ZmtpError::PeerError(String::from_utf8_lossy(&r).into_owned())
+                    }
+                    Ok(_) => {}
+                    Err(e) => return e.into(),
+                },
+                Ok(Frame::Message { body, more }) => match assembler.push(body, more) {
+                    Ok(Some(frames)) => {
+                        if let Some(c) = &received {
+                            c.inc();
+                        }
+                        hub.publish(&frames);
+                    }
+                    Ok(None) => {}
+                    Err(e) => return e.into(),
+                },
+                Err(e) => return e,
+            },
+            _ = async { match ping.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending().await } } => {
+                if let Err(e) = conn.send_command(&Command::Ping { ttl: 0, context: Bytes::new() }).await {
+                    return e;
+                }
+            }
+            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
+                // Bytes of a large frame may have arrived meanwhile: only silence counts.
+                if limit.is_some_and(|l| conn.last_received() + l <= Instant::now()) {
+                    return ZmtpError::Timeout("upstream heartbeat");
+                }
+            }
+        }
+    }
+}
