@@ -47,6 +47,15 @@ async fn the_admin_api_serves_metrics_and_says_not_ready_through_the_drain() {
     let admin = r.admin_addr().unwrap();
     let (s, _) = connect(addr(&r, Role::Publish)).await;
     assert_eq!(json(admin, "GET", "/readyz", None).await.0, 200);
+    // The session is accepted and counted before shutdown starts (a connect can complete in the
+    // backlog before the accept loop takes it, and a stopped loop takes nothing more).
+    wait_for_metric(
+        admin,
+        "saltgate_listener_sessions_current",
+        &[("listener", "publish")],
+        1.0,
+    )
+    .await;
     stop.send(()).unwrap();
     wait_for("listeners closed", || {
         r.local_addrs(Role::Publish).is_empty()
@@ -69,8 +78,13 @@ async fn the_admin_api_serves_metrics_and_says_not_ready_through_the_drain() {
     tokio::time::timeout(T, r.wait())
         .await
         .expect("stops once the session ends");
-    assert!(
-        tokio::net::TcpStream::connect(admin).await.is_err(),
-        "the admin API is gone once shutdown completes"
-    );
+    // The admin task ends with the shutdown; its socket closes as that task finishes.
+    let deadline = tokio::time::Instant::now() + T;
+    while tokio::net::TcpStream::connect(admin).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the admin API is gone once shutdown completes"
+        );
+        tokio::task::yield_now().await;
+    }
 }
