@@ -82,7 +82,7 @@ fn config_errors_and_a_missing_master_are_reported_clearly() {
     assert_eq!(o.status.code(), Some(2));
     let e = err(&o);
     assert!(
-        e.contains(":2") && e.contains("open_mode") && e.contains("fix:"),
+        e.contains(":2") && e.contains("open_mode") && e.contains("; remove open_mode"),
         "{e}"
     );
 
