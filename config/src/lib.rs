@@ -45,12 +45,13 @@ pub fn load(path: &Path, format: Format) -> Result<Loaded, ConfigErrors> {
 
 /// Reads a configuration file as UTF-8 text; the error says which of reading or decoding failed.
 pub fn read_text(path: &Path) -> Result<String, ConfigError> {
-    let bytes = std::fs::read(path).map_err(|e| {
+    let bytes = read_regular_file(path).map_err(|e| {
         use std::io::ErrorKind;
         let fix = match e.kind() {
             ErrorKind::NotFound => "check the path (no file by that name)",
             ErrorKind::PermissionDenied => "make the file readable by the user saltgate runs as",
             ErrorKind::IsADirectory => "name the configuration file, not its directory",
+            ErrorKind::InvalidInput => "point saltgate at a regular file",
             _ => "check the path and its permissions",
         };
         ConfigError::new(
@@ -61,6 +62,35 @@ pub fn read_text(path: &Path) -> Result<String, ConfigError> {
         )
     })?;
     decode(&bytes, Some(path))
+}
+
+/// Reads a regular file whole. Anything else (a FIFO, a socket, a device) is refused at once with
+/// `InvalidInput` instead of blocking: the file is opened with `O_NONBLOCK`, which makes opening a
+/// FIFO that has no writer return at once, and checked before any read.
+pub fn read_regular_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = f.metadata()?;
+    if meta.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory",
+        ));
+    }
+    if !meta.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, socket or device); saltgate reads its files whole and \
+             will not wait on one",
+        ));
+    }
+    let mut buf = Vec::with_capacity(meta.len().min(16 << 20) as usize);
+    f.read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// Configuration file bytes as text: refuses bytes that are not UTF-8, naming the first bad one.

@@ -309,42 +309,68 @@ async fn global_maxconn_still_holds_after_reloads() {
     assert_eq!(read_line(&mut third).await, "a");
 }
 
-/// On the single-threaded runtime on purpose: a blocking read on it would stop everything.
+/// On the single-threaded runtime on purpose: a blocking read on it would stop everything. A token
+/// "file" that would block (a FIFO with no writer) is refused at once, and sessions go on.
 #[tokio::test]
-async fn a_token_file_that_blocks_does_not_stall_sessions() {
+async fn a_token_file_that_would_block_is_refused_at_once_and_sessions_go_on() {
     let c = FakeCluster::start(1, Behaviour::Echo).await;
     let cfg = c.config();
     let (r, _stop, _p) = run(cfg.clone()).await;
-    let r = Arc::new(r);
-    // A FIFO with no writer: reading it blocks (as a hung network filesystem would).
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("token");
     let cpath = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(cpath.as_ptr(), 0o600) }, 0);
-    let (go, wait) = std::sync::mpsc::channel::<()>();
-    let writer = {
-        let fifo = fifo.clone();
-        std::thread::spawn(move || {
-            // Writes when the test says so, or after 3 s if the runtime is stuck.
-            let _ = wait.recv_timeout(Duration::from_secs(3));
-            std::fs::write(&fifo, "tok\n").unwrap();
-        })
-    };
     let mut next = cfg.clone();
     next.admin.token_file = Some(fifo);
-    let reload = {
-        let r = r.clone();
-        tokio::spawn(async move { r.reload(next).await })
-    };
-    tokio::task::yield_now().await;
+    let e = tokio::time::timeout(T, r.reload(next))
+        .await
+        .expect("answers at once")
+        .expect_err("a FIFO is not a token file");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
     let (mut s, _) = connect(addr(&r, Role::Publish)).await;
     assert_eq!(echo(&mut s, b"served").await, b"served");
+    assert_eq!(r.generation(), 1);
+}
+
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+/// Issue 12, item 3: a configuration file that blocks on read (here a FIFO with no writer) used to
+/// leak a blocked thread per reload attempt and keep SIGTERM from finishing. Now a file that is not
+/// regular is refused at once, no thread is left behind, and shutdown completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_that_would_block_is_refused_at_once_and_leaks_nothing() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("saltgate.yaml");
+    std::fs::write(&file, "placeholder: true\n").unwrap();
+    let (r, stop) = run_from_file(c.config(), &file).await;
+    let admin = r.admin_addr().unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&file)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", file.display());
+    let before = thread_count();
+    for _ in 0..20 {
+        let (code, e) = tokio::time::timeout(T, json(admin, "POST", "/api/v1/reload", None))
+            .await
+            .expect("a reload of a FIFO answers at once");
+        assert_eq!(code, 422, "{e}");
+        let msg = e["error"].as_str().unwrap_or_default().to_string();
+        assert!(msg.contains("not a regular file"), "{msg}");
+    }
     assert!(
-        !reload.is_finished(),
-        "a session was served while the reload waited for the token file"
+        thread_count() <= before + 2,
+        "reload attempts left threads behind: {before} -> {}",
+        thread_count()
     );
-    go.send(()).unwrap();
-    let g = tokio::time::timeout(T, reload).await.unwrap().unwrap();
-    assert_eq!(g.unwrap(), 2);
-    writer.join().unwrap();
+    assert_eq!(r.generation(), 1);
+    assert_eq!(connect(addr(&r, Role::Publish)).await.1, "a");
+    stop.send(()).unwrap();
+    tokio::time::timeout(T, r.wait())
+        .await
+        .expect("shutdown completes");
 }

@@ -401,16 +401,52 @@ fn reapply(
 /// a runtime worker, nor reloads forever).
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Reads a file on the blocking pool, bounded by [`READ_TIMEOUT`].
+/// Files being read right now (at most one read per path is ever in flight).
+static IN_FLIGHT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Reads a regular file off the runtime, bounded by [`READ_TIMEOUT`].
+///
+/// A FIFO, socket or device is refused at once (it could block forever). The read runs on a
+/// detached thread, not the runtime's blocking pool, so a read stuck in the kernel (a hung network
+/// filesystem) never holds up shutdown; and while one read of a path is stuck, later reads of the
+/// same path fail at once instead of starting another thread, so a watcher polling a hung file
+/// costs one thread, not one per poll.
 pub(crate) async fn read_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
-    match tokio::time::timeout(
-        READ_TIMEOUT,
-        tokio::task::spawn_blocking(move || std::fs::read(path)),
-    )
-    .await
     {
+        let mut busy = IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner());
+        if busy.contains(&path) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "an earlier read of this file has not returned yet (a hung filesystem?); \
+                 saltgate retries once it does",
+            ));
+        }
+        busy.push(path.clone());
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let p = path.clone();
+    let spawned = std::thread::Builder::new()
+        .name("saltgate-read".into())
+        .spawn(move || {
+            let r = saltgate_config::read_regular_file(&p);
+            IN_FLIGHT
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|x| x != &p);
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        IN_FLIGHT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|x| x != &path);
+        return Err(e);
+    }
+    match tokio::time::timeout(READ_TIMEOUT, rx).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => Err(std::io::Error::other(e)),
+        Ok(Err(_)) => Err(std::io::Error::other(
+            "the reading thread ended without an answer",
+        )),
         Err(_) => Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             format!("no answer within {READ_TIMEOUT:?}"),
@@ -437,7 +473,7 @@ fn read_source(
             saltgate_config::Position::new(Some(&src.path), 0, 0),
             "",
             format!("cannot read the file: {e}"),
-            "check the path and its permissions",
+            "check the path and its permissions, and that it is a regular file",
         ))
     })?;
     let loaded = saltgate_config::parse_bytes(&bytes, Some(&src.path), src.format);
