@@ -442,40 +442,7 @@ fn show(r: &Raw) -> String {
     }
 }
 
-/// Splits `host`, `host:port`, `[v6]` or `[v6]:port`.
-pub fn split_host_port(text: &str) -> Result<(String, Option<u16>), String> {
-    let t = text.trim();
-    if t.is_empty() || t.contains(char::is_whitespace) {
-        return Err(format!("{text:?} is not a host name or address"));
-    }
-    let port = |p: &str| -> Result<u16, String> {
-        match p.parse::<u16>() {
-            Ok(0) | Err(_) => Err(format!(
-                "{text:?}: port {p:?} is not a number from 1 to 65535"
-            )),
-            Ok(p) => Ok(p),
-        }
-    };
-    if let Some(rest) = t.strip_prefix('[') {
-        let (host, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("{text:?}: missing ']' after the IPv6 address"))?;
-        return match after.strip_prefix(':') {
-            Some(p) => Ok((host.to_string(), Some(port(p)?))),
-            None if after.is_empty() => Ok((host.to_string(), None)),
-            None => Err(format!("{text:?}: unexpected {after:?} after the address")),
-        };
-    }
-    // A bare IPv6 address has several colons and no port.
-    if t.matches(':').count() > 1 {
-        return Ok((t.to_string(), None));
-    }
-    match t.split_once(':') {
-        Some((h, p)) if !h.is_empty() => Ok((h.to_string(), Some(port(p)?))),
-        Some(_) => Err(format!("{text:?} has no host before the port")),
-        None => Ok((t.to_string(), None)),
-    }
-}
+pub use crate::addr::split_host_port;
 
 /// Reads and validates a Salt minion configuration file.
 pub fn load_minion(path: &Path) -> Result<LoadedMinion, ConfigErrors> {

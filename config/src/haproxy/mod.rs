@@ -12,6 +12,8 @@ mod lex;
 use std::path::Path;
 use std::time::Duration;
 
+use self::server_options::{SERVER_OPTIONS, SERVER_OPTIONS_WITH_ARGUMENT};
+use crate::addr::split_host_port;
 use crate::duration::{parse_duration, BareNumber};
 use crate::error::{ConfigError, ConfigErrors, ConfigWarning, Position};
 use crate::model::Balance;
@@ -574,111 +576,6 @@ fn field_for(l: &Line, i: usize) -> String {
     }
 }
 
-/// HAProxy server options saltgate refuses that take an argument (skipped after the error, so
-/// the argument is not reported as an option of its own).
-const SERVER_OPTIONS_WITH_ARGUMENT: &[&str] = &[
-    "slowstart",
-    "resolvers",
-    "resolve-prefer",
-    "resolve-opts",
-    "init-addr",
-    "port",
-    "addr",
-    "source",
-    "agent-port",
-    "agent-inter",
-    "agent-addr",
-    "agent-send",
-    "cookie",
-    "id",
-    "observe",
-    "error-limit",
-    "on-error",
-    "on-marked-up",
-    "pool-max-conn",
-    "pool-purge-delay",
-    "proto",
-    "track",
-    "namespace",
-    "redir",
-    "sni",
-    "ca-file",
-    "crt",
-    "crl-file",
-    "ciphers",
-    "verify",
-    "verifyhost",
-    "alpn",
-    "npn",
-    "max-reuse",
-    "tcp-ut",
-    "check-sni",
-    "check-proto",
-    "check-alpn",
-    "health-check-port",
-    "set-proxy-v2-tlv-fmt",
-    "ws",
-    "log-proto",
-    "shard",
-    "guid",
-    "hash-key",
-];
-
-/// The `server`/`default-server` options saltgate understands.
-const SERVER_OPTIONS: &[&str] = &[
-    "check",
-    "no-check",
-    "backup",
-    "no-backup",
-    "disabled",
-    "enabled",
-    "inter",
-    "fastinter",
-    "downinter",
-    "rise",
-    "fall",
-    "maxconn",
-    "weight",
-    "maxqueue",
-    "on-marked-down",
-];
-
-/// `10.0.0.1:4505`, `10.0.0.1`, `[::1]:4505`, `salt1.example.com:4505`.
-fn split_host_port(addr: &str) -> Result<(String, Option<u16>), String> {
-    if let Some(rest) = addr.strip_prefix('[') {
-        let (h, after) = rest
-            .split_once(']')
-            .ok_or_else(|| format!("{addr:?}: missing ']'"))?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => Some(parse_port(addr, p)?),
-            None if after.is_empty() => None,
-            None => return Err(format!("{addr:?}: unexpected {after:?} after the address")),
-        };
-        return Ok((h.to_string(), port));
-    }
-    match addr.matches(':').count() {
-        0 => Ok((addr.to_string(), None)),
-        1 => {
-            let (h, p) = addr.split_once(':').unwrap_or((addr, ""));
-            if h.is_empty() {
-                return Err(format!("{addr:?}: the host is missing"));
-            }
-            Ok((h.to_string(), Some(parse_port(addr, p)?)))
-        }
-        _ => Ok((addr.to_string(), None)), // a bare IPv6 address
-    }
-}
-
-fn parse_port(addr: &str, p: &str) -> Result<u16, String> {
-    if p.starts_with('+') || p.starts_with('-') {
-        return Err(format!("{addr:?}: port offsets are not supported"));
-    }
-    match p.parse::<u16>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("{addr:?}: {p:?} is not a port from 1 to 65535")),
-    }
-}
-
 /// Parses an HAProxy configuration and converts it into saltgate's [`Config`](crate::model::Config).
 pub fn parse_haproxy(text: &str, file: Option<&Path>) -> Result<Loaded, ConfigErrors> {
     let mut ps = Parser {
@@ -834,5 +731,6 @@ fn parse_sections(ps: &mut Parser<'_>, text: &str) -> Parsed {
     Parsed { global, proxies }
 }
 
+mod server_options;
 #[cfg(test)]
 mod tests;
