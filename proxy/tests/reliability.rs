@@ -7,10 +7,7 @@ use std::time::Duration;
 
 use common::api::*;
 use common::*;
-use saltgate_config::{
-    AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, MasterConfig,
-    OnMasterDown, Probe, Role,
-};
+use saltgate_config::{Config, HealthSettings, MasterConfig, Probe, Role};
 
 const IP: &str = "127.0.7.1";
 
@@ -40,33 +37,7 @@ fn config(masters: &[(&str, &str, u16, u16)]) -> Config {
             health,
         })
         .collect();
-    let listener = |role| ListenerConfig {
-        bind: vec![format!("{IP}:0").parse().unwrap()],
-        balance: Balance::RoundRobin,
-        timeout_connect: Duration::from_secs(2),
-        on_master_down: OnMasterDown::Close,
-        close_rate: 0,
-        ..ListenerConfig::defaults_for(role)
-    };
-    Config {
-        global: Global {
-            shutdown_grace: Duration::from_secs(5),
-            raise_nofile: false,
-            maxconn: None,
-            drain_timeout: Duration::from_secs(300),
-            tcp_user_timeout: Some(Duration::from_secs(60)),
-        },
-        health,
-        masters,
-        publish: listener(Role::Publish),
-        request: listener(Role::Request),
-        admin: AdminConfig {
-            enabled: true,
-            bind: format!("{IP}:0").parse().unwrap(),
-            token_file: None,
-            allow_unauthenticated: false,
-        },
-    }
+    config_on(IP, masters, health)
 }
 
 /// A healthy master "a" on 127.0.7.2 and "ghost" whose name never resolves.

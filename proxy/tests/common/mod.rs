@@ -241,33 +241,40 @@ impl FakeCluster {
                 health,
             })
             .collect();
-        let listener = |role| ListenerConfig {
-            bind: vec!["127.0.0.1:0".parse().unwrap()],
-            balance: Balance::RoundRobin,
-            timeout_connect: Duration::from_secs(2),
-            on_master_down: OnMasterDown::Close,
-            close_rate: 0,
-            ..ListenerConfig::defaults_for(role)
-        };
-        Config {
-            global: Global {
-                shutdown_grace: Duration::from_secs(5),
-                raise_nofile: false,
-                maxconn: None,
-                drain_timeout: Duration::from_secs(300),
-                tcp_user_timeout: Some(Duration::from_secs(60)),
-            },
-            health,
-            masters,
-            publish: listener(Role::Publish),
-            request: listener(Role::Request),
-            admin: AdminConfig {
-                enabled: true,
-                bind: "127.0.0.1:0".parse().unwrap(),
-                token_file: None,
-                allow_unauthenticated: false,
-            },
-        }
+        config_on("127.0.0.1", masters, health)
+    }
+}
+
+/// A saltgate config over `masters`: listeners and admin API on `ip`, port 0; 2 s connects; a DOWN
+/// master's sessions closed at once; 5 s shutdown grace.
+pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -> Config {
+    let any: SocketAddr = format!("{ip}:0").parse().expect("an IP address");
+    let listener = |role| ListenerConfig {
+        bind: vec![any],
+        balance: Balance::RoundRobin,
+        timeout_connect: Duration::from_secs(2),
+        on_master_down: OnMasterDown::Close,
+        close_rate: 0,
+        ..ListenerConfig::defaults_for(role)
+    };
+    Config {
+        global: Global {
+            shutdown_grace: Duration::from_secs(5),
+            raise_nofile: false,
+            maxconn: None,
+            drain_timeout: Duration::from_secs(300),
+            tcp_user_timeout: Some(Duration::from_secs(60)),
+        },
+        health,
+        masters,
+        publish: listener(Role::Publish),
+        request: listener(Role::Request),
+        admin: AdminConfig {
+            enabled: true,
+            bind: any,
+            token_file: None,
+            allow_unauthenticated: false,
+        },
     }
 }
 
