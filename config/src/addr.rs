@@ -37,34 +37,6 @@ pub fn parse_bind(text: &str) -> Result<SocketAddr, String> {
     Ok(SocketAddr::new(ip, port))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bind_forms_operators_write_are_understood() {
-        assert_eq!(
-            parse_bind("10.27.5.116:4505").unwrap().to_string(),
-            "10.27.5.116:4505"
-        );
-        assert_eq!(parse_bind("*:4505").unwrap().to_string(), "0.0.0.0:4505");
-        assert_eq!(parse_bind(":4506").unwrap().to_string(), "0.0.0.0:4506");
-        assert_eq!(parse_bind("[::1]:4505").unwrap().to_string(), "[::1]:4505");
-    }
-
-    #[test]
-    fn bad_bind_addresses_explain_themselves() {
-        assert!(parse_bind("10.0.0.1").unwrap_err().contains("no port"));
-        assert!(parse_bind("10.0.0.1:x")
-            .unwrap_err()
-            .contains("not a number"));
-        assert!(parse_bind("10.0.0.1:0").unwrap_err().contains("port 0"));
-        assert!(parse_bind("salt.example.com:4505")
-            .unwrap_err()
-            .contains("not an IP"));
-    }
-}
-
 /// Splits `host`, `host:port`, `[v6]` or `[v6]:port` (`salt1.example.com:4505`, `10.0.0.1`,
 /// `[::1]:4505`): the master addresses of HAProxy files and of Salt minion files.
 pub fn split_host_port(text: &str) -> Result<(String, Option<u16>), String> {
@@ -101,5 +73,33 @@ pub fn split_host_port(text: &str) -> Result<(String, Option<u16>), String> {
         Some((h, p)) if !h.is_empty() => Ok((h.to_string(), Some(port(p)?))),
         Some(_) => Err(format!("{text:?} has no host before the port")),
         None => Ok((t.to_string(), None)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_forms_operators_write_are_understood() {
+        assert_eq!(
+            parse_bind("10.27.5.116:4505").unwrap().to_string(),
+            "10.27.5.116:4505"
+        );
+        assert_eq!(parse_bind("*:4505").unwrap().to_string(), "0.0.0.0:4505");
+        assert_eq!(parse_bind(":4506").unwrap().to_string(), "0.0.0.0:4506");
+        assert_eq!(parse_bind("[::1]:4505").unwrap().to_string(), "[::1]:4505");
+    }
+
+    #[test]
+    fn bad_bind_addresses_explain_themselves() {
+        assert!(parse_bind("10.0.0.1").unwrap_err().contains("no port"));
+        assert!(parse_bind("10.0.0.1:x")
+            .unwrap_err()
+            .contains("not a number"));
+        assert!(parse_bind("10.0.0.1:0").unwrap_err().contains("port 0"));
+        assert!(parse_bind("salt.example.com:4505")
+            .unwrap_err()
+            .contains("not an IP"));
     }
 }
