@@ -30,6 +30,8 @@ pub mod defaults {
     pub const PILLAR_ROOT: &str = "/srv/pillar";
     /// Our replay window for request nonces when `request_server_ttl` is 0 (Salt: no window).
     pub const NONCE_WINDOW_SECS: u64 = 600;
+    /// Salt's `publish_session`: the publish key is rotated once a day.
+    pub const PUBLISH_SESSION_SECS: u64 = 86_400;
 }
 
 /// The keys `saltgate-master` reads. Everything else is warned about and ignored.
@@ -50,6 +52,8 @@ const KNOWN_KEYS: &[&str] = &[
     "pillar_roots",
     "worker_threads",
     "request_server_ttl",
+    "publish_session",
+    "rotate_aes_key",
     "cluster_id",
     "cluster_peers",
     "cluster_pki_dir",
@@ -88,6 +92,8 @@ struct RawSaltMaster {
     pillar_roots: Option<Sp<BTreeMap<String, Vec<String>>>>,
     worker_threads: Option<Sp<u32>>,
     request_server_ttl: Option<Sp<u64>>,
+    publish_session: Option<Sp<u64>>,
+    rotate_aes_key: Option<Sp<bool>>,
     cluster_id: Option<Sp<String>>,
     cluster_peers: Option<Sp<Vec<String>>>,
     cluster_pki_dir: Option<Sp<String>>,
@@ -146,6 +152,12 @@ pub struct SaltMasterConfig {
     pub pillar_roots: BTreeMap<String, Vec<PathBuf>>,
     /// Replay window for request timestamps and nonces, seconds.
     pub request_window_secs: u64,
+    /// Seconds a publish (AES) key lives before it is rotated (`publish_session`, Salt's default
+    /// 86400; 0 = only on key changes).
+    pub publish_session_secs: u64,
+    /// Rotate the publish key when a key is deleted or rejected (`rotate_aes_key`, default true):
+    /// a removed minion can no longer read publishes.
+    pub rotate_aes_key: bool,
     pub cluster: Option<ClusterConfig>,
 }
 
@@ -167,6 +179,8 @@ impl SaltMasterConfig {
             file_roots: roots(defaults::FILE_ROOT),
             pillar_roots: roots(defaults::PILLAR_ROOT),
             request_window_secs: defaults::NONCE_WINDOW_SECS,
+            publish_session_secs: defaults::PUBLISH_SESSION_SECS,
+            rotate_aes_key: true,
             cluster: None,
         }
     }
@@ -341,6 +355,12 @@ pub fn parse_salt_master(
         if v.value > 0 {
             c.request_window_secs = v.value;
         }
+    }
+    if let Some(v) = &raw.publish_session {
+        c.publish_session_secs = v.value;
+    }
+    if let Some(v) = &raw.rotate_aes_key {
+        c.rotate_aes_key = v.value;
     }
     for (field, raw_roots, slot) in [
         ("file_roots", &raw.file_roots, &mut c.file_roots),
@@ -541,6 +561,11 @@ mod tests {
         assert_eq!((c.publish_port, c.ret_port), (14505, 14506));
         assert!(c.auto_accept);
         assert_eq!(c.keep_jobs_secs, 2 * 3600);
+        assert_eq!(c.publish_session_secs, 86_400);
+        assert!(c.rotate_aes_key);
+        let r = parse_salt_master("publish_session: 0\nrotate_aes_key: False\n", None).unwrap();
+        assert_eq!(r.config.publish_session_secs, 0);
+        assert!(!r.config.rotate_aes_key);
         let secs = parse_salt_master("keep_jobs: 2\nkeep_jobs_seconds: 60\n", None)
             .unwrap()
             .config;

@@ -8,7 +8,8 @@
 //! * [`state`] — shared state: AES keys, sessions, replay guard, publishing;
 //! * [`jobs`] — JIDs and the job cache; [`pillar`] — `pillar_roots`; [`target`] — matching;
 //! * [`server`] — `run`: the sockets; [`cli`] — the local publish socket and its client;
-//! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns.
+//! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns;
+//! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`).
 //!
 //! Depends on `wire` and `config`, never on `proxy`.
 
@@ -21,6 +22,7 @@ pub mod jobs;
 pub mod keys;
 pub mod pillar;
 pub mod request;
+pub mod rotate;
 pub mod server;
 pub mod state;
 pub mod target;

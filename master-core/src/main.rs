@@ -224,12 +224,14 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
                 ks.reject(&id).with_context(|| format!("rejecting {id}"))?;
                 println!("Key for minion {id} rejected.");
             }
+            request_rotation(c);
         }
         KeyCmd::Delete { id } => {
             if !ks.delete(&id)? {
                 bail!("no key for minion {id:?}");
             }
             println!("Key for minion {id} deleted.");
+            request_rotation(c);
         }
         KeyCmd::Finger { id } => {
             let l = ks.list()?;
@@ -263,6 +265,20 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
 }
 
 /// Salt's CLI turns `k=v` into a keyword argument and YAML-ish scalars into values.
+/// After a key is deleted or rejected: ask the running master to rotate the publish key, as
+/// `salt-key` does (`rotate_aes_key`), so the minion can no longer read publishes.
+fn request_rotation(c: &SaltMasterConfig) {
+    if !c.rotate_aes_key {
+        return;
+    }
+    if let Err(e) = saltgate_master::rotate::request_rotation(&c.cachedir, &c.id) {
+        eprintln!(
+            "warning: the publish key will not be rotated ({e}); the removed minion can read \
+             publishes until the master restarts or publish_session runs out"
+        );
+    }
+}
+
 fn parse_arg(a: &str) -> (Option<String>, Json) {
     let scalar = |s: &str| -> Json {
         if let Ok(i) = s.parse::<i64>() {

@@ -272,7 +272,7 @@ fn accept_reply(
     minion_pub: &PublicKey,
     enc_algo: EncAlgo,
 ) -> Result<Value, saltgate_wire::rsa::RsaError> {
-    let aes = master.aes.to_key_string();
+    let aes = master.aes.current().to_key_string();
     let session = master.sessions.get_or_create(id).to_key_string();
     let mut m = vec![
         ("enc", text("pub")),

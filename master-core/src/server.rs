@@ -159,6 +159,7 @@ pub async fn run(
 
     let cli_task = tokio::spawn(crate::cli::serve(listener, master.clone()));
     let prune_task = tokio::spawn(prune_loop(master.clone()));
+    let rotate_task = tokio::spawn(crate::rotate::run(master.clone()));
     let cluster_tasks = cluster_listener.map(|l| {
         (
             tokio::spawn(crate::cluster::serve(l, master.clone())),
@@ -202,6 +203,7 @@ pub async fn run(
     }
     cli_task.abort();
     prune_task.abort();
+    rotate_task.abort();
     if let Some((a, b)) = cluster_tasks {
         a.abort();
         b.abort();

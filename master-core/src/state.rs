@@ -151,8 +151,9 @@ pub struct Master {
     /// Minion keys (`pki_dir`, or `cluster_pki_dir` in a cluster).
     pub keys: KeyStore,
     pub master_key: MasterKey,
-    /// The publish key ("aes"): shared by all minions, new on every start.
-    pub aes: CrypticleKey,
+    /// The publish key ("aes"): shared by all minions, new on every start (the cluster's in a
+    /// cluster), rotated by [`crate::rotate`].
+    pub aes: crate::rotate::PublishKey,
     pub sessions: Sessions,
     pub nonces: NonceGuard,
     pub jobs: JobCache,
@@ -192,7 +193,7 @@ impl Master {
             nonces: NonceGuard::new(Duration::from_secs(config.request_window_secs)),
             jobs: JobCache::new(&config.cachedir),
             jids: JidGen::default(),
-            aes: CrypticleKey::generate(),
+            aes: crate::rotate::PublishKey::new(CrypticleKey::generate()),
             master_key,
             publish_port,
             publisher,
@@ -213,7 +214,7 @@ impl Master {
         cluster: crate::cluster::ClusterState,
     ) -> Self {
         self.master_key = cluster_key;
-        self.aes = cluster_aes;
+        self.aes = crate::rotate::PublishKey::new(cluster_aes);
         self.cluster = Some(cluster);
         self
     }
@@ -276,7 +277,7 @@ impl Master {
             let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
             m.push((text("serial"), Value::from(serial)));
         }
-        let load = Crypticle::new(self.aes.clone()).dumps(&envelope::salt_compat(job), None);
+        let load = Crypticle::new(self.aes.current()).dumps(&envelope::salt_compat(job), None);
         let sig = self.master_key.private.sign(SigAlgo::Pkcs1v15Sha1, &load)?;
         Ok(envelope::PublishEnvelope {
             enc: "aes".into(),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -13,25 +13,6 @@ use serde_json::json;
 
 const IP: &str = "127.0.1.10";
 const MINION: &str = "sg-real-minion-1";
-
-fn write_minion_config(dir: &std::path::Path, ret_port: u16, pub_port: u16) -> std::path::PathBuf {
-    let d = dir.display();
-    let conf = dir.join("minion-conf");
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("minion"),
-        format!(
-            "id: {MINION}\nmaster: {IP}\nmaster_port: {ret_port}\npublish_port: {pub_port}\n\
-             user: root\npki_dir: {d}/minion/pki\ncachedir: {d}/minion/cache\n\
-             sock_dir: {d}/minion/sock\npidfile: {d}/minion/minion.pid\n\
-             log_file: {d}/minion/minion.log\nlog_level_logfile: debug\n\
-             acceptance_wait_time: 1\nacceptance_wait_time_max: 1\nrandom_reauth_delay: 1\n\
-             auth_timeout: 10\nmaster_tries: -1\nmultiprocessing: False\n"
-        ),
-    )
-    .unwrap();
-    conf
-}
 
 fn publish(config: &std::path::Path, args: &[&str]) -> std::process::Output {
     let mut all = vec!["publish", "--out", "json", "--timeout", "8"];
@@ -61,22 +42,19 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
         "app:\n  colour: blue\n  port: 8080\n",
     )
     .unwrap();
-    let conf = write_minion_config(dir.path(), master.ret.port(), master.publish.port());
-    let mut cmd = Command::new(venv.join("bin/salt-minion"));
-    cmd.arg("-c")
-        .arg(&conf)
-        .args(["-l", "warning"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(
-            std::fs::File::create(dir.path().join("minion.stderr")).unwrap(),
-        ));
-    let _minion = ProcGuard::spawn(cmd);
+    let conf = write_minion_config(
+        dir.path(),
+        MINION,
+        IP,
+        master.ret.port(),
+        master.publish.port(),
+    );
+    let _minion = start_salt_minion(&conf, &dir.path().join("minion.stderr"));
     let logs = || {
         format!(
             "--- master log\n{}\n--- minion log\n{}",
             std::fs::read_to_string(&master.log).unwrap_or_default(),
-            std::fs::read_to_string(dir.path().join("minion/minion.log")).unwrap_or_default()
+            std::fs::read_to_string(dir.path().join(MINION).join("minion.log")).unwrap_or_default()
         )
     };
 

@@ -143,4 +143,54 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
     assert!(cpki.join("minions").join(MINION).exists());
     let l = stdout_json(&cli(&conf_a, &["key", "list", "--out", "json"]));
     assert_eq!(l["minions"], json!([MINION]));
+
+    // Publish-key rotation requested of A (Salt's dropfile in the shared cachedir, as salt-key
+    // writes it): A writes a new cluster key, B reloads it, and the minion on B re-authenticates
+    // with B on the next publish and answers it.
+    let aes_before = std::fs::read_to_string(cpki.join(".aes")).unwrap();
+    let dfn = r.join("shared-cache/.dfn");
+    std::fs::write(&dfn, "sg-master-a").unwrap();
+    std::fs::set_permissions(&dfn, std::os::unix::fs::PermissionsExt::from_mode(0o400)).unwrap();
+    let said = |p: &str, what: &str| {
+        std::fs::read_to_string(r.join(p))
+            .unwrap_or_default()
+            .contains(what)
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "A to rotate and B to reload",
+        || {
+            (said("a/master.log", "publish key rotated")
+                && said("b/master.log", "publish key reloaded"))
+            .then_some(())
+        },
+    );
+    assert!(
+        !said("b/master.log", "publish key rotated"),
+        "only A rotates"
+    );
+    assert_ne!(
+        std::fs::read_to_string(cpki.join(".aes")).unwrap(),
+        aes_before
+    );
+    let o = cli(
+        &conf_a,
+        &[
+            "publish",
+            "--out",
+            "json",
+            "--timeout",
+            "20",
+            MINION,
+            "test.echo",
+            "after-rotation",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        logs()
+    );
+    assert_eq!(stdout_json(&o), json!({ MINION: "after-rotation" }));
 }

@@ -177,3 +177,43 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
         std::thread::sleep(Duration::from_millis(250));
     }
 }
+
+/// Writes a stock salt-minion config for `id` under `dir/<id>-conf/minion` (state under
+/// `dir/<id>/`) and returns the config directory.
+pub fn write_minion_config(
+    dir: &Path,
+    id: &str,
+    ip: &str,
+    ret_port: u16,
+    pub_port: u16,
+) -> PathBuf {
+    let m = dir.join(id);
+    let m = m.display();
+    let conf = dir.join(format!("{id}-conf"));
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("minion"),
+        format!(
+            "id: {id}\nmaster: {ip}\nmaster_port: {ret_port}\npublish_port: {pub_port}\n\
+             user: root\npki_dir: {m}/pki\ncachedir: {m}/cache\n\
+             sock_dir: {m}/sock\npidfile: {m}/minion.pid\n\
+             log_file: {m}/minion.log\nlog_level_logfile: debug\n\
+             acceptance_wait_time: 1\nacceptance_wait_time_max: 1\nrandom_reauth_delay: 1\n\
+             auth_timeout: 10\nmaster_tries: -1\nmultiprocessing: False\n"
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// Starts the stock salt-minion of `venv` on the config directory `conf`.
+pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
+    let mut cmd = Command::new(venv().join("bin/salt-minion"));
+    cmd.arg("-c")
+        .arg(conf)
+        .args(["-l", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
+    ProcGuard::spawn(cmd)
+}
