@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod chart;
 pub mod client;
+pub mod lab;
 pub mod measure;
 pub mod procfs;
 pub mod report;

@@ -507,6 +507,13 @@ fn handle_join(
     let my_addr = cl.pool_addr.to_string();
     let my_pub = cl.own_key.pub_pem.clone();
     let proof = cl.proof(&["join_ok", cid, &cl.own_id, &my_pub, &my_addr, nonce]);
+    // The other members we know, so the joiner joins them too (and they learn of it).
+    let members: Vec<Value> = cl
+        .joined()
+        .into_iter()
+        .filter(|(id, _)| id != peer_id)
+        .map(|(_, a)| text(&a.to_string()))
+        .collect();
     Ok(cl.seal(&map(vec![
         ("kind", text("join_ok")),
         ("peer_id", text(&cl.own_id)),
@@ -514,11 +521,21 @@ fn handle_join(
         ("addr", text(&my_addr)),
         ("nonce", text(nonce)),
         ("proof", raw_str(proof)),
+        ("members", Value::Array(members)),
     ])))
 }
 
+/// A peer's answer to our join.
+#[derive(Debug)]
+pub struct Joined {
+    pub peer_id: String,
+    /// The other members that peer knows (`join_ok`'s signed `members`): joined next, so a new
+    /// master that names one member becomes a peer of all of them.
+    pub members: Vec<SocketAddr>,
+}
+
 /// Joins one configured peer: sends `join`, verifies `join_ok`.
-pub async fn join(master: &Master, peer: SocketAddr) -> Result<String, String> {
+pub async fn join(master: &Master, peer: SocketAddr) -> Result<Joined, String> {
     let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
     let nonce = format!("{:032x}", rand::random::<u128>());
     let ts = i64::try_from(unix_now()).unwrap_or(0);
@@ -559,17 +576,46 @@ pub async fn join(master: &Master, peer: SocketAddr) -> Result<String, String> {
         .map_err(|_| format!("bad peer address {addr:?}"))?;
     cl.remember_peer_key(&peer_id, pub_pem)?;
     cl.add_peer(&peer_id, addr);
-    Ok(peer_id)
+    // Older peers send no `members`; unparsable entries are skipped (each is joined with the
+    // full handshake anyway, so a wrong address costs a retry, never trust).
+    let members = get(&body, "members")
+        .and_then(|v| match v {
+            Value::Array(a) => Some(a),
+            _ => None,
+        })
+        .map(|a| {
+            a.iter()
+                .filter_map(as_str)
+                .filter_map(|t| t.parse().ok())
+                .filter(|a: &SocketAddr| *a != cl.pool_addr)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Joined { peer_id, members })
 }
 
-/// Keeps trying to join every configured peer until it answered once.
+/// Keeps trying to join every configured peer until it answered once, and every member those
+/// peers name.
 pub async fn join_loop(master: Arc<Master>, peers: Vec<SocketAddr>) {
+    let mut known: std::collections::BTreeSet<SocketAddr> = peers.iter().copied().collect();
     let mut pending = peers;
     while !pending.is_empty() {
         let mut still = Vec::new();
         for p in pending {
             match join(&master, p).await {
-                Ok(id) => tracing::info!(peer = %id, addr = %p, "joined cluster peer"),
+                Ok(j) => {
+                    tracing::info!(peer = %j.peer_id, addr = %p, "joined cluster peer");
+                    let joined: Vec<SocketAddr> = master
+                        .cluster
+                        .as_ref()
+                        .map_or_else(Vec::new, |c| c.joined().into_values().collect());
+                    for m in j.members {
+                        if known.insert(m) && !joined.contains(&m) {
+                            tracing::info!(addr = %m, via = %j.peer_id, "joining a member named by a peer");
+                            still.push(m);
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(addr = %p, error = %e, "cluster join failed; will retry");
                     still.push(p);

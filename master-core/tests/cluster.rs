@@ -255,6 +255,11 @@ async fn a_job_published_on_one_master_is_answered_through_another() {
             Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st);
         let r = cluster::join(&m, a_pool).await;
         assert_eq!(r.is_ok(), ok, "{peer_id} with {secret}: {r:?}");
+        if let Ok(j) = r {
+            // A names its other member, B, so a joiner that knows only A joins B too.
+            let b_pool = b.bound.cluster.expect("B's cluster port");
+            assert_eq!(j.members, vec![b_pool], "members named by A");
+        }
         assert!(!root.path().join("shared/cpki/peers/intruder.pub").exists());
         assert!(!root.path().join("shared/evil.pub").exists());
         assert!(!root.path().join("shared/cpki/evil.pub").exists());

@@ -84,7 +84,7 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let _minion = ProcGuard::spawn(cmd);
+    let _minion = ProcGuard::spawn("salt-minion", cmd);
     let logs = || {
         let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap_or_default();
         format!(

@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Parser;
-use saltgate_config::salt_master::{parse_salt_master, SaltMasterConfig};
+use saltgate_bench::lab::{
+    get_json, http_get, master_config, master_states, publish, publish_sessions, random_hex,
+    start_saltgate, wait_until, Backend, MasterHandle, MasterPorts,
+};
 use saltgate_config::salt_minion::MasterAddr;
-use saltgate_master::server::{self, Bound};
 use saltgate_minion::swarm::{run_swarm, SwarmOptions};
-use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 /// Prefix of the swarm's minion ids (`demo-0`, `demo-1`, ...).
@@ -153,7 +154,7 @@ async fn demo(args: &Args, root: &Path, tally: &mut Tally) -> Result<()> {
                 .filter_map(|m| m.bound.cluster.map(|a| a.to_string()))
                 .collect()
         };
-        let cfg = master_config(root, &name, *ip, &peers, &secret)?;
+        let cfg = master_config(root, &name, *ip, MasterPorts::default(), &peers, &secret)?;
         let m = MasterHandle::start(&name, cfg)
             .await
             .with_context(|| format!("starting {name} on {ip}"))?;
@@ -177,7 +178,7 @@ async fn demo(args: &Args, root: &Path, tally: &mut Tally) -> Result<()> {
             SocketAddr::new(args.proxy_ip, args.request_port),
             SocketAddr::new(args.proxy_ip, args.admin_port),
         ],
-        &masters,
+        &masters.iter().map(Backend::from).collect::<Vec<_>>(),
         gate_stop_rx,
     )
     .await?;
@@ -340,322 +341,6 @@ impl Drop for StopOnDrop {
     }
 }
 
-fn random_hex() -> Result<String> {
-    let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .context("reading /dev/urandom for the cluster secret")?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
-fn master_config(
-    root: &Path,
-    name: &str,
-    ip: IpAddr,
-    peers: &[String],
-    secret: &str,
-) -> Result<SaltMasterConfig> {
-    let d = root.display();
-    let text = format!(
-        "id: {name}\ninterface: {ip}\npublish_port: 0\nret_port: 0\npki_dir: {d}/{name}/pki\n\
-         cachedir: {d}/shared/cache\nsock_dir: {d}/{name}/sock\nauto_accept: True\n\
-         cluster_id: demo\ncluster_peers: [{}]\ncluster_pki_dir: {d}/shared/cpki\n\
-         cluster_pool_port: 0\ncluster_secret: {secret}\n",
-        peers.join(", ")
-    );
-    parse_salt_master(&text, None)
-        .map(|l| l.config)
-        .map_err(|e| anyhow!("master configuration for {name}: {e}"))
-}
-
-/// A master running on its own thread and runtime, so killing it closes every socket it holds.
-struct MasterHandle {
-    name: String,
-    bound: Bound,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl MasterHandle {
-    async fn start(name: &str, cfg: SaltMasterConfig) -> Result<Self> {
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<Bound, String>>();
-        let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name(name.to_string())
-            .spawn(move || {
-                let mut ready_tx = Some(ready_tx);
-                let rt = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(1)
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        if let Some(tx) = ready_tx.take() {
-                            let _ = tx.send(Err(e.to_string()));
-                        }
-                        return;
-                    }
-                };
-                let r = rt.block_on(server::run(
-                    cfg,
-                    async {
-                        let _ = stop_rx.await;
-                    },
-                    |b| {
-                        if let Some(tx) = ready_tx.take() {
-                            let _ = tx.send(Ok(b.clone()));
-                        }
-                    },
-                ));
-                if let Err(e) = r {
-                    match ready_tx.take() {
-                        Some(tx) => {
-                            let _ = tx.send(Err(e.to_string()));
-                        }
-                        None => eprintln!("saltgate-demo: master stopped with an error: {e}"),
-                    }
-                }
-                // Drops every task (connections included): the ports close.
-                rt.shutdown_background();
-            })
-            .context("spawning the master thread")?;
-        let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
-            .await
-            .map_err(|_| anyhow!("not ready within 120 s"))?
-            .map_err(|_| anyhow!("the master thread ended before it was ready"))?
-            .map_err(|e| anyhow!("{e}"))?;
-        Ok(Self {
-            name: name.to_string(),
-            bound,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
-    }
-
-    async fn kill(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
-        }
-    }
-}
-
-impl Drop for MasterHandle {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-}
-
-struct Gate {
-    publish: SocketAddr,
-    request: SocketAddr,
-    admin: SocketAddr,
-    _running: saltgate_proxy::Running,
-}
-
-/// The one place the proxy library is used: a configuration built as YAML text (so it goes
-/// through the same validation as a file) and `saltgate_proxy::start`.
-async fn start_saltgate(
-    [publish, request, admin]: [SocketAddr; 3],
-    masters: &[MasterHandle],
-    stop: oneshot::Receiver<()>,
-) -> Result<Gate> {
-    let mut text = String::from(
-        "global:\n  shutdown_grace: 1s\n\
-         health:\n  interval: 1s\n  timeout: 2s\n  rise: 1\n  fall: 2\n  probe: salt\n\
-         masters:\n",
-    );
-    for m in masters {
-        text.push_str(&format!(
-            "  - name: {}\n    host: {}\n    publish_port: {}\n    request_port: {}\n",
-            m.name,
-            m.bound.ret.ip(),
-            m.bound.publish.port(),
-            m.bound.ret.port()
-        ));
-    }
-    text.push_str(&format!(
-        "listeners:\n\
-         \x20 publish:\n    bind: \"{}\"\n    timeout_client: 1d\n    timeout_server: 1d\n    \
-         timeout_connect: 2s\n    on_master_down: close\n    close_rate: 1000\n\
-         \x20 request:\n    bind: \"{}\"\n    timeout_client: 1m\n    timeout_server: 1m\n    \
-         timeout_connect: 2s\n    on_master_down: close\n    close_rate: 1000\n\
-         admin:\n  enabled: true\n  bind: \"{}\"\n",
-        SocketAddr::new(publish.ip(), 1),
-        SocketAddr::new(request.ip(), 2),
-        SocketAddr::new(admin.ip(), 3)
-    ));
-    let mut config = saltgate_config::parse(&text, None, saltgate_config::Format::Yaml)
-        .map_err(|e| anyhow!("saltgate configuration: {e}\n{text}"))?
-        .config;
-    // The file format wants real, distinct ports (placeholders above); the chosen ones, which
-    // may be 0 (the OS picks), are set here, as the proxy's tests do.
-    config.publish.bind = vec![publish];
-    config.request.bind = vec![request];
-    config.admin.bind = admin;
-    let running = saltgate_proxy::start(config, saltgate_proxy::Options::default(), async move {
-        let _ = stop.await;
-    })
-    .await
-    .map_err(|e| anyhow!("starting saltgate: {e}"))?;
-    let first = |r: saltgate_config::Role| {
-        running
-            .local_addrs(r)
-            .first()
-            .copied()
-            .ok_or_else(|| anyhow!("saltgate bound no {r:?} listener"))
-    };
-    let publish = first(saltgate_config::Role::Publish)?;
-    let request = first(saltgate_config::Role::Request)?;
-    let admin = running
-        .admin_addr()
-        .ok_or_else(|| anyhow!("saltgate's admin API is not listening"))?;
-    Ok(Gate {
-        publish,
-        request,
-        admin,
-        _running: running,
-    })
-}
-
-/// GET over HTTP/1.0 (the admin API is local; no client library needed). Returns the body.
-async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(10), fut)
-        .await
-        .map_err(|_| anyhow!("GET http://{addr}{path}: no answer within 10 s"))?
-        .with_context(|| format!("GET http://{addr}{path}"))?;
-    let text = String::from_utf8_lossy(&buf);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("GET http://{addr}{path}: malformed HTTP reply"))?;
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        bail!(
-            "GET http://{addr}{path}: {}",
-            head.lines().next().unwrap_or("")
-        );
-    }
-    Ok(body.to_string())
-}
-
-async fn get_json(addr: SocketAddr, path: &str) -> Result<Value> {
-    let body = http_get(addr, path).await?;
-    serde_json::from_str(&body).with_context(|| format!("GET http://{addr}{path}: not JSON"))
-}
-
-/// Master name → state ("up", "down", ...) from `/api/v1/masters`.
-async fn master_states(admin: SocketAddr) -> Result<BTreeMap<String, String>> {
-    let v = get_json(admin, "/api/v1/masters").await?;
-    Ok(v["masters"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|m| {
-                    (
-                        m["name"].as_str().unwrap_or("?").to_string(),
-                        m["state"].as_str().unwrap_or("?").to_string(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-/// Master name → client addresses of its publish sessions, from `/api/v1/sessions`.
-async fn publish_sessions(admin: SocketAddr) -> Result<BTreeMap<String, Vec<String>>> {
-    let v = get_json(admin, "/api/v1/sessions?listener=publish").await?;
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for s in v["sessions"].as_array().into_iter().flatten() {
-        out.entry(s["master"].as_str().unwrap_or("?").to_string())
-            .or_default()
-            .push(s["client"].as_str().unwrap_or("?").to_string());
-    }
-    Ok(out)
-}
-
-async fn wait_until<F, Fut>(limit: Duration, what: &str, mut cond: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<bool>>,
-{
-    let deadline = Instant::now() + limit;
-    let mut last_err = None;
-    loop {
-        match cond().await {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if Instant::now() > deadline {
-            return Err(match last_err {
-                Some(e) => anyhow!(
-                    "timed out ({} s): {what}; last error: {e:#}",
-                    limit.as_secs()
-                ),
-                None => anyhow!("timed out ({} s): {what}", limit.as_secs()),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// One publish through a master's CLI socket, with the arrival time of every return.
-#[derive(Debug, Default)]
-struct Published {
-    jid: String,
-    answered: BTreeMap<String, Duration>,
-}
-
-async fn publish_once(socket: &Path, timeout_secs: u64) -> Result<Published> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    let (r, mut w) = stream.into_split();
-    let tgt = format!("{ID_PREFIX}*");
-    let req = json!({"tgt": tgt, "fun": "test.ping", "timeout_secs": timeout_secs});
-    let started = Instant::now();
-    w.write_all(format!("{req}\n").as_bytes()).await?;
-    let mut lines = BufReader::new(r).lines();
-    let mut out = Published::default();
-    let read = async {
-        while let Some(line) = lines.next_line().await? {
-            let v: Value = serde_json::from_str(&line).context("bad line from the master")?;
-            if let Some(e) = v.get("error").and_then(Value::as_str) {
-                bail!("the master refused the publish: {e}");
-            } else if let Some(j) = v.get("jid").and_then(Value::as_str) {
-                out.jid = j.to_string();
-            } else if let Some(m) = v.get("minion").and_then(Value::as_str) {
-                // test.ping returns true; anything else is not an answer.
-                let ret = v.get("return").map(|r| r.get("return").unwrap_or(r));
-                if ret == Some(&Value::Bool(true)) {
-                    out.answered
-                        .entry(m.to_string())
-                        .or_insert_with(|| started.elapsed());
-                }
-            } else if v.get("done").is_some() {
-                return Ok(());
-            }
-        }
-        bail!("the master closed the connection before the job finished")
-    };
-    tokio::time::timeout(Duration::from_secs(timeout_secs + 10), read)
-        .await
-        .map_err(|_| anyhow!("the job did not finish in time"))??;
-    Ok(out)
-}
-
 fn pct(sorted: &[Duration], q: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -675,10 +360,18 @@ async fn run_job(m: &MasterHandle, ids: &BTreeSet<String>, deadline: Instant, ta
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match publish_once(&m.bound.cli_socket, 5).await {
+        let tgt = format!("{ID_PREFIX}*");
+        match publish(&m.bound.cli_socket, &tgt, "test.ping", &[], 5).await {
             Ok(p) => {
-                let got = ids.iter().filter(|i| p.answered.contains_key(*i)).count();
-                let mut lat: Vec<Duration> = p.answered.values().copied().collect();
+                // test.ping returns true; anything else is not an answer.
+                let answered: BTreeMap<&String, Duration> = p
+                    .returns
+                    .iter()
+                    .filter(|(_, (_, v))| *v == Value::Bool(true))
+                    .map(|(id, (t, _))| (id, *t))
+                    .collect();
+                let got = ids.iter().filter(|i| answered.contains_key(*i)).count();
+                let mut lat: Vec<Duration> = answered.values().copied().collect();
                 lat.sort();
                 println!(
                     "  via {}: jid {} answered {got}/{}  p50 {}  p99 {}  max {}{}",
@@ -699,7 +392,7 @@ async fn run_job(m: &MasterHandle, ids: &BTreeSet<String>, deadline: Instant, ta
                 }
                 let missing: Vec<&String> = ids
                     .iter()
-                    .filter(|i| !p.answered.contains_key(*i))
+                    .filter(|i| !answered.contains_key(*i))
                     .take(5)
                     .collect();
                 println!("    missing (first 5): {missing:?}; publishing again");

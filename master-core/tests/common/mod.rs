@@ -2,62 +2,16 @@
 //! `saltgate-master` started on a loopback address of 127.0.1.0/24 with ports chosen by the OS.
 #![allow(dead_code)]
 
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use saltgate_test_support::{
+    start_salt_minion, venv, wait_for, write_minion_config, ProcGuard,
+};
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-/// The venv with Salt 3008.5 (`$SALTGATE_VENV`, exported by ./scripts/test.sh).
-pub fn venv() -> PathBuf {
-    let v = std::env::var_os("SALTGATE_VENV").unwrap_or_else(|| {
-        panic!("SALTGATE_VENV is not set: run ./scripts/test.sh (it installs real Salt 3008.5 and exports it)")
-    });
-    let v = PathBuf::from(v);
-    assert!(
-        v.join("bin/salt-minion").exists(),
-        "SALTGATE_VENV={} has no bin/salt-minion; run ./scripts/test.sh",
-        v.display()
-    );
-    v
-}
-
-/// A child process (and its process group) killed when dropped.
-pub struct ProcGuard {
-    pub child: Child,
-}
-
-impl ProcGuard {
-    pub fn spawn(mut cmd: Command) -> Self {
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0);
-        ProcGuard {
-            child: cmd.spawn().expect("spawn"),
-        }
-    }
-}
-
-impl Drop for ProcGuard {
-    fn drop(&mut self) {
-        let pgid = format!("-{}", self.child.id());
-        let _ = Command::new("kill")
-            .args(["-TERM", "--", &pgid])
-            .stderr(Stdio::null())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &pgid])
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.child.wait();
-    }
-}
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_saltgate-master")
@@ -109,7 +63,7 @@ pub fn start_master(config: &Path, log: &Path) -> RunningMaster {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
-    let mut guard = ProcGuard::spawn(cmd);
+    let mut guard = ProcGuard::spawn("saltgate-master", cmd);
     let stdout = guard.child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -164,56 +118,4 @@ pub fn stdout_json(o: &Output) -> serde_json::Value {
             String::from_utf8_lossy(&o.stderr)
         )
     })
-}
-
-/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
-pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// Writes a stock salt-minion config for `id` under `dir/<id>-conf/minion` (state under
-/// `dir/<id>/`) and returns the config directory.
-pub fn write_minion_config(
-    dir: &Path,
-    id: &str,
-    ip: &str,
-    ret_port: u16,
-    pub_port: u16,
-) -> PathBuf {
-    let m = dir.join(id);
-    let m = m.display();
-    let conf = dir.join(format!("{id}-conf"));
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("minion"),
-        format!(
-            "id: {id}\nmaster: {ip}\nmaster_port: {ret_port}\npublish_port: {pub_port}\n\
-             user: root\npki_dir: {m}/pki\ncachedir: {m}/cache\n\
-             sock_dir: {m}/sock\npidfile: {m}/minion.pid\n\
-             log_file: {m}/minion.log\nlog_level_logfile: debug\n\
-             acceptance_wait_time: 1\nacceptance_wait_time_max: 1\nrandom_reauth_delay: 1\n\
-             auth_timeout: 10\nmaster_tries: -1\nmultiprocessing: False\n"
-        ),
-    )
-    .unwrap();
-    conf
-}
-
-/// Starts the stock salt-minion of `venv` on the config directory `conf`.
-pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
-    let mut cmd = Command::new(venv().join("bin/salt-minion"));
-    cmd.arg("-c")
-        .arg(conf)
-        .args(["-l", "warning"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
-    ProcGuard::spawn(cmd)
 }

@@ -5,67 +5,10 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The venv with Salt 3008.5 (`$SALTGATE_VENV`, exported by ./scripts/test.sh).
-pub fn venv() -> PathBuf {
-    match std::env::var_os("SALTGATE_VENV") {
-        Some(v) if Path::new(&v).join("bin/salt-master").exists() => PathBuf::from(v),
-        Some(v) => panic!(
-            "SALTGATE_VENV={} has no bin/salt-master; run ./scripts/test.sh",
-            Path::new(&v).display()
-        ),
-        None => panic!("SALTGATE_VENV is not set: run these tests through ./scripts/test.sh"),
-    }
-}
-
-/// A child process killed (with its process group) when dropped.
-pub struct ProcGuard {
-    pub child: Child,
-    pub name: String,
-}
-
-impl ProcGuard {
-    pub fn spawn(name: &str, mut cmd: Command) -> Self {
-        use std::os::unix::process::CommandExt;
-        cmd.process_group(0);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        ProcGuard {
-            child,
-            name: name.to_owned(),
-        }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Sends `sig` to the whole process group.
-    pub fn signal_group(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, "--", &format!("-{}", self.child.id())])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-impl Drop for ProcGuard {
-    fn drop(&mut self) {
-        // A stopped group must be continued to die on TERM.
-        self.signal_group("-CONT");
-        self.signal_group("-TERM");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.signal_group("-KILL");
-        let _ = self.child.wait();
-    }
-}
+pub use saltgate_test_support::{venv, ProcGuard};
 
 pub fn free_port(ip: &str) -> u16 {
     let l = TcpListener::bind((ip, 0)).unwrap_or_else(|e| panic!("bind {ip}:0: {e}"));

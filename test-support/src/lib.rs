@@ -1,0 +1,126 @@
+//! Helpers shared by the integration tests of every crate (a dev-dependency only): the venv with
+//! real Salt 3008.5, a guard that stops a child's whole process group (by PID) when dropped,
+//! a condition wait, and stock `salt-minion` configurations.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The venv with Salt 3008.5 (`$SALTGATE_VENV`, exported by ./scripts/test.sh).
+pub fn venv() -> PathBuf {
+    let v = std::env::var_os("SALTGATE_VENV").unwrap_or_else(|| {
+        panic!(
+            "SALTGATE_VENV is not set: run ./scripts/test.sh (it installs real Salt 3008.5 and \
+             exports it)"
+        )
+    });
+    let v = PathBuf::from(v);
+    for bin in ["bin/salt-minion", "bin/salt-master"] {
+        assert!(
+            v.join(bin).exists(),
+            "SALTGATE_VENV={} has no {bin}; run ./scripts/test.sh",
+            v.display()
+        );
+    }
+    v
+}
+
+/// A child process, leader of its own process group, stopped with its group when dropped.
+pub struct ProcGuard {
+    pub child: Child,
+    pub name: String,
+}
+
+impl ProcGuard {
+    /// Spawns `cmd` as the leader of a new process group.
+    pub fn spawn(name: &str, mut cmd: Command) -> Self {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        ProcGuard {
+            child,
+            name: name.to_owned(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` (e.g. `-STOP`) to the whole process group.
+    pub fn signal_group(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for ProcGuard {
+    fn drop(&mut self) {
+        // A stopped group must be continued to act on TERM.
+        self.signal_group("-CONT");
+        self.signal_group("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.signal_group("-KILL");
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` until it returns `Some`, or panics naming `what` after `timeout`.
+pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Writes a stock salt-minion config for `id` under `dir/<id>-conf/minion` (its state under
+/// `dir/<id>/`, log in `dir/<id>/minion.log`) and returns the config directory.
+pub fn write_minion_config(
+    dir: &Path,
+    id: &str,
+    master: &str,
+    ret_port: u16,
+    pub_port: u16,
+) -> PathBuf {
+    let m = dir.join(id);
+    let m = m.display();
+    let conf = dir.join(format!("{id}-conf"));
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("minion"),
+        format!(
+            "id: {id}\nmaster: {master}\nmaster_port: {ret_port}\npublish_port: {pub_port}\n\
+             user: root\npki_dir: {m}/pki\ncachedir: {m}/cache\n\
+             sock_dir: {m}/sock\npidfile: {m}/minion.pid\n\
+             log_file: {m}/minion.log\nlog_level_logfile: debug\n\
+             acceptance_wait_time: 1\nacceptance_wait_time_max: 1\nrandom_reauth_delay: 1\n\
+             auth_timeout: 10\nmaster_tries: -1\nmultiprocessing: False\n"
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// Starts the venv's stock salt-minion on the config directory `conf`.
+pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
+    let mut cmd = Command::new(venv().join("bin/salt-minion"));
+    cmd.arg("-c")
+        .arg(conf)
+        .args(["-l", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
+    ProcGuard::spawn("salt-minion", cmd)
+}
