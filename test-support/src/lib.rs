@@ -2,27 +2,49 @@
 //! real Salt 3008.5, a guard that stops a child's whole process group (by PID) when dropped,
 //! a condition wait, and stock `salt-minion` configurations.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The venv with Salt 3008.5 (`$SALTGATE_VENV`, exported by ./scripts/test.sh).
+/// The venv with Salt 3008.5: `$SALTGATE_VENV` (exported by ./scripts/test.sh), else whatever
+/// `interop/setup.sh` prints (it installs Salt on first use). A missing venv fails the test with
+/// the reason.
 pub fn venv() -> PathBuf {
-    let v = std::env::var_os("SALTGATE_VENV").unwrap_or_else(|| {
-        panic!(
-            "SALTGATE_VENV is not set: run ./scripts/test.sh (it installs real Salt 3008.5 and \
-             exports it)"
-        )
+    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let v = VENV.get_or_init(|| {
+        let v = match std::env::var_os("SALTGATE_VENV") {
+            Some(v) => PathBuf::from(v),
+            None => {
+                let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("../interop/setup.sh");
+                let out = Command::new("bash")
+                    .arg(&setup)
+                    .env("NEED_HAPROXY", "0")
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .map_err(|e| format!("cannot run {}: {e}", setup.display()))?;
+                if !out.status.success() {
+                    return Err(format!("{} failed with {}", setup.display(), out.status));
+                }
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                PathBuf::from(stdout.lines().last().unwrap_or("").trim())
+            }
+        };
+        for bin in ["bin/python", "bin/salt-minion", "bin/salt-master"] {
+            if !v.join(bin).exists() {
+                return Err(format!(
+                    "{} has no {bin}; run ./scripts/test.sh (it installs real Salt 3008.5)",
+                    v.display()
+                ));
+            }
+        }
+        Ok(v)
     });
-    let v = PathBuf::from(v);
-    for bin in ["bin/salt-minion", "bin/salt-master"] {
-        assert!(
-            v.join(bin).exists(),
-            "SALTGATE_VENV={} has no {bin}; run ./scripts/test.sh",
-            v.display()
-        );
+    match v {
+        Ok(p) => p.clone(),
+        Err(e) => panic!("real-Salt venv unavailable: {e}"),
     }
-    v
 }
 
 /// A child process, leader of its own process group, stopped with its group when dropped.
@@ -45,6 +67,25 @@ impl ProcGuard {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The child's stdout (piped by the caller) as lines; once.
+    pub fn stdout_lines(&mut self) -> std::io::Lines<BufReader<ChildStdout>> {
+        BufReader::new(self.child.stdout.take().expect("stdout piped")).lines()
+    }
+
+    /// Reads `lines` until one satisfies `pred`; `None` at the end of the stream.
+    pub fn wait_line(
+        lines: &mut impl Iterator<Item = std::io::Result<String>>,
+        pred: impl Fn(&str) -> bool,
+    ) -> Option<String> {
+        for line in lines {
+            let line = line.ok()?;
+            if pred(&line) {
+                return Some(line);
+            }
+        }
+        None
     }
 
     /// Sends `sig` (e.g. `-STOP`) to the whole process group.

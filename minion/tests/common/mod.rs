@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)] // each test binary uses its own subset
 pub use saltgate_test_support::{venv, ProcGuard};
 
 pub fn free_port(ip: &str) -> u16 {
