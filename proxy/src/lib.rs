@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod notify;
 pub mod pubhub;
 pub mod pump;
+pub mod queue;
 pub mod ratelimit;
 pub mod rebalance;
 pub mod registry;

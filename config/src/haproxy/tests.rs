@@ -433,7 +433,10 @@ fn timeout_queue_is_imported_and_defaults_to_timeout_connect() {
     // Through the YAML it converts to, unchanged.
     let back = crate::parse(&crate::emit::to_yaml(&c, "t"), None, crate::Format::Yaml)
         .expect("emitted YAML loads");
-    assert_eq!(back.config.request.timeout_queue, Some(Duration::from_secs(30)));
+    assert_eq!(
+        back.config.request.timeout_queue,
+        Some(Duration::from_secs(30))
+    );
     assert_eq!(back.config.request.maxqueue, c.request.maxqueue);
     // From `defaults`, as every timeout.
     let text = format!("defaults\n    timeout queue 5s\n\n{FIXTURE}");

@@ -279,6 +279,7 @@ impl Control {
             [cfg.publish.close_rate, cfg.request.close_rate],
             CloseReason::Drained,
         );
+        self.data.wake_queues();
         Ok(m.state())
     }
 
@@ -294,6 +295,7 @@ impl Control {
             [cfg.publish.close_rate, cfg.request.close_rate],
             CloseReason::Disabled,
         );
+        self.data.wake_queues();
         Ok(m.state())
     }
 
@@ -302,6 +304,7 @@ impl Control {
         let m = self.find(name)?;
         m.set_admin(Admin::Enabled);
         tracing::info!(master = %name, "master enabled (admin)");
+        self.data.wake_queues();
         Ok(m.state())
     }
 
@@ -346,6 +349,10 @@ impl AdminOps for Control {
 
     fn listening(&self) -> bool {
         Role::ALL.iter().all(|&r| !self.local_addrs(r).is_empty())
+    }
+
+    fn queued(&self, role: Role) -> usize {
+        self.data.queue(role).len()
     }
 
     fn drain(&self, name: &str) -> Result<MasterState, AdminError> {
@@ -485,6 +492,9 @@ async fn watch_added_masters(control: Arc<Control>, mut seen: Arc<Snapshot>) {
 /// publish sessions onto a master that came UP. Every flip ends the rebalancing run in progress.
 async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<MasterEvent>) {
     while let Some(ev) = rx.recv().await {
+        // Queued clients try again: a master back UP has room; with one DOWN, the others may be
+        // all that is left (or nothing, and they are refused rather than left waiting).
+        control.data.wake_queues();
         if ev.flip == Flip::Up {
             control.start_rebalance(ev.master.name());
             continue;

@@ -153,6 +153,8 @@ impl Control {
         }
         self.sync_listeners(cfg, &wanted, fresh);
         self.sync_admin(cfg, admin_sock);
+        // Masters added, a higher maxconn: queued clients try again under the new configuration.
+        self.data.wake_queues();
 
         tracing::info!(
             generation,
