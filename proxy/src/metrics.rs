@@ -54,6 +54,9 @@ pub struct Metrics {
     /// (`connect`) failed for want of a local resource (EMFILE, ENFILE, ENOBUFS, ENOMEM); not
     /// counted against the master.
     pub local_resource_errors: IntCounterVec,
+    /// `saltgate_master_resolve_failures_total{master}`: retried lookups of an unresolved master's
+    /// host that failed again (the retry backs off from the health interval up to 60 s).
+    pub resolve_failures: IntCounterVec,
     /// Not a metric: the recent flips, reloads and checks the status page shows. Here because
     /// every task that reports something already holds the metrics.
     pub events: crate::events::EventLog,
@@ -174,6 +177,11 @@ impl Metrics {
                 "saltgate_local_resource_errors_total",
                 "Probes (during=check) and session connects (during=connect) that failed for want of a local resource (descriptors, buffers, memory); not counted against the master.",
                 &["during"],
+            ),
+            resolve_failures: counter(
+                "saltgate_master_resolve_failures_total",
+                "Retried lookups of an unresolved master's host that failed again.",
+                &["master"],
             ),
             registry: r,
             events: crate::events::EventLog::new(),

@@ -32,7 +32,7 @@ use crate::listener::Limit;
 use crate::master::{Admin, Flip, Master, MasterState};
 use crate::metrics::Metrics;
 use crate::serve::{BoxFuture, Serve};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Lookup, Snapshot};
 
 /// A running accept loop.
 pub(crate) struct ListenerHandle {
@@ -74,6 +74,8 @@ pub(crate) struct Control {
     pub checks_stop: CancellationToken,
     pub events: mpsc::UnboundedSender<MasterEvent>,
     pub prober: Arc<dyn Prober>,
+    /// How masters' hosts are looked up (the system resolver unless a test injects one).
+    pub lookup: Lookup,
     pub listeners: Mutex<Vec<ListenerHandle>>,
     pub admin: Mutex<Option<AdminHandle>>,
     pub reload_lock: tokio::sync::Mutex<()>,
@@ -108,6 +110,9 @@ pub struct Options {
     pub override_config: Option<ConfigOverride>,
     /// Where access records go (default: the `saltgate::access` tracing target).
     pub access_log: Arc<dyn AccessSink>,
+    /// How masters' hosts are looked up, at start, at every reload and while a host stays
+    /// unresolved (default: the system resolver, [`crate::snapshot::system_lookup`]).
+    pub lookup: Lookup,
 }
 
 /// A change applied to each reloaded configuration (e.g. `--admin-bind`).
@@ -121,6 +126,7 @@ impl Default for Options {
             watch: None,
             override_config: None,
             access_log: Arc::new(TracingSink),
+            lookup: crate::snapshot::system_lookup,
         }
     }
 }
@@ -170,6 +176,7 @@ pub async fn start(
         checks_stop: checks_stop.clone(),
         events,
         prober: opts.prober,
+        lookup: opts.lookup,
         listeners: Mutex::new(Vec::new()),
         admin: Mutex::new(None),
         reload_lock: tokio::sync::Mutex::new(()),
