@@ -117,18 +117,22 @@ async fn an_unresolved_master_is_retried_with_back_off_and_serves_once_it_resolv
         assert_eq!(connect(addr(&r, Role::Request)).await.1, "a");
     }
 
-    // Retried with back-off: the waits between lookups grow (100 ms, 200 ms, 400 ms, ...).
+    // Retried with back-off: the waits between lookups double (100 ms, 200 ms, 400 ms, ...).
     wait_for("four lookups of the late master", || {
         LOOKUPS.lock().unwrap().len() >= 4
     })
     .await;
     let at = LOOKUPS.lock().unwrap().clone();
     let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
-    assert!(
-        gaps[0] >= Duration::from_millis(90),
-        "first retry after the health interval: {gaps:?}"
-    );
-    assert!(gaps[2] > gaps[0] * 2, "the wait doubles: {gaps:?}");
+    // Lower bounds only (a loaded host stretches waits, never shortens them): without the
+    // back-off every gap would be about 100 ms.
+    for (i, gap) in gaps.iter().take(3).enumerate() {
+        let floor = Duration::from_millis(90) * (1 << i);
+        assert!(
+            *gap >= floor,
+            "wait {i} is {gap:?}, under {floor:?}: {gaps:?}"
+        );
+    }
     let s = scrape(admin).await;
     assert!(
         value(
