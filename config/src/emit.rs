@@ -157,6 +157,14 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
     if let Some(n) = l.maxconn {
         writeln!(o, "    maxconn: {n}")?;
     }
+    if let Some(t) = l.timeout_queue {
+        writeln!(o, "    timeout_queue: {}", format_duration(t))?;
+    }
+    writeln!(
+        o,
+        "    maxqueue: {}              # clients waiting while every master is at maxconn",
+        l.maxqueue
+    )?;
     writeln!(o, "    backlog: {}", l.backlog)?;
     writeln!(
         o,

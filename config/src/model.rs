@@ -345,6 +345,12 @@ pub struct ListenerConfig {
     pub retries: u32,
     /// Cap on live sessions on this listener; over it, new connections wait in the kernel backlog.
     pub maxconn: Option<u32>,
+    /// How long a client may wait in the listener's queue for a master below its `maxconn`
+    /// (HAProxy `timeout queue`). `None`: `timeout_connect`, as HAProxy when it is unset.
+    pub timeout_queue: Option<Duration>,
+    /// Clients that may wait in the listener's queue when every master that could take them is at
+    /// its `maxconn`; over it, a client is closed at once (`queue-full`). 0: no queue (`no-master`).
+    pub maxqueue: u32,
     /// Listen backlog.
     pub backlog: u32,
     pub on_master_down: OnMasterDown,
@@ -386,6 +392,12 @@ impl Rebalance {
 }
 
 impl ListenerConfig {
+    /// How long a client may wait in the queue: `timeout_queue`, else `timeout_connect` (HAProxy:
+    /// "if unspecified, the same value as the backend's connection timeout").
+    pub fn queue_timeout(&self) -> Duration {
+        self.timeout_queue.unwrap_or(self.timeout_connect)
+    }
+
     /// The listener defaults for a role, as saltgate's YAML fills them in.
     pub fn defaults_for(role: Role) -> Self {
         let idle = match role {
@@ -404,6 +416,8 @@ impl ListenerConfig {
             timeout_connect: defaults::CONNECT_TIMEOUT,
             retries: defaults::RETRIES,
             maxconn: None,
+            timeout_queue: None,
+            maxqueue: defaults::MAXQUEUE,
             backlog: defaults::BACKLOG,
             on_master_down: OnMasterDown::Close,
             close_rate: defaults::CLOSE_RATE,
@@ -430,6 +444,8 @@ pub mod defaults {
     pub const PUBLISH_IDLE: Duration = Duration::from_secs(86_400);
     pub const REQUEST_IDLE: Duration = Duration::from_secs(60);
     pub const BACKLOG: u32 = 1024;
+    /// Clients waiting per listener for a master below its `maxconn` (each holds a descriptor).
+    pub const MAXQUEUE: u32 = 1024;
     pub const CLOSE_RATE: u32 = 500;
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     pub const WEIGHT: u32 = 1;

@@ -62,6 +62,8 @@ const LISTENER_KEYS: &[&str] = &[
     "timeout_connect",
     "retries",
     "maxconn",
+    "timeout_queue",
+    "maxqueue",
     "backlog",
     "on_master_down",
     "close_rate",
@@ -264,6 +266,7 @@ impl Checker<'_> {
         if let Some(v) = f.get("maxconn") {
             l.maxconn = self.u32_in(v, &join(&p, "maxconn"), 1, u32::MAX, "(no cap)");
         }
+        self.listener_queue(&f, &p, &mut l);
         if let Some(v) = f.get("backlog") {
             l.backlog = self
                 .u32_in(

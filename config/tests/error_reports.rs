@@ -240,3 +240,48 @@ fn each_kind_of_value_is_refused_with_its_own_fix() {
         assert!(e.contains(want), "{line}\n got: {e}\nwant: {want}");
     }
 }
+
+#[test]
+fn the_queue_keys_load_and_bad_values_name_the_field_and_fix() {
+    let text = GOOD.replace(
+        "bind: 127.0.0.1:4506",
+        "bind: 127.0.0.1:4506\n    timeout_queue: 30s\n    maxqueue: 0",
+    );
+    let c = parse(&text, None, Format::Yaml).expect("loads").config;
+    assert_eq!(
+        c.request.timeout_queue,
+        Some(std::time::Duration::from_secs(30))
+    );
+    assert_eq!(c.request.maxqueue, 0, "0 turns the queue off");
+    assert_eq!(
+        c.publish.timeout_queue, None,
+        "unset: timeout_connect applies"
+    );
+    assert_eq!(c.publish.queue_timeout(), c.publish.timeout_connect);
+    assert_eq!(c.publish.maxqueue, 1024);
+
+    let errs = errors(&GOOD.replace(
+        "bind: 127.0.0.1:4506",
+        "bind: 127.0.0.1:4506\n    timeout_queue: 30\n    maxqueue: -1",
+    ));
+    let got: Vec<String> = errs.0.iter().map(|e| e.to_string()).collect();
+    assert_eq!(got.len(), 2, "{errs}");
+    assert!(
+        got[0].contains("listeners.request.timeout_queue") && got[0].contains("30s"),
+        "{}",
+        got[0]
+    );
+    assert!(
+        got[1].contains("listeners.request.maxqueue: -1 is out of range; write a whole number from 0 to 1000000"),
+        "{}",
+        got[1]
+    );
+    let e = only_error(&GOOD.replace(
+        "bind: 127.0.0.1:4506",
+        "bind: 127.0.0.1:4506\n    timeout_queue: 0s",
+    ));
+    assert!(
+        e.contains("listeners.request.timeout_queue: must be greater than zero"),
+        "{e}"
+    );
+}

@@ -8,7 +8,7 @@
 //! | `GET /healthz` | the process is alive (no token needed) |
 //! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (also while shutting down) (no token needed) |
 //! | `GET /metrics` | Prometheus text format |
-//! | `GET /api/v1/masters` | state, sessions per port, last check of every master |
+//! | `GET /api/v1/masters` | state, sessions per port, last check of every master; clients queued per listener |
 //! | `GET /api/v1/sessions?master=&listener=&limit=&after=` | live sessions by id, filtered, a page at a time (`next_after` when more follow) |
 //! | `POST /api/v1/masters/{name}/drain\|disable\|enable` | admin actions |
 //! | `POST /api/v1/reload` | reload the configuration file |
@@ -54,6 +54,8 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn stopping(&self) -> bool;
     /// Every listener role has a bound listener.
     fn listening(&self) -> bool;
+    /// Clients waiting in the listener's queue (every master at its `maxconn`).
+    fn queued(&self, role: Role) -> usize;
     fn drain(&self, name: &str) -> Result<MasterState, AdminError>;
     fn disable(&self, name: &str) -> Result<MasterState, AdminError>;
     fn enable(&self, name: &str) -> Result<MasterState, AdminError>;
@@ -269,7 +271,9 @@ fn view(m: &crate::master::Master) -> MasterView {
 async fn masters(State(s): St) -> Response {
     let snap = s.snapshot();
     let list: Vec<MasterView> = snap.masters.iter().map(|m| view(m)).collect();
-    Json(json!({ "generation": snap.generation, "masters": list })).into_response()
+    let queued = json!({ "publish": s.queued(Role::Publish), "request": s.queued(Role::Request) });
+    Json(json!({ "generation": snap.generation, "masters": list, "queued": queued }))
+        .into_response()
 }
 
 #[derive(Deserialize)]

@@ -18,7 +18,8 @@ pub enum CloseReason {
     IdleTimeout,
     /// Every connect attempt to a master failed or timed out.
     ConnectFailed,
-    /// No master was UP (or all were at maxconn) when the client connected.
+    /// No master was UP when the client connected (or all were at maxconn and the listener has
+    /// no queue: `maxqueue: 0`).
     NoMaster,
     /// The master was marked DOWN and the listener closes its sessions.
     MasterDown,
@@ -30,10 +31,14 @@ pub enum CloseReason {
     Disabled,
     /// Moved to a less loaded master by the rebalancer (the minion reconnects and is placed anew).
     Rebalanced,
+    /// Waited in the listener's queue (every master at its maxconn) for `timeout_queue`.
+    QueueTimeout,
+    /// Every master was at its maxconn and the listener's queue held `maxqueue` clients already.
+    QueueFull,
 }
 
 impl CloseReason {
-    pub const ALL: [CloseReason; 12] = [
+    pub const ALL: [CloseReason; 14] = [
         CloseReason::ClientEof,
         CloseReason::MasterEof,
         CloseReason::ClientReset,
@@ -46,6 +51,8 @@ impl CloseReason {
         CloseReason::Drained,
         CloseReason::Disabled,
         CloseReason::Rebalanced,
+        CloseReason::QueueTimeout,
+        CloseReason::QueueFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -62,6 +69,8 @@ impl CloseReason {
             CloseReason::Drained => "drained",
             CloseReason::Disabled => "disabled",
             CloseReason::Rebalanced => "rebalanced",
+            CloseReason::QueueTimeout => "queue-timeout",
+            CloseReason::QueueFull => "queue-full",
         }
     }
 

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::accesslog::AccessSink;
 use crate::metrics::{ListenerHandles, Metrics};
 use crate::pump::BufPool;
+use crate::queue::Queue;
 use crate::snapshot::Snapshot;
 
 /// Buffers kept free in the pool (16 KiB each).
@@ -29,6 +30,9 @@ pub struct DataPlane {
     pub sessions_token: CancellationToken,
     /// Per listener, indexed by `Role as usize`.
     listeners: [ListenerHandles; 2],
+    /// Each listener's queue of clients waiting for a master below its `maxconn`, indexed by
+    /// `Role as usize` (kept across reloads, as the listeners' caps).
+    queues: [Arc<Queue>; 2],
     /// Session ids, unique over the process (the admin API pages by them).
     next_session: AtomicU64,
     /// Where each closed session's access record goes.
@@ -44,6 +48,11 @@ impl DataPlane {
             pool: BufPool::new(POOL_FREE),
             sessions_token: CancellationToken::new(),
             listeners: Role::ALL.map(|r| ListenerHandles::new(metrics, r)),
+            queues: Role::ALL.map(|r| {
+                Arc::new(Queue::new(
+                    metrics.queue_current.with_label_values(&[r.as_str()]),
+                ))
+            }),
             next_session: AtomicU64::new(1),
             access,
             fanout: Arc::new(crate::pubhub::FanoutMetrics::new(&metrics.registry)),
@@ -57,6 +66,16 @@ impl DataPlane {
 
     pub fn listener(&self, role: Role) -> &ListenerHandles {
         &self.listeners[role as usize]
+    }
+
+    pub fn queue(&self, role: Role) -> &Arc<Queue> {
+        &self.queues[role as usize]
+    }
+
+    /// Wakes every queued client: the masters that can take sessions may have changed (a flip,
+    /// an admin action, a reload). Each runs the selection again.
+    pub fn wake_queues(&self) {
+        self.queues.iter().for_each(|q| q.wake_all());
     }
 
     /// A new session id.

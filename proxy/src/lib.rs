@@ -5,7 +5,8 @@
 //! health checks and admin actions. The data plane is what a connection sees: a listener's
 //! [`serve::Serve`] gets each accepted stream with the [`dataplane::DataPlane`] context; the L4
 //! [`session`] picks a master with the listener's [`selection::Selector`] over the current
-//! [`snapshot::Snapshot`], connects, registers the session with the master ([`registry`]) and runs
+//! [`snapshot::Snapshot`] (waiting in the listener's [`queue`] while every master is at its
+//! `maxconn`), connects, registers the session with the master ([`registry`]) and runs
 //! [`pump`] until a [`close::CloseReason`]. [`check`] runs the probers and feeds [`health`]; a
 //! master that goes DOWN has its sessions closed at a bounded pace.
 
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod notify;
 pub mod pubhub;
 pub mod pump;
+pub mod queue;
 pub mod ratelimit;
 pub mod rebalance;
 pub mod registry;

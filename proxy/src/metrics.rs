@@ -29,8 +29,13 @@ pub struct Metrics {
     pub bytes: IntCounterVec,
     /// `saltgate_listener_accept_errors_total{listener}`.
     pub accept_errors: IntCounterVec,
-    /// `saltgate_listener_sessions_refused_total{listener,reason}`: `no-master` or `connect-failed`.
+    /// `saltgate_listener_sessions_refused_total{listener,reason}`: `no-master`, `connect-failed`,
+    /// `queue-timeout`, `queue-full` or `shutdown`.
     pub refused: IntCounterVec,
+    /// `saltgate_listener_queue_current{listener}`: clients waiting for a master below its maxconn.
+    pub queue_current: IntGaugeVec,
+    /// `saltgate_listener_queued_total{listener}`: clients that had to wait in the queue.
+    pub queued_total: IntCounterVec,
     /// `saltgate_master_check_duration_seconds{master,port}`.
     pub check_duration: HistogramVec,
     /// `saltgate_master_check_failures_total{master,port}`.
@@ -49,6 +54,9 @@ pub struct Metrics {
     /// (`connect`) failed for want of a local resource (EMFILE, ENFILE, ENOBUFS, ENOMEM); not
     /// counted against the master.
     pub local_resource_errors: IntCounterVec,
+    /// `saltgate_master_resolve_failures_total{master}`: retried lookups of an unresolved master's
+    /// host that failed again (the retry backs off from the health interval up to 60 s).
+    pub resolve_failures: IntCounterVec,
     /// Not a metric: the recent flips, reloads and checks the status page shows. Here because
     /// every task that reports something already holds the metrics.
     pub events: crate::events::EventLog,
@@ -98,8 +106,24 @@ impl Metrics {
             ),
             refused: counter(
                 "saltgate_listener_sessions_refused_total",
-                "Client connections closed without a master (no-master, connect-failed).",
+                "Client connections closed without a master (no-master, connect-failed, queue-timeout, queue-full, shutdown).",
                 &["listener", "reason"],
+            ),
+            queue_current: reg(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "saltgate_listener_queue_current",
+                        "Clients waiting in the listener's queue for a master below its maxconn.",
+                    ),
+                    &["listener"],
+                )
+                .expect("valid metric"),
+            ),
+            queued_total: counter(
+                "saltgate_listener_queued_total",
+                "Clients that waited in the listener's queue (every master at its maxconn).",
+                &["listener"],
             ),
             check_duration: reg(
                 &r,
@@ -154,6 +178,11 @@ impl Metrics {
                 "Probes (during=check) and session connects (during=connect) that failed for want of a local resource (descriptors, buffers, memory); not counted against the master.",
                 &["during"],
             ),
+            resolve_failures: counter(
+                "saltgate_master_resolve_failures_total",
+                "Retried lookups of an unresolved master's host that failed again.",
+                &["master"],
+            ),
             registry: r,
             events: crate::events::EventLog::new(),
         };
@@ -167,6 +196,8 @@ impl Metrics {
         for role in Role::ALL {
             m.sessions_current.with_label_values(&[role.as_str()]);
             m.sessions_total.with_label_values(&[role.as_str()]);
+            m.queue_current.with_label_values(&[role.as_str()]);
+            m.queued_total.with_label_values(&[role.as_str()]);
             for d in ["in", "out"] {
                 m.bytes.with_label_values(&[role.as_str(), d]);
             }
@@ -207,6 +238,10 @@ pub struct ListenerHandles {
     refused: [OnceLock<IntCounter>; CloseReason::ALL.len()],
     /// The "no master available" line.
     pub no_master_log: LogLimit,
+    /// `saltgate_listener_queued_total`.
+    pub queued: IntCounter,
+    /// The "client queued" line.
+    pub queue_log: LogLimit,
 }
 
 impl ListenerHandles {
@@ -223,6 +258,8 @@ impl ListenerHandles {
             refused_vec: m.refused.clone(),
             refused: Default::default(),
             no_master_log: LogLimit::default(),
+            queued: m.queued_total.with_label_values(&[l]),
+            queue_log: LogLimit::default(),
         }
     }
 

@@ -5,8 +5,9 @@
 //!
 //! One type owns a session's place in the book: the [`Lease`]. It is taken before connecting (so
 //! concurrent accepts cannot overshoot `maxconn`, and `leastconn` sees sessions being set up),
-//! entered in the book once connected ([`Lease::register`]), and gives both back on drop. The book
-//! knows nothing of masters' health or configuration.
+//! entered in the book once connected ([`Lease::register`]), and gives both back on drop; giving the
+//! place back wakes the first client waiting in the listener's queue ([`Lease::wake_on_release`],
+//! [`crate::queue`]). The book knows nothing of masters' health or configuration.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use saltgate_config::Role;
 use tokio_util::sync::CancellationToken;
 
 use crate::close::CloseReason;
+use crate::queue::Queue;
 
 /// The handle a session listens on, and the reason it was asked to close with.
 #[derive(Debug)]
@@ -100,9 +102,16 @@ pub struct Lease {
     book: Arc<SessionBook>,
     role: Role,
     ctl: Option<Arc<SessionCtl>>,
+    /// The queue whose first waiter gets the place when this lease gives it back.
+    wake: Option<Arc<Queue>>,
 }
 
 impl Lease {
+    /// When this lease gives its place back, wakes the first client waiting in `queue`.
+    pub fn wake_on_release(&mut self, queue: Arc<Queue>) {
+        self.wake = Some(queue);
+    }
+
     /// Enters the connected session in the book; returns its control handle.
     pub fn register(
         &mut self,
@@ -134,6 +143,10 @@ impl Drop for Lease {
             self.book.lock().remove(&ctl.id);
         }
         self.book.leases[self.role as usize].fetch_sub(1, Ordering::AcqRel);
+        // After the place is free, so the woken client finds it.
+        if let Some(q) = &self.wake {
+            q.wake_one();
+        }
     }
 }
 
@@ -155,6 +168,7 @@ impl SessionBook {
             book: self.clone(),
             role,
             ctl: None,
+            wake: None,
         })
     }
 

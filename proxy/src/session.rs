@@ -1,5 +1,5 @@
-//! One client connection (the L4 [`crate::serve::Serve`]): choose a master, lease a place in its
-//! book, connect (timeout, retries on the next candidate), register in the book, run the data path, count it, write the access-log
+//! One client connection (the L4 [`crate::serve::Serve`]): choose a master (or wait in the
+//! listener's queue while every master is at its `maxconn`), lease a place in its book, connect (timeout, retries on the next candidate), register in the book, run the data path, count it, write the access-log
 //! line.
 
 use std::net::SocketAddr;
@@ -15,7 +15,7 @@ use crate::close::CloseReason;
 use crate::dataplane::DataPlane;
 use crate::listener::tune;
 use crate::master::{Admin, Master};
-use crate::metrics::MasterHandles;
+use crate::metrics::{ListenerHandles, MasterHandles};
 use crate::pump::{self, IdleLimits};
 use crate::registry::Lease;
 use crate::snapshot::Snapshot;
@@ -99,9 +99,11 @@ async fn connect(
                 _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
             }
         }
-        let Some(lease) = master.try_reserve(role) else {
+        let Some(mut lease) = master.try_reserve(role) else {
             continue;
         };
+        // The place it gives back goes to the first client waiting in the listener's queue.
+        lease.wake_on_release(ctx.queue(role).clone());
         last = Some(i);
         attempts += 1;
         let addr = master.addr(role);
@@ -128,6 +130,108 @@ async fn connect(
     Connect::Failed { attempts }
 }
 
+/// How placing a new client ended: connected, or refused with (reason, connect ms, attempts).
+type Placed = Result<Connected, (CloseReason, u64, u32)>;
+
+/// A client that finds no master with room may wait for one: some master that could take it (UP,
+/// enabled, weight above 0) is at its `maxconn`.
+fn worth_waiting(masters: &[Arc<Master>], role: Role) -> bool {
+    masters
+        .iter()
+        .any(|m| m.is_available() && m.cfg().weight > 0 && !m.has_room(role))
+}
+
+/// Places a new client: selects and connects. While every master that could take it is at its
+/// `maxconn`, the client waits in the listener's queue (arrival order, woken by a freed place: see
+/// [`crate::queue`]) for at most `timeout_queue`; then it is closed (`queue-timeout`), as it is at
+/// once when the queue holds `maxqueue` clients already (`queue-full`). A client that arrives
+/// while others wait queues behind them. Returns the listener settings the client was placed
+/// under, `tcp_user_timeout`, and the outcome.
+///
+/// The snapshot is loaded anew for each try and not held while waiting: a publish session may
+/// live for days and must not keep an old configuration alive, and a reload during the wait
+/// (more masters, a higher `maxconn`) applies to the next try.
+async fn place(
+    ctx: &DataPlane,
+    role: Role,
+    peer: SocketAddr,
+    lm: &ListenerHandles,
+) -> (ListenerConfig, Option<Duration>, Placed) {
+    let queue = ctx.queue(role);
+    // Once queued: the arrival number (to keep the place) and when the wait ends.
+    let mut seq: Option<u64> = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    // The candidates filled up between the selection and the connect: wait rather than refuse.
+    let mut filled = false;
+    let mut order = Vec::new();
+    loop {
+        let snap = ctx.load();
+        let listener = snap.config.listener(role).clone();
+        let user_timeout = snap.config.global.tcp_user_timeout;
+        let refused =
+            |reason, ms, attempts| (listener.clone(), user_timeout, Err((reason, ms, attempts)));
+        snap.selector(role)
+            .order(&snap.masters, role, peer.ip(), &mut order);
+        // A new arrival goes behind the clients already waiting; a woken one does not.
+        let ahead = seq.is_none() && !queue.is_empty();
+        let wait = (order.is_empty() || filled || ahead) && worth_waiting(&snap.masters, role);
+        if !wait {
+            if order.is_empty() {
+                return refused(CloseReason::NoMaster, 0, 0);
+            }
+            let connect_start = Instant::now();
+            let ms = || connect_start.elapsed().as_millis() as u64;
+            match connect(ctx, &listener, &snap, &order, peer).await {
+                Connect::Done(c) => {
+                    let c = Connected {
+                        connect_ms: ms(),
+                        ..c
+                    };
+                    return (listener, user_timeout, Ok(c));
+                }
+                Connect::Failed { attempts: 0 } if worth_waiting(&snap.masters, role) => {
+                    filled = true;
+                    continue;
+                }
+                Connect::Failed { attempts: 0 } => return refused(CloseReason::NoMaster, 0, 0),
+                Connect::Failed { attempts } => {
+                    return refused(CloseReason::ConnectFailed, ms(), attempts)
+                }
+                Connect::Shutdown => return refused(CloseReason::Shutdown, ms(), 0),
+            }
+        }
+        if listener.maxqueue == 0 {
+            return refused(CloseReason::NoMaster, 0, 0);
+        }
+        let Some(mut ticket) = queue.join(listener.maxqueue, seq) else {
+            return refused(CloseReason::QueueFull, 0, 0);
+        };
+        if seq.is_none() {
+            lm.queued.inc();
+            if let Some(left_out) = lm.queue_log.allow() {
+                tracing::info!(client = %peer, listener = %role, waiting = queue.len(), left_out, "every master is at its maxconn; client queued (at most one line every 5 s; left_out: not logged since the last)");
+            }
+        }
+        seq = Some(ticket.seq());
+        let until =
+            *deadline.get_or_insert_with(|| tokio::time::Instant::now() + listener.queue_timeout());
+        // A place may have freed between the selection and joining (its wake found nobody), or
+        // this client queued behind others while there is room: wake the first waiter.
+        crate::selection::eligible(&snap.masters, role, &mut order);
+        if !order.is_empty() {
+            queue.wake_one();
+        }
+        drop(snap);
+        tokio::select! {
+            _ = ticket.woken() => filled = false,
+            _ = tokio::time::sleep_until(until) => {
+                return refused(CloseReason::QueueTimeout, 0, 0);
+            }
+            _ = ctx.sessions_token.cancelled() => return refused(CloseReason::Shutdown, 0, 0),
+        }
+    }
+}
+
 /// Handles a client connection from accept to close.
 pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, peer: SocketAddr) {
     let started = Instant::now();
@@ -136,39 +240,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     let live = Live(lm.live.clone());
     live.0.inc();
 
-    // Only what the session needs is kept past this block: a publish session may live for days,
-    // and must not hold an old configuration's snapshot that long.
-    let (listener, user_timeout, picked) = {
-        let snap = ctx.load();
-        let listener = snap.config.listener(role).clone();
-        let user_timeout = snap.config.global.tcp_user_timeout;
-        let mut order = Vec::with_capacity(snap.masters.len());
-        snap.selector(role)
-            .order(&snap.masters, role, peer.ip(), &mut order);
-        let connect_start = Instant::now();
-        let picked = if order.is_empty() {
-            Err((CloseReason::NoMaster, 0, 0))
-        } else {
-            match connect(&ctx, &listener, &snap, &order, peer).await {
-                Connect::Done(c) => Ok(Connected {
-                    connect_ms: connect_start.elapsed().as_millis() as u64,
-                    ..c
-                }),
-                Connect::Failed { attempts: 0 } => Err((CloseReason::NoMaster, 0, 0)),
-                Connect::Failed { attempts } => Err((
-                    CloseReason::ConnectFailed,
-                    connect_start.elapsed().as_millis() as u64,
-                    attempts,
-                )),
-                Connect::Shutdown => Err((
-                    CloseReason::Shutdown,
-                    connect_start.elapsed().as_millis() as u64,
-                    0,
-                )),
-            }
-        };
-        (listener, user_timeout, picked)
-    };
+    let (listener, user_timeout, picked) = place(&ctx, role, peer, lm).await;
     let Connected {
         stream: master_stream,
         mut lease,
@@ -179,7 +251,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     } = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
-            if reason == CloseReason::NoMaster {
+            if matches!(reason, CloseReason::NoMaster | CloseReason::QueueFull) {
                 if let Some(left_out) = lm.no_master_log.allow() {
                     tracing::info!(client = %peer, listener = %role, left_out, "no master available; closing the client connection (at most one line every 5 s; left_out: not logged since the last)");
                 }

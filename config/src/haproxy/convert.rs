@@ -234,6 +234,8 @@ fn listener(ps: &mut Parser<'_>, role: Role, pair: &Pair<'_>) -> ListenerConfig 
             ),
         ),
     }
+    // HAProxy: without `timeout queue`, queued clients wait `timeout connect`.
+    l.timeout_queue = b.timeout_queue.map(|t| t.v);
     if let Some(bal) = b.balance {
         l.balance = bal.v;
     }

@@ -113,6 +113,7 @@ struct Proxy {
     timeout_server_fin: Option<At<Duration>>,
     timeout_tunnel: Option<At<Duration>>,
     timeout_check: Option<At<Duration>>,
+    timeout_queue: Option<At<Duration>>,
     default_backend: Option<At<String>>,
     balance: Option<At<Balance>>,
     retries: Option<u32>,
@@ -154,6 +155,7 @@ impl Proxy {
             timeout_server_fin: None,
             timeout_tunnel: None,
             timeout_check: None,
+            timeout_queue: None,
             default_backend: None,
             balance: None,
             retries: None,
@@ -342,7 +344,8 @@ impl Parser<'_> {
                     return;
                 }
                 // HAProxy reads a zero timeout as "no timeout"; connect and check need one.
-                if d.is_zero() && matches!(w1, "connect" | "check") {
+                // A zero `timeout queue` would let clients wait forever: saltgate bounds the wait.
+                if d.is_zero() && matches!(w1, "connect" | "check" | "queue") {
                     self.error(l.no, &format!("timeout {w1}"), "must be greater than zero", "write a positive time such as 5s");
                     return;
                 }
@@ -355,12 +358,12 @@ impl Parser<'_> {
                     "connect" if k.has_backend() => p.timeout_connect = at,
                     "tunnel" if k.has_backend() => p.timeout_tunnel = at,
                     "check" if k.has_backend() => p.timeout_check = at,
-                    "queue" if k.has_backend() => self.warn(l.no, "'timeout queue' ignored: saltgate does not queue; when every master is at maxconn the session is closed and the minion reconnects"),
+                    "queue" if k.has_backend() => p.timeout_queue = at,
                     "client" | "client-fin" | "server" | "server-fin" | "connect" | "tunnel" | "check" | "queue" => {
                         wrong_section(self, "move it to the frontend (client side) or backend (server side) section")
                     }
                     "http-request" | "http-keep-alive" | "tarpit" => self.warn(l.no, format!("'timeout {w1}' ignored: HTTP only")),
-                    _ => self.error(l.no, "timeout", format!("unknown timeout {w1:?}"), "use client, server, connect, client-fin, server-fin, tunnel or check"),
+                    _ => self.error(l.no, "timeout", format!("unknown timeout {w1:?}"), "use client, server, connect, client-fin, server-fin, tunnel, check or queue"),
                 }
             }
             "bind" if matches!(k, Kind::Frontend | Kind::Listen) => {
@@ -525,7 +528,7 @@ impl Parser<'_> {
                     i += 1;
                 }
                 "maxqueue" => {
-                    self.warn(l.no, "'maxqueue' ignored: saltgate does not queue");
+                    self.warn(l.no, "'maxqueue' ignored: saltgate bounds the queue per listener (listeners.<role>.maxqueue in YAML, default 1024), not per master");
                     i += 1;
                 }
                 "on-marked-down" => {

@@ -417,3 +417,39 @@ fn errors_point_at_the_line_and_column_of_the_directive() {
         "{e}"
     );
 }
+
+#[test]
+fn timeout_queue_is_imported_and_defaults_to_timeout_connect() {
+    // Without it, HAProxy's queue wait is `timeout connect` (its manual: "if unspecified, the same
+    // value as the backend's connection timeout").
+    let c = ok(FIXTURE).config;
+    assert_eq!(c.request.timeout_queue, None);
+    assert_eq!(c.request.queue_timeout(), Duration::from_secs(10));
+    // In the request backend only (line 26 is its `timeout connect`).
+    let c = ok(&fixture_with(26, "    timeout queue 30s")).config;
+    assert_eq!(c.request.timeout_queue, Some(Duration::from_secs(30)));
+    assert_eq!(c.request.queue_timeout(), Duration::from_secs(30));
+    assert_eq!(c.publish.timeout_queue, None);
+    // Through the YAML it converts to, unchanged.
+    let back = crate::parse(&crate::emit::to_yaml(&c, "t"), None, crate::Format::Yaml)
+        .expect("emitted YAML loads");
+    assert_eq!(
+        back.config.request.timeout_queue,
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(back.config.request.maxqueue, c.request.maxqueue);
+    // From `defaults`, as every timeout.
+    let text = format!("defaults\n    timeout queue 5s\n\n{FIXTURE}");
+    let c = ok(&text).config;
+    assert_eq!(c.publish.timeout_queue, Some(Duration::from_secs(5)));
+    assert_eq!(c.request.timeout_queue, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn a_zero_or_misplaced_timeout_queue_is_an_error() {
+    let e = err(&fixture_with(26, "    timeout queue 0"));
+    assert_eq!(e.field, "timeout queue");
+    assert!(e.to_string().contains("greater than zero"), "{e}");
+    let e = err(&fixture_with(5, "    timeout queue 5s"));
+    assert!(e.to_string().contains("backend"), "{e}");
+}

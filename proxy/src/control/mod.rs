@@ -32,7 +32,7 @@ use crate::listener::Limit;
 use crate::master::{Admin, Flip, Master, MasterState};
 use crate::metrics::Metrics;
 use crate::serve::{BoxFuture, Serve};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Lookup, Snapshot};
 
 /// A running accept loop.
 pub(crate) struct ListenerHandle {
@@ -74,6 +74,8 @@ pub(crate) struct Control {
     pub checks_stop: CancellationToken,
     pub events: mpsc::UnboundedSender<MasterEvent>,
     pub prober: Arc<dyn Prober>,
+    /// How masters' hosts are looked up (the system resolver unless a test injects one).
+    pub lookup: Lookup,
     pub listeners: Mutex<Vec<ListenerHandle>>,
     pub admin: Mutex<Option<AdminHandle>>,
     pub reload_lock: tokio::sync::Mutex<()>,
@@ -108,6 +110,9 @@ pub struct Options {
     pub override_config: Option<ConfigOverride>,
     /// Where access records go (default: the `saltgate::access` tracing target).
     pub access_log: Arc<dyn AccessSink>,
+    /// How masters' hosts are looked up, at start, at every reload and while a host stays
+    /// unresolved (default: the system resolver, [`crate::snapshot::system_lookup`]).
+    pub lookup: Lookup,
 }
 
 /// A change applied to each reloaded configuration (e.g. `--admin-bind`).
@@ -121,6 +126,7 @@ impl Default for Options {
             watch: None,
             override_config: None,
             access_log: Arc::new(TracingSink),
+            lookup: crate::snapshot::system_lookup,
         }
     }
 }
@@ -170,6 +176,7 @@ pub async fn start(
         checks_stop: checks_stop.clone(),
         events,
         prober: opts.prober,
+        lookup: opts.lookup,
         listeners: Mutex::new(Vec::new()),
         admin: Mutex::new(None),
         reload_lock: tokio::sync::Mutex::new(()),
@@ -279,6 +286,7 @@ impl Control {
             [cfg.publish.close_rate, cfg.request.close_rate],
             CloseReason::Drained,
         );
+        self.data.wake_queues();
         Ok(m.state())
     }
 
@@ -294,6 +302,7 @@ impl Control {
             [cfg.publish.close_rate, cfg.request.close_rate],
             CloseReason::Disabled,
         );
+        self.data.wake_queues();
         Ok(m.state())
     }
 
@@ -302,6 +311,7 @@ impl Control {
         let m = self.find(name)?;
         m.set_admin(Admin::Enabled);
         tracing::info!(master = %name, "master enabled (admin)");
+        self.data.wake_queues();
         Ok(m.state())
     }
 
@@ -346,6 +356,10 @@ impl AdminOps for Control {
 
     fn listening(&self) -> bool {
         Role::ALL.iter().all(|&r| !self.local_addrs(r).is_empty())
+    }
+
+    fn queued(&self, role: Role) -> usize {
+        self.data.queue(role).len()
     }
 
     fn drain(&self, name: &str) -> Result<MasterState, AdminError> {
@@ -485,6 +499,9 @@ async fn watch_added_masters(control: Arc<Control>, mut seen: Arc<Snapshot>) {
 /// publish sessions onto a master that came UP. Every flip ends the rebalancing run in progress.
 async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<MasterEvent>) {
     while let Some(ev) = rx.recv().await {
+        // Queued clients try again: a master back UP has room; with one DOWN, the others may be
+        // all that is left (or nothing, and they are refused rather than left waiting).
+        control.data.wake_queues();
         if ev.flip == Flip::Up {
             control.start_rebalance(ev.master.name());
             continue;

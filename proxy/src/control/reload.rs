@@ -50,12 +50,13 @@ impl Control {
             None => None,
             Some(p) => Some(read_token(p).await?),
         };
-        let (snap, diff) = Snapshot::build(
+        let (snap, diff) = Snapshot::build_with(
             config,
             generation,
             Some(&old),
             &self.checks_stop,
             &self.metrics,
+            self.lookup,
         )
         .await?;
         let cfg = &snap.config;
@@ -153,6 +154,8 @@ impl Control {
         }
         self.sync_listeners(cfg, &wanted, fresh);
         self.sync_admin(cfg, admin_sock);
+        // Masters added, a higher maxconn: queued clients try again under the new configuration.
+        self.data.wake_queues();
 
         tracing::info!(
             generation,
@@ -365,9 +368,17 @@ async fn retry_unresolved(control: Arc<Control>, generation: u64) {
         let now = crate::snapshot::resolve_all(
             &pending,
             crate::snapshot::RESOLVE_TIMEOUT,
-            crate::snapshot::system_lookup,
+            control.lookup,
         )
         .await;
+        for e in now.iter().filter_map(|r| r.as_ref().err()) {
+            control
+                .metrics
+                .resolve_failures
+                .with_label_values(&[e.master.as_str()])
+                .inc();
+            tracing::debug!(master = %e.master, host = %e.host, reason = %e.reason, retry_in_ms = (wait * 2).min(RESOLVE_RETRY_MAX).as_millis() as u64, "master's host still does not resolve");
+        }
         if now.iter().any(Result::is_ok) {
             let config = control.data.load().config.clone();
             if control.data.load().generation != generation {
