@@ -132,6 +132,22 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
         )?;
     }
     writeln!(o, "    balance: {}", l.balance.as_str())?;
+    if l.balance == crate::model::Balance::First {
+        match l.failback {
+            crate::model::Failback::After(d) => writeln!(
+                o,
+                "    failback: {}              # a master back UP regains its place after this",
+                format_duration(d)
+            )?,
+            crate::model::Failback::Never => writeln!(o, "    failback: false")?,
+        }
+    }
+    if l.reuse_port {
+        writeln!(
+            o,
+            "    reuse_port: true           # several saltgate processes share the port"
+        )?;
+    }
     writeln!(
         o,
         "    timeout_client: {}          # idle limit, client side (none: never)",

@@ -417,3 +417,22 @@ fn errors_point_at_the_line_and_column_of_the_directive() {
         "{e}"
     );
 }
+
+#[test]
+fn balance_first_is_imported_with_failback_at_once_as_haproxy() {
+    let l = ok(&FIXTURE.replace("balance roundrobin", "balance first"));
+    for role in Role::ALL {
+        let lc = l.config.listener(role);
+        if lc.balance == crate::model::Balance::First {
+            assert_eq!(
+                lc.failback,
+                crate::model::Failback::After(std::time::Duration::ZERO)
+            );
+        }
+    }
+    assert!(l
+        .config
+        .listeners()
+        .iter()
+        .any(|lc| lc.balance == crate::model::Balance::First));
+}
