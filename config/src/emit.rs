@@ -103,6 +103,21 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
     if c.admin.allow_unauthenticated {
         writeln!(o, "  allow_unauthenticated: true")?;
     }
+    if let Some(d) = &c.discovery {
+        writeln!(o)?;
+        writeln!(o, "# Masters found in the Salt cluster's peers/*.pub.")?;
+        writeln!(o, "discovery:")?;
+        writeln!(o, "  cluster_pki_dir: \"{}\"", d.cluster_pki_dir.display())?;
+        writeln!(o, "  interval: {}", format_duration(d.interval))?;
+        writeln!(o, "  publish_port: {}", d.publish_port)?;
+        writeln!(o, "  request_port: {}", d.request_port)?;
+        if !d.peers.is_empty() {
+            writeln!(o, "  peers:")?;
+            for (id, host) in &d.peers {
+                writeln!(o, "    \"{id}\": \"{host}\"")?;
+            }
+        }
+    }
     Ok(())
 }
 

@@ -523,7 +523,7 @@ fn masters(
     found: bool,
 ) -> Vec<MasterConfig> {
     let mut masters = Vec::new();
-    if found && top.get("masters").is_none() {
+    if found && top.get("masters").is_none_or(|m| matches!(m.kind, Kind::Null)) {
         return masters; // discovery finds them
     }
     let Some(list) = c.required(

@@ -315,6 +315,8 @@ mod tests {
             d.peers,
             [("saltmaster-b".to_string(), "10.0.0.12".to_string())]
         );
+        let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
+        assert_eq!(back.discovery, c.discovery, "written back as read");
         let e = parse_yaml(
             &format!("{LISTENERS}discovery:\n  interval: 1s\n  peers: [a]\n"),
             None,
