@@ -103,6 +103,21 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
     if c.admin.allow_unauthenticated {
         writeln!(o, "  allow_unauthenticated: true")?;
     }
+    if let Some(d) = &c.discovery {
+        writeln!(o)?;
+        writeln!(o, "# Masters found in the Salt cluster's peers/*.pub.")?;
+        writeln!(o, "discovery:")?;
+        writeln!(o, "  cluster_pki_dir: \"{}\"", d.cluster_pki_dir.display())?;
+        writeln!(o, "  interval: {}", format_duration(d.interval))?;
+        writeln!(o, "  publish_port: {}", d.publish_port)?;
+        writeln!(o, "  request_port: {}", d.request_port)?;
+        if !d.peers.is_empty() {
+            writeln!(o, "  peers:")?;
+            for (id, host) in &d.peers {
+                writeln!(o, "    \"{id}\": \"{host}\"")?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -132,6 +147,22 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
         )?;
     }
     writeln!(o, "    balance: {}", l.balance.as_str())?;
+    if l.balance == crate::model::Balance::First {
+        match l.failback {
+            crate::model::Failback::After(d) => writeln!(
+                o,
+                "    failback: {}              # a master back UP regains its place after this",
+                format_duration(d)
+            )?,
+            crate::model::Failback::Never => writeln!(o, "    failback: false")?,
+        }
+    }
+    if l.reuse_port {
+        writeln!(
+            o,
+            "    reuse_port: true           # several saltgate processes share the port"
+        )?;
+    }
     writeln!(
         o,
         "    timeout_client: {}          # idle limit, client side (none: never)",

@@ -7,6 +7,7 @@
 //! Every error names the file, line, field and fix ([`ConfigError`]).
 
 pub mod addr;
+pub mod discovery;
 pub mod duration;
 pub mod emit;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod model;
 pub mod salt_master;
 pub mod salt_minion;
 pub mod yaml;
+mod yaml_policy;
 mod yaml_queue;
 mod yaml_syntax;
 mod yaml_tree;

@@ -16,6 +16,23 @@ pub struct Config {
     pub publish: ListenerConfig,
     pub request: ListenerConfig,
     pub admin: AdminConfig,
+    /// Masters found in the Salt cluster's key directory (`discovery`). `None`: off.
+    pub discovery: Option<Discovery>,
+}
+
+/// Discovery of masters from a Salt 3008 cluster's `cluster_pki_dir`: every `peers/<id>.pub` is a
+/// master (its id is its address, as Salt uses it; or mapped in `peers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovery {
+    /// The cluster's `cluster_pki_dir`; `peers/*.pub` under it is watched (it may not exist yet).
+    pub cluster_pki_dir: std::path::PathBuf,
+    /// How often the directory is read.
+    pub interval: Duration,
+    /// Ports of a discovered master.
+    pub publish_port: u16,
+    pub request_port: u16,
+    /// Peer id -> host, for ids that are not an address (in the order written).
+    pub peers: Vec<(String, String)>,
 }
 
 impl Config {
@@ -273,6 +290,9 @@ pub enum Balance {
     /// A hash of the client's IP address (`source`): the same minion lands on the same master on
     /// both ports while the set of UP masters does not change.
     Source,
+    /// The first master in configuration order that is UP and below its `maxconn` (HAProxy
+    /// `first`; weights other than 0 are ignored), with the listener's `failback`.
+    First,
 }
 
 impl Balance {
@@ -281,6 +301,7 @@ impl Balance {
             Balance::RoundRobin => "roundrobin",
             Balance::LeastConn => "leastconn",
             Balance::Source => "source",
+            Balance::First => "first",
         }
     }
 }
@@ -360,6 +381,20 @@ pub struct ListenerConfig {
     pub access_log: bool,
     /// Moving publish sessions onto a master that came back UP or was added (publish only).
     pub rebalance: Rebalance,
+    /// `balance: first`: when a master that came back UP regains its place in the order.
+    pub failback: Failback,
+    /// SO_REUSEPORT on the listening sockets: several saltgate processes may share the port.
+    pub reuse_port: bool,
+}
+
+/// With `balance: first`, a master that comes back UP is held behind the masters that stayed UP
+/// until it has been UP for the delay (`failback: 30s`), or for good (`failback: false`, until the
+/// masters ahead of it in use are gone). Publish sessions then move back to it as the
+/// listener's `rebalance` says (at its rate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failback {
+    After(Duration),
+    Never,
 }
 
 /// Rebalancing of publish sessions: when a master comes back UP (or is added), sessions are
@@ -426,6 +461,8 @@ impl ListenerConfig {
                 Role::Publish => Rebalance::ON,
                 Role::Request => Rebalance::OFF,
             },
+            failback: Failback::After(defaults::FAILBACK),
+            reuse_port: false,
         }
     }
 }
@@ -455,4 +492,6 @@ pub mod defaults {
     pub const REBALANCE_TOLERANCE_PCT: u32 = 10;
     pub const REBALANCE_RATE: u32 = 50;
     pub const REBALANCE_DELAY: Duration = Duration::from_secs(10);
+    pub const FAILBACK: Duration = Duration::from_secs(30);
+    pub const DISCOVERY_INTERVAL: Duration = Duration::from_secs(2);
 }

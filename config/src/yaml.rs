@@ -13,14 +13,21 @@ use crate::addr::parse_bind;
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
     defaults, AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, ListenerMode,
-    MasterConfig, OnMasterDown, Rebalance, Role,
+    MasterConfig, OnMasterDown, Role,
 };
 use crate::yaml_syntax::syntax_error;
 pub use crate::yaml_syntax::yaml_path_at;
 use crate::yaml_tree::{self, Kind, Node};
 use crate::yaml_values::{join, Checker, Fields};
 
-const ROOT_KEYS: &[&str] = &["global", "health", "masters", "listeners", "admin"];
+const ROOT_KEYS: &[&str] = &[
+    "global",
+    "health",
+    "masters",
+    "listeners",
+    "admin",
+    "discovery",
+];
 const GLOBAL_KEYS: &[&str] = &[
     "maxconn",
     "shutdown_grace",
@@ -69,8 +76,9 @@ const LISTENER_KEYS: &[&str] = &[
     "close_rate",
     "access_log",
     "rebalance",
+    "failback",
+    "reuse_port",
 ];
-const REBALANCE_KEYS: &[&str] = &["enabled", "tolerance", "rate", "delay"];
 
 impl Checker<'_> {
     fn health(&mut self, n: Option<&Node>, base: HealthSettings, prefix: &str) -> HealthSettings {
@@ -211,14 +219,14 @@ impl Checker<'_> {
         }
         if let Some(b) = f.get("balance") {
             let field = join(&p, "balance");
-            if let Some(t) = self.text(b, &field, "roundrobin, leastconn or source") {
+            if let Some(t) = self.text(b, &field, "roundrobin, leastconn, source or first") {
                 match parse_balance(&t) {
                     Some(v) => l.balance = v,
                     None => self.err(
                         b,
                         &field,
                         format!("unknown balance {t:?}"),
-                        "use roundrobin, leastconn or source",
+                        "use roundrobin, leastconn, source or first",
                     ),
                 }
             }
@@ -305,76 +313,8 @@ impl Checker<'_> {
                 .unwrap_or(l.close_rate);
         }
         l.access_log = self.boolean(f.get("access_log"), &join(&p, "access_log"), l.access_log);
-        if let Some(v) = f.get("rebalance") {
-            if role == Role::Publish {
-                l.rebalance = self.rebalance(v, &join(&p, "rebalance"));
-            } else {
-                self.err(
-                    v,
-                    &join(&p, "rebalance"),
-                    "only publish sessions are rebalanced (request sessions are short)",
-                    "move it under listeners.publish",
-                );
-            }
-        }
+        self.listener_policies(&f, &p, &mut l);
         l
-    }
-
-    /// `rebalance: {enabled, tolerance: 10%, rate: 50/s, delay: 10s}`; `rebalance: false` turns
-    /// it off.
-    fn rebalance(&mut self, n: &Node, p: &str) -> Rebalance {
-        let mut r = Rebalance::ON;
-        if let Kind::Bool(b) = n.kind {
-            r.enabled = b;
-            return r;
-        }
-        let f = self.fields(Some(n), p, REBALANCE_KEYS);
-        r.enabled = self.boolean(f.get("enabled"), &join(p, "enabled"), r.enabled);
-        if let Some(v) = f.get("tolerance") {
-            let field = join(p, "tolerance");
-            let write = "a percentage from 1% to 100%, e.g. 10%";
-            if let Some(t) = self.text(v, &field, write) {
-                let num = t.trim().trim_end_matches('%').trim();
-                match num.parse::<u32>() {
-                    Ok(n) if (1..=100).contains(&n) => r.tolerance_pct = n,
-                    _ => self.err(
-                        v,
-                        &field,
-                        format!("{t:?} is not a percentage from 1% to 100%"),
-                        format!(
-                            "write {write} (default {}%)",
-                            defaults::REBALANCE_TOLERANCE_PCT
-                        ),
-                    ),
-                }
-            }
-        }
-        if let Some(v) = f.get("rate") {
-            let field = join(p, "rate");
-            let write = "sessions per second, e.g. 50/s";
-            if let Some(t) = self.text(v, &field, write) {
-                let num = t.trim().trim_end_matches("/s").trim();
-                match num.parse::<u32>() {
-                    Ok(n) if n >= 1 => r.rate = n,
-                    _ => self.err(
-                        v,
-                        &field,
-                        format!("{t:?} is not a number of sessions per second (1 or more)"),
-                        format!("write {write} (default {}/s)", defaults::REBALANCE_RATE),
-                    ),
-                }
-            }
-        }
-        if let Some(v) = f.get("delay") {
-            r.delay = self
-                .duration(
-                    v,
-                    &join(p, "delay"),
-                    &duration_text(defaults::REBALANCE_DELAY),
-                )
-                .unwrap_or(r.delay);
-        }
-        r
     }
 }
 
@@ -392,6 +332,7 @@ pub(crate) fn parse_balance(s: &str) -> Option<Balance> {
         "roundrobin" | "static-rr" => Some(Balance::RoundRobin),
         "leastconn" => Some(Balance::LeastConn),
         "source" => Some(Balance::Source),
+        "first" => Some(Balance::First),
         _ => None,
     }
 }
@@ -405,7 +346,7 @@ pub(crate) fn valid_master_name(n: &str) -> bool {
 }
 
 /// A duration as the YAML would say it: `2s`, `500ms`.
-fn duration_text(d: Duration) -> String {
+pub(crate) fn duration_text(d: Duration) -> String {
     if d.subsec_millis() == 0 {
         format!("{}s", d.as_secs())
     } else {
@@ -472,7 +413,8 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
     let admin = admin(&mut c, top.get("admin"));
     let health = c.health(top.get("health"), HealthSettings::default(), "health");
 
-    let masters = masters(&mut c, &top, health);
+    let discovery = c.discovery(top.get("discovery"));
+    let masters = masters(&mut c, &top, health, discovery.is_some());
 
     let ls = c.fields(top.get("listeners"), "listeners", LISTENERS_KEYS);
     if top.get("listeners").is_some() {
@@ -502,6 +444,7 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         publish,
         request,
         admin,
+        discovery,
     };
     for (field, message, fix) in config.address_conflicts() {
         let at = node_at(&root, &field)
@@ -576,8 +519,16 @@ fn admin(c: &mut Checker<'_>, n: Option<&Node>) -> AdminConfig {
     admin
 }
 
-fn masters(c: &mut Checker<'_>, top: &Fields<'_>, health: HealthSettings) -> Vec<MasterConfig> {
+fn masters(
+    c: &mut Checker,
+    top: &Fields,
+    health: HealthSettings,
+    found: bool,
+) -> Vec<MasterConfig> {
     let mut masters = Vec::new();
+    if found && top.get("masters").is_none_or(|m| matches!(m.kind, Kind::Null)) {
+        return masters; // discovery finds them
+    }
     let Some(list) = c.required(
         top,
         "masters",
@@ -597,7 +548,7 @@ fn masters(c: &mut Checker<'_>, top: &Fields<'_>, health: HealthSettings) -> Vec
             return masters;
         }
     };
-    if items.is_empty() {
+    if items.is_empty() && !found {
         c.err(
             list,
             "masters",
@@ -729,6 +680,7 @@ fn masters(c: &mut Checker<'_>, top: &Fields<'_>, health: HealthSettings) -> Vec
 #[cfg(test)]
 mod rebalance_tests {
     use super::*;
+    use crate::model::Rebalance;
 
     const BASE: &str = "masters:
   - name: a

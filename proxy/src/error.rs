@@ -18,7 +18,7 @@ pub enum ApplyError {
     /// `reason` is printed in the message and deliberately not a `#[source]`: a chain printer
     /// (`anyhow`'s `{:#}`) would print the OS error twice.
     #[error(
-        "cannot listen on {addr} ({what}): {reason}; free the port, or change the bind address"
+        "cannot listen on {addr} ({what}): {reason}; free the port, or change the bind address (to share a port between saltgate processes, set reuse_port: true on the listener in each)"
     )]
     Bind {
         what: String,

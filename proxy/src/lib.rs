@@ -19,6 +19,7 @@ pub mod ctl;
 pub mod dataplane;
 pub mod error;
 pub mod events;
+pub mod failback;
 pub mod health;
 pub mod listener;
 pub mod master;

@@ -1,4 +1,4 @@
-//! Listening sockets (socket2: reuseaddr, backlog) and the accept loop: a `maxconn` cap that leaves
+//! Listening sockets (socket2: reuseaddr, reuseport, backlog) and the accept loop: a `maxconn` cap that leaves
 //! excess connections in the kernel backlog, and back-off on descriptor or memory exhaustion
 //! (EMFILE, ENFILE, ENOBUFS, ENOMEM) instead of spinning or dying.
 
@@ -20,8 +20,9 @@ pub const KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 pub const KEEPALIVE_RETRIES: u32 = 6;
 
-/// Binds a listening socket.
-pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+/// Binds a listening socket; `reuse_port`: SO_REUSEPORT, so other processes that set it too can
+/// bind the same address (the kernel spreads new connections over them).
+pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpListener> {
     let domain = if addr.is_ipv4() {
         Domain::IPV4
     } else {
@@ -29,6 +30,9 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     };
     let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     s.set_reuse_address(true)?;
+    if reuse_port {
+        s.set_reuse_port(true)?;
+    }
     if addr.is_ipv6() {
         s.set_only_v6(true)?;
     }

@@ -308,7 +308,7 @@ impl MasterHandles {
     }
 }
 
-/// `saltgate_master_state{master,state}` (1 for the current state of up, down, draining, disabled),
+/// `saltgate_master_state{master,state}` (1 for the current state of up, down, draining, disabled, unresolved, joining),
 /// `saltgate_master_port_up{master,port}`, `saltgate_master_sessions_current{master,port}`, and
 /// the configured session caps (only those set: `saltgate_master_maxconn{master}` per port,
 /// `saltgate_listener_maxconn{listener}`, `saltgate_global_maxconn`), read from the snapshot at
@@ -347,7 +347,7 @@ impl MasterCollector {
             IntGaugeVec::new(
                 Opts::new(
                     "saltgate_master_state",
-                    "1 for the master's current state (up, down, draining, disabled).",
+                    "1 for the master's current state (up, down, draining, disabled, unresolved, joining).",
                 ),
                 &["master", "state"],
             )

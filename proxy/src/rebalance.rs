@@ -152,10 +152,32 @@ pub fn pick_idlest(sessions: &[Arc<SessionCtl>], n: usize) -> Vec<Arc<SessionCtl
     open.into_iter().take(n).cloned().collect()
 }
 
-/// Whether rebalancing can do anything with this listener configuration: `source` balancing
-/// would place a moved minion on the same master again, so it is not rebalanced.
+/// Whether spreading publish sessions can do anything with this listener configuration: `source`
+/// balancing would place a moved minion on the same master again, so it is not rebalanced; `first`
+/// is not spread but failed back ([`Mode::Failback`]).
 pub fn applies(r: &Rebalance, balance: Balance) -> bool {
-    r.enabled && balance != Balance::Source
+    r.enabled && !matches!(balance, Balance::Source | Balance::First)
+}
+
+/// What a run moves publish sessions for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Spread them within the tolerance, after `rebalance.delay` ([`plan`]).
+    Spread,
+    /// `balance: first`: back to the masters `first` now places them on, as their failback holds
+    /// end ([`crate::failback::plan`]); waits for pending holds.
+    Failback,
+}
+
+/// The mode the publish listener's configuration calls for, if any.
+pub fn mode_for(l: &saltgate_config::ListenerConfig) -> Option<Mode> {
+    if applies(&l.rebalance, l.balance) {
+        Some(Mode::Spread)
+    } else if l.balance == Balance::First && l.rebalance.enabled {
+        Some(Mode::Failback)
+    } else {
+        None
+    }
 }
 
 fn loads(masters: &[Arc<Master>]) -> Vec<Load> {
@@ -194,10 +216,15 @@ pub async fn run(
     mine: u64,
     stop: CancellationToken,
     trigger: String,
+    mode: Mode,
 ) -> (Outcome, usize) {
     let t0 = Instant::now();
     let ms = || t0.elapsed().as_millis() as u64 + 1;
-    let delay = data.load().config.publish.rebalance.delay;
+    // Failback: the holds are the delay (they are waited for below).
+    let delay = match mode {
+        Mode::Spread => data.load().config.publish.rebalance.delay,
+        Mode::Failback => Duration::ZERO,
+    };
     let live = || epoch.load(Ordering::Acquire) == mine && !stop.is_cancelled();
     // Wait `delay` (the master must stay UP), sampling idleness meanwhile. A reload during the
     // delay is fine (a master added by a reload can flip UP before its snapshot is in force); the
@@ -225,14 +252,17 @@ pub async fn run(
     let first = data.load();
     let generation = first.generation;
     let r = first.config.publish.rebalance;
-    if !applies(&r, first.config.publish.balance) {
+    let failback = first.config.publish.failback;
+    if mode_for(&first.config.publish) != Some(mode) {
         return (Outcome::Off, 0);
     }
     let start_total = totals(&loads(&first.masters)).0;
     drop(first);
     // Any later configuration change (reload) ends the run.
     let current = |data: &DataPlane| live() && data.load().generation == generation;
-    tracing::info!(master = %trigger, tolerance_pct = r.tolerance_pct, rate_per_s = r.rate, "rebalancing publish sessions");
+    if mode == Mode::Spread {
+        tracing::info!(master = %trigger, tolerance_pct = r.tolerance_pct, rate_per_s = r.rate, "rebalancing publish sessions");
+    }
     // Batches every 50-75 ms (jitter), sized for the rate at the slowest tick; the window keeps
     // any one second at `rate` or fewer.
     let tick = Duration::from_millis(50);
@@ -250,15 +280,30 @@ pub async fn run(
         let ls = loads(&snap.masters);
         let total = totals(&ls).0;
         let in_flight = (start_total.saturating_sub(total)).min(moved as u64) as u32;
+        let tnow = tokio::time::Instant::now();
+        let pending = match mode {
+            Mode::Spread => None,
+            Mode::Failback => crate::failback::next_release(&snap.masters, failback, tnow),
+        };
         if allowed > 0 {
-            let from = plan(&ls, r.tolerance_pct, allowed, in_flight);
+            let from = match mode {
+                Mode::Spread => plan(&ls, r.tolerance_pct, allowed, in_flight),
+                Mode::Failback => {
+                    crate::failback::plan(&snap.masters, failback, tnow, allowed, in_flight)
+                }
+            };
             // Done when the live spread is within tolerance, or when the moved sessions still
             // away would bring it there and no move was needed for a while (minions that never
-            // come back are not waited for).
-            if from.is_empty()
-                && (within_tolerance(&ls, r.tolerance_pct) || last_move.elapsed() > SETTLE)
-            {
+            // come back are not waited for). Failback: and no hold is pending.
+            let settled = match mode {
+                Mode::Spread => within_tolerance(&ls, r.tolerance_pct),
+                Mode::Failback => pending.is_none(),
+            };
+            if from.is_empty() && (settled || (pending.is_none() && last_move.elapsed() > SETTLE)) {
                 break Outcome::Balanced;
+            }
+            if moved == 0 && !from.is_empty() && mode == Mode::Failback {
+                tracing::info!(master = %trigger, rate_per_s = r.rate, "failing publish sessions back (balance: first)");
             }
             let mut n_moved = 0;
             for (i, m) in snap.masters.iter().enumerate() {
@@ -282,6 +327,14 @@ pub async fn run(
         }
         let jitter = rand::rng().random_range(0..=tick.as_millis() as u64 / 2);
         let mut wait = tick + Duration::from_millis(jitter);
+        if let Some(at) = pending.filter(|_| moved == 0 || last_move.elapsed() > SETTLE) {
+            // Nothing to do before a hold ends: sleep until then (woken by any master event,
+            // which supersedes this run, or a reload).
+            wait = wait.max(
+                at.saturating_duration_since(tnow)
+                    .min(Duration::from_secs(1)),
+            );
+        }
         if let Some(free) = window.next_free() {
             wait = wait.max(free.saturating_duration_since(Instant::now()));
         }

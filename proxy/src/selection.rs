@@ -21,6 +21,9 @@ pub trait Selector: Send + Sync + std::fmt::Debug {
 /// Builds the selector for a listener's `balance`.
 pub fn for_balance(b: Balance, n_masters: usize) -> Box<dyn Selector> {
     match b {
+        Balance::First => Box::new(crate::failback::First {
+            failback: saltgate_config::Failback::After(std::time::Duration::ZERO),
+        }),
         Balance::RoundRobin => Box::new(RoundRobin::new(n_masters)),
         Balance::LeastConn => Box::new(LeastConn),
         Balance::Source => Box::new(SourceHash),
@@ -31,7 +34,11 @@ pub fn for_balance(b: Balance, n_masters: usize) -> Box<dyn Selector> {
 /// [`crate::rebalance`]) the publish listener places each new session on the least loaded master
 /// (weights respected), so moved minions land where they are wanted. `source` keeps its affinity.
 pub fn for_listener(l: &ListenerConfig, n_masters: usize) -> Box<dyn Selector> {
-    if l.role == Role::Publish && crate::rebalance::applies(&l.rebalance, l.balance) {
+    if l.balance == Balance::First {
+        Box::new(crate::failback::First {
+            failback: l.failback,
+        })
+    } else if l.role == Role::Publish && crate::rebalance::applies(&l.rebalance, l.balance) {
         Box::new(LeastLoaded {
             rr: RoundRobin::new(n_masters),
         })

@@ -38,15 +38,18 @@ pub enum MasterState {
     Disabled,
     /// Its host does not resolve (DOWN, never selected; resolution is retried).
     Unresolved,
+    /// Discovered, and not UP yet: takes no session until its checks pass.
+    Joining,
 }
 
 impl MasterState {
-    pub const ALL: [MasterState; 5] = [
+    pub const ALL: [MasterState; 6] = [
         MasterState::Up,
         MasterState::Down,
         MasterState::Draining,
         MasterState::Disabled,
         MasterState::Unresolved,
+        MasterState::Joining,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -55,6 +58,7 @@ impl MasterState {
             MasterState::Draining => "draining",
             MasterState::Disabled => "disabled",
             MasterState::Unresolved => "unresolved",
+            MasterState::Joining => "joining",
         }
     }
 }
@@ -84,6 +88,13 @@ pub struct Upstream {
     last_check: [Mutex<CheckReport>; 2],
     /// Its host did not resolve: DOWN for good (this master object is replaced once it resolves).
     unresolved: AtomicBool,
+    /// Discovered and not UP yet (see [`Upstream::set_joining`]).
+    joining: AtomicBool,
+    /// When it last came back UP (`None`: UP from the start, or DOWN): `balance: first` holds it
+    /// behind the others for the listener's `failback` delay from then.
+    up_since: Mutex<Option<tokio::time::Instant>>,
+    /// The failback hold was given up early: it took sessions because nothing ahead of it could.
+    hold_released: AtomicBool,
 }
 
 impl Upstream {
@@ -100,7 +111,35 @@ impl Upstream {
             down_epoch: AtomicU64::new(0),
             last_check: Default::default(),
             unresolved: AtomicBool::new(false),
+            joining: AtomicBool::new(false),
+            up_since: Mutex::new(None),
+            hold_released: AtomicBool::new(false),
         }
+    }
+
+    /// A discovered master: DOWN (state `joining`) until its checks pass, instead of presumed UP
+    /// as a configured one is. Call before it can be selected.
+    pub fn set_joining(&self) {
+        self.joining.store(true, Ordering::Release);
+        let _g = self.flip.lock().unwrap_or_else(|p| p.into_inner());
+        for p in &self.port_up {
+            p.store(false, Ordering::Release);
+        }
+        self.up.store(2, Ordering::Release);
+    }
+
+    /// When it last came back UP, if it went DOWN (or joined) before; `None` while DOWN.
+    pub fn up_since(&self) -> Option<tokio::time::Instant> {
+        *self.up_since.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the failback hold was given up (see [`crate::failback`]).
+    pub fn hold_released(&self) -> bool {
+        self.hold_released.load(Ordering::Acquire)
+    }
+
+    pub fn release_hold(&self) {
+        self.hold_released.store(true, Ordering::Release);
     }
 
     /// Marks the master's host unresolved: both ports DOWN and checked (no check runs), `reason`
@@ -161,6 +200,7 @@ impl Upstream {
             (Admin::Disabled, _) => MasterState::Disabled,
             (Admin::Draining, _) => MasterState::Draining,
             _ if self.is_unresolved() => MasterState::Unresolved,
+            (Admin::Enabled, false) if self.joining.load(Ordering::Acquire) => MasterState::Joining,
             (Admin::Enabled, true) => MasterState::Up,
             (Admin::Enabled, false) => MasterState::Down,
         }
@@ -187,6 +227,14 @@ impl Upstream {
             2
         };
         let was = self.up.swap(now, Ordering::AcqRel);
+        if was != now {
+            let mut since = self.up_since.lock().unwrap_or_else(|p| p.into_inner());
+            *since = (now == 1).then(tokio::time::Instant::now);
+            self.hold_released.store(false, Ordering::Release);
+            if now == 1 {
+                self.joining.store(false, Ordering::Release);
+            }
+        }
         match (was == now, now) {
             (false, 1) => Some(Flip::Up),
             (false, 2) => Some(Flip::Down),

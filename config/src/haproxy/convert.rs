@@ -162,6 +162,7 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
         publish: publish_l,
         request: request_l,
         admin,
+        discovery: None,
     })
 }
 
@@ -238,6 +239,10 @@ fn listener(ps: &mut Parser<'_>, role: Role, pair: &Pair<'_>) -> ListenerConfig 
     l.timeout_queue = b.timeout_queue.map(|t| t.v);
     if let Some(bal) = b.balance {
         l.balance = bal.v;
+        if bal.v == crate::model::Balance::First {
+            // HAProxy's `first`: a server back UP takes new connections at once.
+            l.failback = crate::model::Failback::After(std::time::Duration::ZERO);
+        }
     }
     l.retries = b.retries.unwrap_or(defaults::RETRIES);
     l.maxconn = f.maxconn;

@@ -387,7 +387,7 @@ impl Parser<'_> {
             "use_backend" => self.error(l.no, w0, "content switching is not supported", "use 'default_backend': saltgate has one publish and one request backend"),
             "balance" if k.has_backend() => match crate::yaml::parse_balance(w1) {
                 Some(b) => p.balance = Some(At { v: b, line: l.no }),
-                None => self.error(l.no, "balance", format!("balance {w1:?} is not supported"), "use roundrobin, static-rr, leastconn or source"),
+                None => self.error(l.no, "balance", format!("balance {w1:?} is not supported"), "use roundrobin, static-rr, leastconn, source or first"),
             },
             "hash-type" if k.has_backend() => self.warn(l.no, "'hash-type' ignored: saltgate's source balancing is always a consistent hash"),
             "retries" if k.has_backend() => p.retries = self.number(l, 1, 0, 100),

@@ -453,3 +453,22 @@ fn a_zero_or_misplaced_timeout_queue_is_an_error() {
     let e = err(&fixture_with(5, "    timeout queue 5s"));
     assert!(e.to_string().contains("backend"), "{e}");
 }
+
+#[test]
+fn balance_first_is_imported_with_failback_at_once_as_haproxy() {
+    let l = ok(&FIXTURE.replace("balance roundrobin", "balance first"));
+    for role in Role::ALL {
+        let lc = l.config.listener(role);
+        if lc.balance == crate::model::Balance::First {
+            assert_eq!(
+                lc.failback,
+                crate::model::Failback::After(std::time::Duration::ZERO)
+            );
+        }
+    }
+    assert!(l
+        .config
+        .listeners()
+        .iter()
+        .any(|lc| lc.balance == crate::model::Balance::First));
+}

@@ -6,6 +6,7 @@
 //! Imports run one way: `control (+ reload) → {admin, serve} → session → dataplane → {selection,
 //! health, registry, pump}`.
 
+pub mod discovery;
 pub mod reload;
 
 use std::future::Future;
@@ -94,6 +95,15 @@ pub(crate) struct Control {
     /// Bumped by every master event: the rebalancer run holding the current value is the only
     /// one that moves sessions (see [`crate::rebalance`]).
     pub rebalance_epoch: Arc<AtomicU64>,
+    /// The configuration last put in force as given (the file's), before the discovered masters
+    /// are added to it.
+    pub file_config: Mutex<Option<Config>>,
+    /// The file names last listed in the cluster's `peers/` directory (see [`discovery`]).
+    pub peer_files: Mutex<Vec<String>>,
+    /// Peer files already warned about (warned once).
+    pub discovery_warned: Mutex<std::collections::BTreeSet<String>>,
+    /// The last listing error (logged once per kind).
+    pub discovery_problem: Mutex<Option<std::io::ErrorKind>>,
 }
 
 /// Why the proxy could not start.
@@ -187,6 +197,10 @@ pub async fn start(
         admin_stop: CancellationToken::new(),
         stopping: AtomicBool::new(false),
         rebalance_epoch: Arc::new(AtomicU64::new(0)),
+        file_config: Mutex::new(None),
+        peer_files: Mutex::new(Vec::new()),
+        discovery_warned: Mutex::default(),
+        discovery_problem: Mutex::new(None),
     });
     let snapshot = Arc::downgrade(&control.data.snapshot);
     metrics.watch_masters(Box::new(move || {
@@ -204,6 +218,7 @@ pub async fn start(
     }));
     tokio::spawn(handle_events(control.clone(), events_rx));
 
+    control.discover_at_start(&config).await;
     if let Err(e) = control.apply(config, true).await {
         control.checks_stop.cancel();
         control.accept_stop.cancel();
@@ -212,6 +227,7 @@ pub async fn start(
     }
     // From the configuration now in force: masters added by later reloads are rebalanced onto.
     tokio::spawn(watch_added_masters(control.clone(), control.data.load()));
+    tokio::spawn(self::discovery::watch_peers(control.clone()));
     if let (Some(every), Some(src)) = (opts.watch, control.source.clone()) {
         tokio::spawn(self::reload::watch_file(control.clone(), src.path, every));
     }
@@ -456,15 +472,23 @@ impl Control {
     fn start_rebalance(&self, trigger: String) {
         let epoch = self.rebalance_epoch.fetch_add(1, Ordering::AcqRel) + 1;
         let l = &self.data.load().config.publish;
-        if crate::rebalance::applies(&l.rebalance, l.balance) {
+        if let Some(mode) = crate::rebalance::mode_for(l) {
             tokio::spawn(crate::rebalance::run(
                 self.data.clone(),
                 self.rebalance_epoch.clone(),
                 epoch,
                 self.accept_stop.clone(),
                 trigger,
+                mode,
             ));
         }
+    }
+
+    /// The publish listener fails back (`balance: first`): every master event and reload
+    /// restarts the run that waits for the failback holds.
+    fn fails_back(&self) -> bool {
+        crate::rebalance::mode_for(&self.data.load().config.publish)
+            == Some(crate::rebalance::Mode::Failback)
     }
 }
 
@@ -490,6 +514,8 @@ async fn watch_added_masters(control: Arc<Control>, mut seen: Arc<Snapshot>) {
             .collect();
         if !added.is_empty() {
             control.start_rebalance(added.join(","));
+        } else if control.fails_back() {
+            control.start_rebalance("reload".into());
         }
         seen = now;
     }
@@ -506,8 +532,12 @@ async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<Ma
             control.start_rebalance(ev.master.name());
             continue;
         }
-        // DOWN: the run in progress stops.
-        control.rebalance_epoch.fetch_add(1, Ordering::AcqRel);
+        // DOWN: the run in progress stops (failback: a new one keeps waiting for the holds).
+        if control.fails_back() {
+            control.start_rebalance(ev.master.name());
+        } else {
+            control.rebalance_epoch.fetch_add(1, Ordering::AcqRel);
+        }
         let snap = control.data.load();
         let rates = Role::ALL.map(|role| {
             let l = snap.config.listener(role);

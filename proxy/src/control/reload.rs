@@ -28,7 +28,8 @@ pub struct ConfigSource {
 }
 
 impl Control {
-    /// Puts `config` in force. Nothing changes unless every step before the swap succeeds.
+    /// Puts `config` (plus the masters discovery found, see [`super::discovery`]) in force.
+    /// Nothing changes unless every step before the swap succeeds.
     pub(crate) async fn apply(
         self: &Arc<Self>,
         config: Config,
@@ -44,6 +45,8 @@ impl Control {
         if config.admin.exposed_without_token() {
             tracing::warn!(bind = %config.admin.bind, "the admin API is reachable beyond loopback without a token (admin.allow_unauthenticated: true): anyone who reaches it can drain and disable masters; set admin.token_file");
         }
+        let file_config = config.clone();
+        let (config, discovered) = self.with_discovered(&config);
         let old = self.data.load();
         let generation = old.generation + 1;
         let token = match &config.admin.token_file {
@@ -77,7 +80,8 @@ impl Control {
                     // Same address, other role: its socket is handed to the new role after the swap.
                     continue;
                 }
-                let sock = listener::bind(addr, cfg.listener(role).backlog).map_err(|reason| {
+                let l = cfg.listener(role);
+                let sock = listener::bind(addr, l.backlog, l.reuse_port).map_err(|reason| {
                     ApplyError::Bind {
                         what: role.to_string(),
                         addr,
@@ -91,19 +95,28 @@ impl Control {
             let running = lock(&self.admin);
             let same = running.as_ref().is_some_and(|h| h.bind == cfg.admin.bind);
             if cfg.admin.enabled && !same {
-                let sock =
-                    listener::bind(cfg.admin.bind, 128).map_err(|reason| ApplyError::Bind {
+                let sock = listener::bind(cfg.admin.bind, 128, false).map_err(|reason| {
+                    ApplyError::Bind {
                         what: "admin".into(),
                         addr: cfg.admin.bind,
                         reason,
-                    })?;
+                    }
+                })?;
                 Some(sock)
             } else {
                 None
             }
         };
 
+        // Discovered masters are not presumed UP (as configured ones are): a peer's key is
+        // written when it joins the cluster, maybe before it serves.
+        for m in diff.added.iter().filter(|m| discovered.contains(&m.name())) {
+            if m.cfg().check && !m.upstream.is_unresolved() {
+                m.upstream.set_joining();
+            }
+        }
         // The swap: from here on new sessions see the new configuration.
+        *lock(&self.file_config) = Some(file_config);
         let snap = Arc::new(snap);
         self.data.snapshot.store(snap.clone());
         self.token.store(Arc::new(token));
@@ -380,7 +393,9 @@ async fn retry_unresolved(control: Arc<Control>, generation: u64) {
             tracing::debug!(master = %e.master, host = %e.host, reason = %e.reason, retry_in_ms = (wait * 2).min(RESOLVE_RETRY_MAX).as_millis() as u64, "master's host still does not resolve");
         }
         if now.iter().any(Result::is_ok) {
-            let config = control.data.load().config.clone();
+            let Some(config) = lock(&control.file_config).clone() else {
+                return;
+            };
             if control.data.load().generation != generation {
                 return;
             }
