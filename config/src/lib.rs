@@ -15,6 +15,7 @@ pub mod model;
 pub mod salt_master;
 pub mod salt_minion;
 pub mod yaml;
+mod yaml_health;
 mod yaml_syntax;
 mod yaml_tree;
 mod yaml_values;
