@@ -126,6 +126,11 @@ fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Resu
     writeln!(o, "{ind}fastinter: {}", format_duration(h.fastinter))?;
     writeln!(o, "{ind}downinter: {}", format_duration(h.downinter))?;
     writeln!(o, "{ind}timeout: {}", format_duration(h.timeout))?;
+    writeln!(
+        o,
+        "{ind}handshake_timeout: {}   # connect + ZMTP handshake: a stopped master fails here",
+        format_duration(h.handshake_timeout)
+    )?;
     writeln!(o, "{ind}rise: {}", h.rise)?;
     writeln!(o, "{ind}fall: {}", h.fall)?;
     writeln!(

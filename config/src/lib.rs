@@ -16,6 +16,7 @@ pub mod model;
 pub mod salt_master;
 pub mod salt_minion;
 pub mod yaml;
+mod yaml_health;
 mod yaml_policy;
 mod yaml_queue;
 mod yaml_syntax;

@@ -172,6 +172,12 @@ pub struct HealthSettings {
     pub fall: u32,
     /// How long one check may take (connect included) before it counts as a failure.
     pub timeout: Duration,
+    /// How long the first stage of a `salt` or `zmtp` check may take: the connect and the master's
+    /// ZMTP handshake, which libzmq's I/O thread answers even while Salt's workers are busy. A
+    /// master that accepts the connect (the kernel does, from the listen backlog, even for a
+    /// stopped process) but does not greet within this is stopped or hung: the check fails after
+    /// this, not after `timeout`. Capped by `timeout`. Not used by the `tcp` probe.
+    pub handshake_timeout: Duration,
     /// What a check does.
     pub probe: Probe,
 }
@@ -210,11 +216,12 @@ impl Default for HealthSettings {
     fn default() -> Self {
         Self {
             interval: defaults::CHECK_INTERVAL,
-            fastinter: defaults::CHECK_INTERVAL,
-            downinter: defaults::CHECK_INTERVAL,
+            fastinter: defaults::CHECK_FASTINTER,
+            downinter: defaults::CHECK_DOWNINTER,
             rise: defaults::RISE,
             fall: defaults::FALL,
             timeout: defaults::CHECK_TIMEOUT,
+            handshake_timeout: defaults::HANDSHAKE_TIMEOUT,
             probe: Probe::Salt,
         }
     }
@@ -470,10 +477,22 @@ impl ListenerConfig {
 /// Named defaults, shared by the loaders and documented in the README.
 pub mod defaults {
     use std::time::Duration;
-    pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
+    /// Between check starts while a port is steadily UP. A check that outlasts it is followed at
+    /// once by the next (intervals count from the start of the previous check).
+    pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
+    /// While in transition (UP with failures, DOWN with successes, before the first result). At or
+    /// below [`HANDSHAKE_TIMEOUT`], so the `fall` checks of a hung master run back to back:
+    /// detected within `interval + fall x handshake_timeout` (4 s with these defaults).
+    pub const CHECK_FASTINTER: Duration = Duration::from_millis(500);
+    /// While a port is steadily DOWN: a restarted master is UP within about
+    /// `downinter + (rise - 1) x fastinter` of answering its first check.
+    pub const CHECK_DOWNINTER: Duration = Duration::from_secs(1);
     /// One check, connect included. Salt's `ping` goes through the master's worker pool, which
     /// can take seconds on a busy master: HAProxy's habit (timeout = inter) is too tight for it.
     pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The connect and the ZMTP handshake of a check (answered by libzmq's I/O thread, busy
+    /// workers or not): a stopped master fails here, a busy one passes and gets `timeout`.
+    pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
     pub const RISE: u32 = 2;
     pub const FALL: u32 = 3;
     pub const RETRIES: u32 = 3;

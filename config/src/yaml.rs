@@ -36,15 +36,6 @@ const GLOBAL_KEYS: &[&str] = &[
     "tcp_user_timeout",
 ];
 const ADMIN_KEYS: &[&str] = &["enabled", "bind", "token_file", "allow_unauthenticated"];
-const HEALTH_KEYS: &[&str] = &[
-    "interval",
-    "fastinter",
-    "downinter",
-    "timeout",
-    "rise",
-    "fall",
-    "probe",
-];
 const MASTER_KEYS: &[&str] = &[
     "name",
     "host",
@@ -81,68 +72,6 @@ const LISTENER_KEYS: &[&str] = &[
 ];
 
 impl Checker<'_> {
-    fn health(&mut self, n: Option<&Node>, base: HealthSettings, prefix: &str) -> HealthSettings {
-        let f = self.fields(n, prefix, HEALTH_KEYS);
-        let mut h = base;
-        let secs = |d: Duration| format!("{}ms", d.as_millis());
-        if let Some(v) = f.get("interval") {
-            h.interval = self
-                .duration(v, &join(prefix, "interval"), &secs(base.interval))
-                .unwrap_or(h.interval);
-            // Like HAProxy: fastinter and downinter follow inter unless set themselves.
-            h.fastinter = h.interval;
-            h.downinter = h.interval;
-        }
-        if let Some(v) = f.get("fastinter") {
-            h.fastinter = self
-                .duration(v, &join(prefix, "fastinter"), "(the interval's value)")
-                .unwrap_or(h.fastinter);
-        }
-        if let Some(v) = f.get("downinter") {
-            h.downinter = self
-                .duration(v, &join(prefix, "downinter"), "(the interval's value)")
-                .unwrap_or(h.downinter);
-        }
-        if let Some(v) = f.get("timeout") {
-            h.timeout = self
-                .duration(v, &join(prefix, "timeout"), &secs(base.timeout))
-                .unwrap_or(h.timeout);
-        }
-        if let Some(v) = f.get("rise") {
-            h.rise = self
-                .u32_in(
-                    v,
-                    &join(prefix, "rise"),
-                    1,
-                    MAX_RISE_FALL,
-                    &base.rise.to_string(),
-                )
-                .unwrap_or(h.rise);
-        }
-        if let Some(v) = f.get("fall") {
-            h.fall = self
-                .u32_in(
-                    v,
-                    &join(prefix, "fall"),
-                    1,
-                    MAX_RISE_FALL,
-                    &base.fall.to_string(),
-                )
-                .unwrap_or(h.fall);
-        }
-        if let Some(v) = f.get("probe") {
-            let field = join(prefix, "probe");
-            let fix = "use salt (ZMTP greeting on publish, clear ping on request), zmtp or tcp";
-            if let Some(t) = self.text(v, &field, "salt, zmtp or tcp") {
-                match crate::model::Probe::parse(&t) {
-                    Some(p) => h.probe = p,
-                    None => self.err(v, &field, format!("unknown probe {t:?}"), fix),
-                }
-            }
-        }
-        h
-    }
-
     fn listener(&mut self, n: Option<&Node>, role: Role) -> ListenerConfig {
         let p = format!("listeners.{role}");
         let f = self.fields(n, &p, LISTENER_KEYS);
@@ -319,7 +248,7 @@ impl Checker<'_> {
 }
 
 /// Highest `rise`/`fall`: more consecutive checks than this is a typo, not a policy.
-const MAX_RISE_FALL: u32 = 1000;
+pub(crate) const MAX_RISE_FALL: u32 = 1000;
 /// Highest `retries`.
 const MAX_RETRIES: u32 = 100;
 /// Highest listen `backlog` (the kernel caps it at somaxconn anyway).
@@ -526,7 +455,11 @@ fn masters(
     found: bool,
 ) -> Vec<MasterConfig> {
     let mut masters = Vec::new();
-    if found && top.get("masters").is_none_or(|m| matches!(m.kind, Kind::Null)) {
+    if found
+        && top
+            .get("masters")
+            .is_none_or(|m| matches!(m.kind, Kind::Null))
+    {
         return masters; // discovery finds them
     }
     let Some(list) = c.required(

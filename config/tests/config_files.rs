@@ -97,11 +97,57 @@ fn yaml_defaults_are_the_documented_ones() {
         c.listener(Role::Request).timeout_client,
         Some(Duration::from_secs(60))
     );
-    assert_eq!(c.masters[0].health.interval, Duration::from_secs(2));
+    let h = c.masters[0].health;
+    assert_eq!(
+        (
+            h.interval,
+            h.fastinter,
+            h.downinter,
+            h.timeout,
+            h.handshake_timeout
+        ),
+        (
+            Duration::from_secs(1),
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+            Duration::from_secs(1)
+        )
+    );
     assert_eq!(
         (c.masters[0].publish_port, c.masters[0].request_port),
         (4505, 4506)
     );
+}
+
+#[test]
+fn handshake_timeout_is_read_globally_and_per_master_and_survives_emit() {
+    let text = GOOD
+        .replace(
+            "masters:\n",
+            "health:\n  handshake_timeout: 700ms\nmasters:\n",
+        )
+        .replace(
+            "    host: 127.0.0.3\n",
+            "    host: 127.0.0.3\n    health: {handshake_timeout: 2s}\n",
+        );
+    let c = parse(&text, None, Format::Yaml).unwrap().config;
+    assert_eq!(c.health.handshake_timeout, Duration::from_millis(700));
+    assert_eq!(
+        c.masters[0].health.handshake_timeout,
+        Duration::from_millis(700)
+    );
+    assert_eq!(
+        c.masters[1].health.handshake_timeout,
+        Duration::from_secs(2)
+    );
+    let again = parse(&emit::to_yaml(&c, "test"), None, Format::Yaml)
+        .unwrap()
+        .config;
+    assert_eq!(again, c);
+    let bad = GOOD.replace("masters:\n", "health:\n  handshake_timeout: 1\nmasters:\n");
+    let err = parse(&bad, None, Format::Yaml).unwrap_err().to_string();
+    assert!(err.contains("health.handshake_timeout"), "{err}");
 }
 
 #[test]

@@ -53,7 +53,7 @@ class LB:
 
     def start(self):
         if self.kind == "saltgate":
-            env = dict(os.environ, NO_COLOR="1", RUST_LOG=os.environ.get("SALTGATE_LOG", "info"))
+            env = dict(os.environ, NO_COLOR="1", RUST_LOG=os.environ.get("SALTGATE_LOG", "info,saltgate_proxy::check=debug"))
             argv = [self.sg_bin, "run", "--config", self.cfg]
         else:
             env = None
@@ -139,7 +139,7 @@ class LB:
             ip = ipof.get(m.group(2), m.group(2))
             ts = self._parse_ts(line)
             # use the log's own timestamp when it has one (UTC), else when we read it
-            self.events.append((ts if ts and abs(ts - t) < 60 else t, ip, m.group(1), line.strip()[:200]))
+            self.events.append((ts if ts and abs(ts - t) < 900 else t, ip, m.group(1), line.strip()[:200]))
 
     def first_event(self, ip, state, after):
         for t, i, s, _ in self.events:

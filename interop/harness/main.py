@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from . import report, scenarios
+from . import report, scenarios, timing
 from .cluster import Cluster
 from .common import MASTERS, Failure, log, now, wait_for
 from .jobs import Jobs
@@ -38,6 +38,7 @@ class Suite:
         self.jobs = Jobs(self.run, self.cluster, self.procs, self.minions)
         self.results = []  # dicts, one per scenario
         self.killed = None  # victim of scenario 2, restarted by scenario 4
+        self.t_scenarios = None  # when bring-up ended and the first scenario began
         self.t_start = now()
 
     def record(self, res):
@@ -70,6 +71,7 @@ class Suite:
         ok = True
         try:
             self.bring_up()
+            self.t_scenarios = now()
             scenarios.run(self, self.a.scenarios.split())
         except Failure as exc:
             log(f"FAILED: {exc}")
@@ -82,7 +84,8 @@ class Suite:
         finally:
             self.results.sort(key=lambda r: r["id"])
             if self.results:
-                t = report.table(self.results, self.lbs, self.t_start, self.a.spread_wait)
+                t = report.table(self.results, self.lbs, self.t_start, self.a.spread_wait,
+                                 extra=timing.suite_lines(self))
                 with open(self.a.results, "w") as f:
                     f.write(t)
                 print("\n" + t, flush=True)

@@ -36,7 +36,7 @@ def _missed_txt(missed):
     return txt
 
 
-def table(results, lbs, t_start, spread_wait):
+def table(results, lbs, t_start, spread_wait, extra=()):
     L = []
     sg_label = lbs[0].label
     L.append(f"Latest run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Salt 3008.5, "
@@ -83,6 +83,7 @@ def table(results, lbs, t_start, spread_wait):
     for res in results:
         for n in res.get("notes") or []:
             L.append(f"- scenario {res['id']}: {n}")
+    L.extend(extra)
     return "\n".join(L) + "\n"
 
 

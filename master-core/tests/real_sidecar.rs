@@ -128,7 +128,7 @@ fn a_minion_behind_a_sidecar_answers_through_the_next_master_when_its_first_hang
         .stderr(Stdio::from(
             std::fs::File::create(r.join("sidecar.log")).unwrap(),
         ));
-    let _sidecar = ProcGuard::spawn(cmd);
+    let _sidecar = ProcGuard::spawn("saltgate", cmd);
 
     let mconf = r.join("minion-conf");
     std::fs::create_dir_all(&mconf).unwrap();
@@ -149,7 +149,7 @@ fn a_minion_behind_a_sidecar_answers_through_the_next_master_when_its_first_hang
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let _minion = ProcGuard::spawn(cmd);
+    let _minion = ProcGuard::spawn("salt-minion", cmd);
     let logs = || {
         let read = |p: &str| std::fs::read_to_string(r.join(p)).unwrap_or_default();
         format!(

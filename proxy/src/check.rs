@@ -8,9 +8,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use saltgate_config::{Probe, Role};
+use saltgate_config::{HealthSettings, Probe, Role};
 use saltgate_wire::probe;
 use tokio::sync::mpsc;
 
@@ -55,18 +55,20 @@ fn connect_error(what: &str, e: &std::io::Error) -> String {
     }
 }
 
-/// Tests one master port. `Err` carries a short reason for the logs and the admin API.
+/// Tests one master port with the timeouts and probe of `health`. `Err` carries a short reason for
+/// the logs and the admin API.
 pub trait Prober: Send + Sync + 'static {
     fn probe(
         &self,
         addr: SocketAddr,
         role: Role,
-        kind: Probe,
-        timeout: Duration,
+        health: HealthSettings,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
 }
 
-/// The real probes: TCP connect, the ZMTP greeting, and Salt's clear `ping` (see [`Probe`]).
+/// The real probes: TCP connect, the ZMTP greeting, and Salt's clear `ping` (see [`Probe`]). The
+/// greeting and the ping's connect and ZMTP handshake must come within `handshake_timeout` (a
+/// stopped master fails here at once), the ping's answer within `timeout` (a busy master gets it).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SaltProbes;
 
@@ -75,11 +77,12 @@ impl Prober for SaltProbes {
         &self,
         addr: SocketAddr,
         role: Role,
-        kind: Probe,
-        timeout: Duration,
+        health: HealthSettings,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        let timeout = health.timeout;
+        let handshake = health.handshake_timeout.min(timeout);
         Box::pin(async move {
-            match (kind, role) {
+            match (health.probe, role) {
                 (Probe::Tcp, _) => {
                     match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
                     {
@@ -89,7 +92,7 @@ impl Prober for SaltProbes {
                     }
                 }
                 (Probe::Zmtp, _) | (Probe::Salt, Role::Publish) => {
-                    probe::zmtp_greeting(addr, timeout)
+                    probe::zmtp_greeting(addr, handshake)
                         .await
                         .map(|_| ())
                         .map_err(|e| match e {
@@ -99,17 +102,22 @@ impl Prober for SaltProbes {
                             e => format!("ZMTP greeting: {e}"),
                         })
                 }
-                (Probe::Salt, Role::Request) => match probe::salt_ping(addr, timeout).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.is_not_ready() => Err(
-                        "salt ping: not ready (cluster_retry: not yet a cluster member)"
-                            .to_string(),
-                    ),
-                    Err(probe::ProbeError::Connect(e)) => {
-                        Err(connect_error("salt ping: connect", &e))
+                (Probe::Salt, Role::Request) => {
+                    match probe::salt_ping_staged(addr, handshake, timeout).await {
+                        Ok(_) => Ok(()),
+                        Err(e) if e.is_not_ready() => Err(
+                            "salt ping: not ready (cluster_retry: not yet a cluster member)"
+                                .to_string(),
+                        ),
+                        Err(probe::ProbeError::Connect(e)) => {
+                            Err(connect_error("salt ping: connect", &e))
+                        }
+                        Err(probe::ProbeError::Timeout(t)) => Err(format!(
+                            "salt ping: ZMTP handshake done, no answer within {t:?} (master busy, or its workers stuck)"
+                        )),
+                        Err(e) => Err(format!("salt ping: {e}")),
                     }
-                    Err(e) => Err(format!("salt ping: {e}")),
-                },
+                }
             }
         })
     }
@@ -145,8 +153,10 @@ pub async fn run_port_checks(
     loop {
         let settings = master.cfg().health;
         let t0 = Instant::now();
+        let started = tokio::time::Instant::now();
+        master.upstream.check_begins(role);
         let result = tokio::select! {
-            r = prober.probe(addr, role, settings.probe, settings.timeout) => r,
+            r = prober.probe(addr, role, settings) => r,
             _ = stop.cancelled() => return,
         };
         match &result {
@@ -207,9 +217,31 @@ pub async fn run_port_checks(
                 });
             }
         }
-        let wait = state.next_interval(&settings);
+        // Intervals count from the start of this check: a check that outlasts the interval (a
+        // hung master's handshake deadline, a busy master's slow ping) is followed at once.
+        let next = started + state.next_interval(&settings);
+        tracing::debug!(
+            master = %name,
+            port = %role,
+            ok,
+            took_ms = took.as_millis() as u64,
+            detail = %detail,
+            state = ?state.state,
+            next_in_ms = next.saturating_duration_since(tokio::time::Instant::now()).as_millis() as u64,
+            "check"
+        );
+        // A session's passive signal (see `Upstream::nudge_check`) brings the next check forward
+        // to `fastinter` after this one began.
+        let soon = started + settings.fastinter;
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep_until(next) => {}
+            _ = master.upstream.nudged(role), if soon < next => {
+                tracing::debug!(master = %name, port = %role, "check brought forward: a session saw the master reset or refuse");
+                tokio::select! {
+                    _ = tokio::time::sleep_until(soon) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
             _ = stop.cancelled() => return,
         }
     }
@@ -234,3 +266,7 @@ fn log_flip(master: &Master, role: Role, flip: Flip, state: &HealthState, detail
         ),
     }
 }
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;

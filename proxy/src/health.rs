@@ -85,6 +85,7 @@ mod tests {
             rise: 2,
             fall: 3,
             timeout: Duration::from_secs(1),
+            handshake_timeout: Duration::from_millis(500),
             probe: saltgate_config::Probe::Tcp,
         }
     }

@@ -123,6 +123,8 @@ async fn connect(
             _ = ctx.sessions_token.cancelled() => return Connect::Shutdown,
         };
         handles.connect_errors[role as usize].inc();
+        // A passive signal: check this port soon rather than at its next interval.
+        master.upstream.nudge_check(role);
         if let Some(left_out) = handles.connect_log.allow() {
             tracing::warn!(client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, left_out, "connect to master failed (at most one line per master every 5 s; left_out: failures not logged since the last)");
         }
@@ -284,6 +286,10 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         server_fin: listener.timeout_server_fin,
     };
     let reason = pump::pump(client, master_stream, limits, &ctl, &ctx.pool, &lm.bytes).await;
+    if matches!(reason, CloseReason::MasterReset | CloseReason::MasterEof) {
+        // Salt masters do not close minions' connections while they run: check this port soon.
+        master.upstream.nudge_check(role);
+    }
     let (bytes_in, bytes_out) = (
         ctl.bytes_in.load(Ordering::Relaxed),
         ctl.bytes_out.load(Ordering::Relaxed),

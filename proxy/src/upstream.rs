@@ -95,6 +95,11 @@ pub struct Upstream {
     up_since: Mutex<Option<tokio::time::Instant>>,
     /// The failback hold was given up early: it took sessions because nothing ahead of it could.
     hold_released: AtomicBool,
+    /// Passive signals from sessions (a connect refused or timed out, the master reset or closed a
+    /// session): the port's next check comes `fastinter` after the last one began, not `interval`.
+    nudge: [tokio::sync::Notify; 2],
+    /// A nudge not yet served by a check that began after it (a burst wakes the checker once).
+    nudge_pending: [AtomicBool; 2],
 }
 
 impl Upstream {
@@ -114,6 +119,8 @@ impl Upstream {
             joining: AtomicBool::new(false),
             up_since: Mutex::new(None),
             hold_released: AtomicBool::new(false),
+            nudge: [tokio::sync::Notify::new(), tokio::sync::Notify::new()],
+            nudge_pending: [AtomicBool::new(false), AtomicBool::new(false)],
         }
     }
 
@@ -256,6 +263,24 @@ impl Upstream {
             .lock()
             .map(|g| g.clone())
             .unwrap_or_default()
+    }
+
+    /// A session saw a sign of trouble on this port: check it soon. A burst of signals before the
+    /// next check begins costs one early check.
+    pub fn nudge_check(&self, role: Role) {
+        if !self.nudge_pending[role as usize].swap(true, Ordering::AcqRel) {
+            self.nudge[role as usize].notify_one();
+        }
+    }
+
+    /// A check of `role` begins: it serves every nudge made so far.
+    pub fn check_begins(&self, role: Role) {
+        self.nudge_pending[role as usize].store(false, Ordering::Release);
+    }
+
+    /// Resolves at the next [`Upstream::nudge_check`] of `role` (or at once for one made meanwhile).
+    pub fn nudged(&self, role: Role) -> tokio::sync::futures::Notified<'_> {
+        self.nudge[role as usize].notified()
     }
 
     pub fn set_last_check(&self, role: Role, report: CheckReport) {

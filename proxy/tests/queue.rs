@@ -28,6 +28,7 @@ fn health() -> HealthSettings {
         rise: 2,
         fall: 2,
         timeout: Duration::from_millis(500),
+        handshake_timeout: Duration::from_millis(500),
         probe: Probe::Tcp,
     }
 }

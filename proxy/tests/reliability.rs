@@ -20,6 +20,7 @@ fn config(masters: &[(&str, &str, u16, u16)]) -> Config {
         rise: 2,
         fall: 2,
         timeout: Duration::from_millis(500),
+        handshake_timeout: Duration::from_millis(500),
         probe: Probe::Tcp,
     };
     let masters = masters

@@ -69,6 +69,7 @@ async fn an_unresolved_master_is_retried_with_back_off_and_serves_once_it_resolv
         rise: 1,
         fall: 2,
         timeout: Duration::from_millis(500),
+        handshake_timeout: Duration::from_millis(500),
         probe: Probe::Tcp,
     };
     let ap = FakeMaster::start("a", "127.12.3.2", Behaviour::Echo).await;

@@ -190,7 +190,9 @@ async fn a_hung_master_is_down_for_the_salt_probe_and_up_for_tcp() {
     );
     assert!(tcp.last_check(Role::Publish).ok && tcp.last_check(Role::Request).ok);
     assert!(
-        salt.last_check(Role::Publish).detail.contains("no answer"),
+        salt.last_check(Role::Publish)
+            .detail
+            .contains("no ZMTP handshake"),
         "{:?}",
         salt.last_check(Role::Publish)
     );

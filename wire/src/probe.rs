@@ -8,7 +8,12 @@
 //!   RSA work and creates no state. A 3008 cluster member that is not a Raft voter yet answers
 //!   `cluster_retry`, reported as [`ProbeError::NotReady`].
 //!
-//! Both are bounded by one overall timeout and never panic.
+//! Both are bounded by one overall timeout and never panic. [`salt_ping_staged`] and
+//! [`zmtp_greeting`] with a short deadline also tell a *stopped* master from a *busy* one: libzmq's
+//! I/O thread completes the ZMTP handshake even while every Salt worker is busy, but when the master
+//! process is stopped (SIGSTOP, a hung kernel task) nothing answers, although the kernel still
+//! completes the TCP handshake from the listen backlog. So a connect succeeds on a hung master and
+//! the handshake does not come: [`ProbeError::NoHandshake`].
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -51,6 +56,13 @@ pub enum ProbeError {
     Connect(std::io::Error),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The TCP connect went through (the kernel's backlog), but the ZMTP handshake did not come
+    /// within the deadline: the master process is not running (stopped or hung), not merely busy.
+    #[error("connected, but no ZMTP handshake within {0:?} (the master process answers nothing: stopped or hung?)")]
+    NoHandshake(Duration),
+    /// The TCP connect itself did not complete within the handshake deadline.
+    #[error("connect: no answer within {0:?}")]
+    ConnectTimeout(Duration),
     #[error("ZMTP: {0}")]
     Zmtp(#[from] ZmtpError),
     #[error("reply is not a Salt message: {0}")]
@@ -70,25 +82,28 @@ impl ProbeError {
     }
 }
 
-/// Connects to `addr` and reads the peer's ZMTP greeting within `timeout`.
+/// Connects to `addr` and reads the peer's ZMTP greeting within `timeout` (connect included). A
+/// connect that does not complete in time is [`ProbeError::ConnectTimeout`]; a connect that does,
+/// with no greeting in time, is [`ProbeError::NoHandshake`] (the hung-master shape).
 pub async fn zmtp_greeting(
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<PeerGreeting, ProbeError> {
     let start = Instant::now();
-    let work = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(ProbeError::Connect)?;
-        let _ = stream.set_nodelay(true);
-        let g = greeting::exchange_raw(&mut stream, &Greeting::ours(false)).await?;
-        // Close without READY: the peer's socket never sees us.
-        drop(stream);
-        Ok::<_, ProbeError>(g)
-    };
-    let g = tokio::time::timeout(timeout, work)
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut stream = tokio::time::timeout_at(deadline, TcpStream::connect(addr))
         .await
-        .map_err(|_| ProbeError::Timeout(timeout))??;
+        .map_err(|_| ProbeError::ConnectTimeout(timeout))?
+        .map_err(ProbeError::Connect)?;
+    let _ = stream.set_nodelay(true);
+    let g = tokio::time::timeout_at(
+        deadline,
+        greeting::exchange_raw(&mut stream, &Greeting::ours(false)),
+    )
+    .await
+    .map_err(|_| ProbeError::NoHandshake(timeout))??;
+    // Close without READY: the peer's socket never sees us.
+    drop(stream);
     Ok(PeerGreeting {
         major: g.major,
         minor: g.minor,
@@ -99,10 +114,32 @@ pub async fn zmtp_greeting(
 }
 
 /// Sends Salt's clear `ping` to the request port at `addr` and waits for the reply, all within
-/// `timeout`. PINGs from the master during the wait are answered.
+/// `timeout`. PINGs from the master during the wait are answered. Same as
+/// [`salt_ping_staged`]`(addr, timeout, timeout)`.
 pub async fn salt_ping(addr: SocketAddr, timeout: Duration) -> Result<SaltPingReply, ProbeError> {
+    salt_ping_staged(addr, timeout, timeout).await
+}
+
+/// Salt's clear `ping` in two stages with their own deadlines: the connect and the ZMTP handshake
+/// (greeting and READY, answered by libzmq's I/O thread) within `handshake_timeout`, and the whole
+/// exchange, the ping's reply from a Salt worker included, within `timeout`. A busy master passes
+/// the first stage at once and may take up to `timeout` to answer; a stopped one fails the first
+/// stage ([`ProbeError::NoHandshake`]) after `handshake_timeout`.
+pub async fn salt_ping_staged(
+    addr: SocketAddr,
+    handshake_timeout: Duration,
+    timeout: Duration,
+) -> Result<SaltPingReply, ProbeError> {
     let start = Instant::now();
-    let reply = match tokio::time::timeout(timeout, ping_inner(addr, timeout)).await {
+    let handshake_timeout = handshake_timeout.min(timeout);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut handshaken = false;
+    let inner = ping_inner(addr, handshake_timeout, &mut handshaken);
+    let outcome = tokio::time::timeout_at(deadline, inner).await;
+    let reply = match outcome {
+        Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) if !handshaken => {
+            return Err(ProbeError::NoHandshake(handshake_timeout))
+        }
         Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) => {
             return Err(ProbeError::Timeout(timeout))
         }
@@ -123,15 +160,26 @@ pub async fn salt_ping(addr: SocketAddr, timeout: Duration) -> Result<SaltPingRe
 /// Largest reply we accept from a ping (an echoed load is tiny).
 const MAX_PING_REPLY: usize = 1024 * 1024;
 
-async fn ping_inner(addr: SocketAddr, timeout: Duration) -> Result<Reply, ProbeError> {
-    let stream = TcpStream::connect(addr)
+/// `handshaken` is set once the ZMTP handshake is done (the caller tells the two stages apart).
+async fn ping_inner(
+    addr: SocketAddr,
+    handshake_timeout: Duration,
+    handshaken: &mut bool,
+) -> Result<Reply, ProbeError> {
+    let hs_deadline = tokio::time::Instant::now() + handshake_timeout;
+    let stream = tokio::time::timeout_at(hs_deadline, TcpStream::connect(addr))
         .await
+        .map_err(|_| ProbeError::ConnectTimeout(handshake_timeout))?
         .map_err(ProbeError::Connect)?;
     let _ = stream.set_nodelay(true);
     let mut hs = HandshakeConfig::new(SocketType::Req);
-    hs.timeout = timeout;
+    hs.timeout = hs_deadline.saturating_duration_since(tokio::time::Instant::now());
     hs.max_frame_size = MAX_PING_REPLY;
-    let mut conn = Connection::handshake(stream, &hs).await?;
+    let mut conn = match Connection::handshake(stream, &hs).await {
+        Err(ZmtpError::Timeout(_)) => return Err(ProbeError::NoHandshake(handshake_timeout)),
+        r => r?,
+    };
+    *handshaken = true;
     let request = Bytes::from(RequestEnvelope::ping().encode());
     conn.send_message(&[Bytes::new(), request]).await?;
     let mut assembler = MessageAssembler::new(8, MAX_PING_REPLY);

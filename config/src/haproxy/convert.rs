@@ -323,17 +323,24 @@ fn masters(
             ps.error(rs.line, &format!("server {}", rs.name), format!("its options differ from server {} (line {}) for the same master", ps_srv.name, ps_srv.line), "saltgate checks and weighs a master as one unit: give both server lines the same check, inter, rise, fall, weight, maxconn, backup and disabled");
             continue;
         }
-        let inter = o.inter.unwrap_or(defaults::CHECK_INTERVAL);
+        // As in HAProxy, fastinter and downinter follow an explicit inter; a server line without
+        // inter gets saltgate's schedule (1 s / 500 ms / 1 s: a hung master DOWN within 4 s).
+        let base = HealthSettings::default();
+        let (inter, fast, down) = match o.inter {
+            Some(i) => (i, i, i),
+            None => (base.interval, base.fastinter, base.downinter),
+        };
         let health = HealthSettings {
             interval: inter,
-            fastinter: o.fastinter.unwrap_or(inter),
-            downinter: o.downinter.unwrap_or(inter),
+            fastinter: o.fastinter.unwrap_or(fast),
+            downinter: o.downinter.unwrap_or(down),
             rise: o.rise.unwrap_or(defaults::RISE),
             fall: o.fall.unwrap_or(defaults::FALL),
             timeout: pb
                 .timeout_check
                 .map(|t| t.v)
                 .unwrap_or(defaults::CHECK_TIMEOUT),
+            handshake_timeout: base.handshake_timeout,
             // HAProxy's `check` becomes saltgate's Salt-aware check: that is the point of the switch.
             probe: crate::model::Probe::Salt,
         };

@@ -69,21 +69,49 @@ fn seed_fixture_recognises_three_masters_on_both_ports() {
 }
 
 #[test]
-fn haproxy_defaults_apply_where_the_file_is_silent() {
+fn saltgate_check_schedule_applies_where_the_file_is_silent() {
     let c = ok(FIXTURE).config;
     let h = c.masters[0].health;
     assert_eq!(
-        (h.interval, h.fastinter, h.downinter, h.rise, h.fall),
         (
-            Duration::from_secs(2),
-            Duration::from_secs(2),
-            Duration::from_secs(2),
+            h.interval,
+            h.fastinter,
+            h.downinter,
+            h.rise,
+            h.fall,
+            h.timeout,
+            h.handshake_timeout
+        ),
+        (
+            Duration::from_secs(1),
+            Duration::from_millis(500),
+            Duration::from_secs(1),
             2,
-            3
-        )
+            3,
+            Duration::from_secs(5),
+            Duration::from_secs(1)
+        ),
+        "a bare `check`: saltgate's schedule (a hung master DOWN within 4 s)"
     );
+    assert_eq!(h, crate::model::HealthSettings::default());
     assert_eq!(c.publish.retries, 3);
     assert_eq!(c.request.retries, 3);
+}
+
+#[test]
+fn an_explicit_inter_carries_fastinter_and_downinter_as_in_haproxy() {
+    let text = FIXTURE
+        .replace(":4505 check", ":4505 check inter 3s")
+        .replace(":4506 check", ":4506 check inter 3s");
+    let h = ok(&text).config.masters[0].health;
+    assert_eq!(
+        (h.interval, h.fastinter, h.downinter),
+        (
+            Duration::from_secs(3),
+            Duration::from_secs(3),
+            Duration::from_secs(3)
+        )
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@ from ..lb import Watcher
 from .base import log_bad_rounds, log_minion_events, missed_within_allowance, new_result, note_publish_errors, \
     stream_row
 
+HANG_DETECT_S = 5.0  # issue 10 part 3: a SIGSTOPped master is DOWN within this
 TITLES = {"kill": "master killed (SIGKILL)", "hang": "master hung (SIGSTOP, later SIGCONT)"}
 
 
@@ -124,6 +125,16 @@ def run(s, sid, kind):
         ok = False
         res["notes"].append(f"{s.sg.label} minions did not all answer again within "
                             f"{t_end - t0:.0f} s; HAProxy's did")
+    if kind == "hang" and s.sg.kind == "saltgate":
+        # issue 10: a stopped master is DOWN within HANG_DETECT_S (its publish-port greeting and its
+        # request-port handshake stop at once; a busy master's do not)
+        d = sg.get("detect_s")
+        if d is None or d > HANG_DETECT_S:
+            ok = False
+            res["notes"].append(f"{s.sg.label} marked the hung master DOWN after "
+                                f"{'never' if d is None else f'{d:.1f} s'}: the bound is {HANG_DETECT_S:.0f} s")
+        else:
+            sg["detect"] += f" (bound {HANG_DETECT_S:.0f} s)"
     sg["ok"] = ok
     res["ok"] = ok
     for lb in s.lbs:

@@ -5,6 +5,7 @@ import time
 
 from ..common import MASTERS, log, now
 from ..lb import Watcher
+from ..timing import PingWatch, fmt_breakdown, health_of, restart_breakdown
 from .base import new_result, note_publish_errors, stream_row
 
 ID, NAME = 4, "master restarted"
@@ -20,6 +21,8 @@ def run(s):
         return
     sp_down = s.spread()
     w = Watcher.started(s.lbs)
+    ping = PingWatch(victim)
+    ping.start()
     t0 = now()
     ready_s = s.cluster.start_masters([victim])
     t_ready = now()
@@ -31,6 +34,9 @@ def run(s):
     s.jobs.stop_streams(st)
     w.finish()
     missing = s.jobs.wait_healthy("after the restart", timeout=90)
+    ping.stop()
+    for lb in s.lbs:
+        lb.poll()  # the flips logged since the watcher stopped (a slow start comes UP late)
     all_ok_s = now() - t0
     jobs, perr = s.jobs.read_jobs(st["files"])
     res.update(spread_down=sp_down, spread_back=sp_back, ready_s=ready_s, t_spread=t_spread - t_ready)
@@ -48,7 +54,39 @@ def run(s):
             ok=not miss)
         if miss:
             res["notes"].append(f"{lb.label}: {miss} never answered a round within 90 s after the restart checks")
+    _timing_notes(s, res, victim, t0, ping, t_ready)
     res["notes"].append(f"every minion answered a round {all_ok_s:.0f} s after the restart began"
                         if not missing else "not every minion answered again after the restart")
     res["ok"] = res["rows"]["sg"]["ok"]
     s.record(res)
+
+
+def _timing_notes(s, res, victim, t0, ping, t_ready):
+    """where the time between the restart and saltgate's UP goes (see docs/operations.md)"""
+    if ping.error:
+        res["notes"].append(f"restart timing not measured: {ping.error}")
+    for lb in s.lbs:
+        up = lb.first_event(victim, "UP", t0)
+        if up and ping.t_answer:
+            res["rows"][lb.key]["detect"] += f" ({up - ping.t_answer:.1f} s after its first clear ping answer)"
+    if s.sg.kind != "saltgate":
+        return
+    h = health_of(s.sg.cfg)
+    bound = h.get("rise", 2) * h.get("downinter", 2.0)
+    name = s.sg.names.get(victim, victim)
+    t_up = s.sg.first_event(victim, "UP", t0)
+    rel, within, failed = restart_breakdown(s.sg, name, t0, ping, t_up, bound)
+    rel.insert(1, ("Salt logged 'opening request gate'", t_ready - t0))
+    rel.sort(key=lambda x: float("inf") if x[1] is None else x[1])
+    res["restart_timing"] = rel
+    line = f"{s.sg.label} restart time line (from the restart's start): {fmt_breakdown(rel)}"
+    if within is not None:
+        gap = t_up - ping.t_answer
+        line += (f"; UP {gap:.1f} s after the master first answered a clear ping "
+                 f"(bound rise x downinter + 2 s = {bound + 2:.1f} s: {'within' if within else 'EXCEEDED'})")
+        if not within:
+            res["rows"]["sg"]["ok"] = False
+    res["notes"].append(line)
+    for (port, detail), took in sorted(failed.items()):
+        res["notes"].append(f"{s.sg.label} failing {port} checks while it started: {len(took)} x '{detail}' "
+                            f"(each {min(took) / 1000:.1f}-{max(took) / 1000:.1f} s)")

@@ -223,6 +223,7 @@ impl FakeCluster {
             rise: 2,
             fall: 2,
             timeout: Duration::from_millis(500),
+            handshake_timeout: Duration::from_millis(500),
             probe: Probe::Tcp,
         };
         let masters = self
@@ -301,8 +302,7 @@ impl Prober for ScriptedProber {
         &self,
         addr: SocketAddr,
         _role: Role,
-        _kind: Probe,
-        _timeout: Duration,
+        _health: HealthSettings,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         *self.probes.lock().unwrap().entry(addr).or_default() += 1;
         let down = self.all_down.load(Ordering::SeqCst)
