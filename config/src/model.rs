@@ -16,6 +16,8 @@ pub struct Config {
     pub publish: ListenerConfig,
     pub request: ListenerConfig,
     pub admin: AdminConfig,
+    /// Which minion is where (`presence:`).
+    pub presence: crate::presence::PresenceConfig,
 }
 
 impl Config {

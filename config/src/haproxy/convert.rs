@@ -162,6 +162,7 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
         publish: publish_l,
         request: request_l,
         admin,
+        presence: Default::default(),
     })
 }
 
