@@ -211,7 +211,19 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         client_fin: listener.timeout_client_fin,
         server_fin: listener.timeout_server_fin,
     };
-    let reason = pump::pump(client, master_stream, limits, &ctl, &ctx.pool, &lm.bytes).await;
+    let presence = ctx
+        .presence
+        .attach(role, ctl.id, peer, master.name().as_str());
+    let reason = pump::pump(
+        client,
+        master_stream,
+        limits,
+        &ctl,
+        &ctx.pool,
+        &lm.bytes,
+        presence.tap,
+    )
+    .await;
     let (bytes_in, bytes_out) = (
         ctl.bytes_in.load(Ordering::Relaxed),
         ctl.bytes_out.load(Ordering::Relaxed),

@@ -77,6 +77,7 @@ fn config(masters: &[&Publisher]) -> Config {
             token_file: None,
             allow_unauthenticated: false,
         },
+        presence: Default::default(),
     }
 }
 

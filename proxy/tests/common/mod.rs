@@ -275,6 +275,7 @@ pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -
             token_file: None,
             allow_unauthenticated: false,
         },
+        presence: Default::default(),
     }
 }
 
