@@ -103,7 +103,8 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
     if c.admin.allow_unauthenticated {
         writeln!(o, "  allow_unauthenticated: true")?;
     }
-    Ok(())
+    writeln!(o)?;
+    crate::presence::emit(o, &c.presence)
 }
 
 fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Result {

@@ -57,6 +57,32 @@ impl Default for PresenceConfig {
     }
 }
 
+/// Writes the section as saltgate YAML (for [`crate::emit`]).
+pub(crate) fn emit(o: &mut String, p: &PresenceConfig) -> std::fmt::Result {
+    use std::fmt::Write;
+    writeln!(
+        o,
+        "# Which minion is where: ids read on the request port (docs/presence.md)."
+    )?;
+    writeln!(o, "presence:")?;
+    writeln!(o, "  enabled: {}", p.enabled)?;
+    writeln!(
+        o,
+        "  max_minions: {}        # when full, the entry gone longest goes",
+        p.max_minions
+    )?;
+    writeln!(
+        o,
+        "  expire_after: {}       # how long a minion with no session stays listed",
+        crate::duration::format_duration(p.expire_after)
+    )?;
+    writeln!(
+        o,
+        "  inspect_bytes: {}       # bytes of each request connection looked at, at most",
+        p.inspect_bytes
+    )
+}
+
 /// Reads the `presence:` section (absent: the defaults).
 pub(crate) fn parse(c: &mut Checker<'_>, n: Option<&Node>) -> PresenceConfig {
     let p = "presence";
@@ -136,6 +162,18 @@ listeners:
                 inspect_bytes: 4096,
             }
         );
+    }
+
+    #[test]
+    fn the_section_survives_a_round_trip_through_the_emitter() {
+        for extra in [
+            "",
+            "presence:\n  enabled: false\n  max_minions: 7\n  expire_after: 1500ms\n  inspect_bytes: 300\n",
+        ] {
+            let c = parse_yaml(&format!("{BASE}{extra}"), None).unwrap();
+            let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
+            assert_eq!(back.presence, c.presence, "{extra}");
+        }
     }
 
     #[test]
