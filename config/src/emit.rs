@@ -118,7 +118,8 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
             }
         }
     }
-    Ok(())
+    writeln!(o)?;
+    crate::presence::emit(o, &c.presence)
 }
 
 fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Result {

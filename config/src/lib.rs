@@ -13,6 +13,7 @@ pub mod emit;
 pub mod error;
 pub mod haproxy;
 pub mod model;
+pub mod presence;
 pub mod salt_master;
 pub mod salt_minion;
 pub mod yaml;
@@ -27,6 +28,7 @@ use std::path::Path;
 
 pub use error::{ConfigError, ConfigErrors, ConfigWarning, Position};
 pub use model::*;
+pub use presence::PresenceConfig;
 
 /// A loaded configuration and what the operator should be told about it.
 #[derive(Debug, Clone)]

@@ -18,6 +18,8 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Masters found in the Salt cluster's key directory (`discovery`). `None`: off.
     pub discovery: Option<Discovery>,
+    /// Which minion is where (`presence:`).
+    pub presence: crate::presence::PresenceConfig,
 }
 
 /// Discovery of masters from a Salt 3008 cluster's `cluster_pki_dir`: every `peers/<id>.pub` is a

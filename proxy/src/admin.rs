@@ -10,6 +10,7 @@
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/masters` | state, sessions per port, last check of every master; clients queued per listener |
 //! | `GET /api/v1/sessions?master=&listener=&limit=&after=` | live sessions by id, filtered, a page at a time (`next_after` when more follow) |
+//! | `GET /api/v1/minions?limit=&after=` | which minion is where, by minion id, a page at a time ([`crate::presence::api`]) |
 //! | `POST /api/v1/masters/{name}/drain\|disable\|enable` | admin actions |
 //! | `POST /api/v1/reload` | reload the configuration file |
 
@@ -48,6 +49,8 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn token(&self) -> Arc<Option<String>>;
     /// The Prometheus exposition.
     fn render_metrics(&self) -> String;
+    /// The presence table (`/api/v1/minions`).
+    fn presence(&self) -> Arc<crate::presence::Presence>;
     /// The recent flips, reloads, admin actions and checks (the status page's history).
     fn events(&self) -> &crate::events::EventLog;
     /// Shutdown has started (the API stays up through the drain).
@@ -151,6 +154,7 @@ pub(crate) fn router(shared: Ops) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/v1/masters", get(masters))
         .route("/api/v1/sessions", get(sessions))
+        .route("/api/v1/minions", get(crate::presence::api::minions))
         .route("/api/v1/masters/{name}/{action}", post(master_action))
         .route("/api/v1/reload", post(reload))
         .route("/api/v1/events", get(crate::status_page::events))
@@ -160,7 +164,7 @@ pub(crate) fn router(shared: Ops) -> Router {
         .route("/readyz", get(readyz))
         .route("/", get(crate::status_page::page))
         .merge(api)
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /metrics, /healthz, /readyz") })
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /api/v1/minions, /metrics, /healthz, /readyz") })
         .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route (actions and reload are POST, the rest GET)") })
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT))

@@ -124,8 +124,21 @@ pub fn status_table(masters: &Value) -> String {
             last,
         ]);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+    let mut out = columns(&rows);
+    out.push_str(&format!("config generation {}\n", masters["generation"]));
+    out
+}
+
+/// Rows as left-aligned columns, two spaces apart (widths in characters).
+fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..n)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut out = String::new();
     for r in rows {
@@ -137,6 +150,169 @@ pub fn status_table(masters: &Value) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
-    out.push_str(&format!("config generation {}\n", masters["generation"]));
     out
+}
+
+/// A query-string value, percent-encoded (minion ids may hold `&`, `#`, `+`, spaces...).
+fn query_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Minions asked per page by `ctl minions`.
+pub const MINIONS_PAGE: usize = 1000;
+
+/// Every minion of `GET /api/v1/minions`, page after page.
+pub async fn minions(
+    addr: SocketAddr,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<Vec<Value>, CtlError> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let path = match &after {
+            None => format!("/api/v1/minions?limit={MINIONS_PAGE}"),
+            Some(a) => format!(
+                "/api/v1/minions?limit={MINIONS_PAGE}&after={}",
+                query_value(a)
+            ),
+        };
+        let page = call(addr, "GET", &path, token, timeout).await?;
+        let list = page["minions"]
+            .as_array()
+            .ok_or_else(|| CtlError::Protocol(format!("no minions list in {page}")))?;
+        all.extend(list.iter().cloned());
+        match page["next_after"].as_str() {
+            Some(next) if after.as_deref() != Some(next) => after = Some(next.to_string()),
+            _ => return Ok(all),
+        }
+    }
+}
+
+/// `3s`, `4m05s`, `2h13m`, `3d04h`.
+fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// The `ctl minions` table; `now_ms` is the wall clock (milliseconds since the Unix epoch).
+pub fn minions_table(minions: &[Value], now_ms: u64) -> String {
+    let mut rows = vec![[
+        "MINION",
+        "CLIENT",
+        "PUBLISH",
+        "REQUEST",
+        "STATE",
+        "FIRST SEEN",
+        "LAST SEEN",
+    ]
+    .map(String::from)
+    .to_vec()];
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
+    let ago = |v: &Value| {
+        v.as_u64()
+            .map(|t| format!("{} ago", age(now_ms.saturating_sub(t))))
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut connected = 0;
+    for m in minions {
+        let publish = match m["publish_pairing"].as_str() {
+            Some("ambiguous") => {
+                let c: Vec<&str> = m["publish_candidates"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                format!("{}?", c.join("|"))
+            }
+            Some("fanout") => "(fan-out)".into(),
+            _ => s(&m["publish_master"]),
+        };
+        let state = if m["connected"].as_bool() == Some(true) {
+            connected += 1;
+            "connected".to_string()
+        } else {
+            match m["expires_in_s"].as_u64() {
+                Some(n) => format!("gone, listed {}", age(n * 1000)),
+                None => "gone".into(),
+            }
+        };
+        rows.push(vec![
+            s(&m["id"]),
+            s(&m["client"]),
+            publish,
+            s(&m["request_master"]),
+            state,
+            ago(&m["first_seen"]),
+            ago(&m["last_seen"]),
+        ]);
+    }
+    let mut out = columns(&rows);
+    out.push_str(&format!(
+        "{} minion(s), {connected} connected; PUBLISH a|b? = publish sessions from that address on several masters (several minions behind one address)\n",
+        minions.len()
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_minions_table_shows_masters_states_and_ages() {
+        let now = 1_000_000_000;
+        let list = [
+            json!({"id": "web1", "client": "10.0.0.5:40001", "publish_master": "a", "publish_pairing": "by-address",
+                   "request_master": "b", "connected": true, "first_seen": now - 125_000, "last_seen": now - 3_000}),
+            json!({"id": "nat-7", "client": "192.0.2.9:1", "publish_master": null, "publish_pairing": "ambiguous",
+                   "publish_candidates": ["a", "c"], "request_master": "c", "connected": false, "expires_in_s": 42,
+                   "first_seen": now - 7_200_000, "last_seen": now - 60_000}),
+        ];
+        let t = minions_table(&list, now);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("MINION  "), "{t}");
+        assert!(
+            lines[1].contains("web1") && lines[1].contains("10.0.0.5:40001"),
+            "{t}"
+        );
+        assert!(
+            lines[1].contains("connected")
+                && lines[1].contains("2m05s ago")
+                && lines[1].contains("3s ago"),
+            "{t}"
+        );
+        assert!(
+            lines[2].contains("a|c?")
+                && lines[2].contains("gone, listed 42s")
+                && lines[2].contains("2h00m ago"),
+            "{t}"
+        );
+        assert!(lines[3].starts_with("2 minion(s), 1 connected"), "{t}");
+        // Columns line up: REQUEST starts at the same offset on every row.
+        let col = lines[0].find("REQUEST").unwrap();
+        assert_eq!(&lines[1][col..col + 1], "b");
+        assert_eq!(&lines[2][col..col + 1], "c");
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(query_value("web-01.example.com"), "web-01.example.com");
+        assert_eq!(query_value("a&b c#%+"), "a%26b%20c%23%25%2B");
+    }
 }

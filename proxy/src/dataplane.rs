@@ -39,10 +39,13 @@ pub struct DataPlane {
     pub access: Arc<dyn AccessSink>,
     /// The publish fan-out hub's metrics (`saltgate_fanout_*`), registered once per process.
     pub fanout: Arc<crate::pubhub::FanoutMetrics>,
+    /// Which minion is where: fed by request sessions' taps and publish sessions' guards.
+    pub presence: Arc<crate::presence::Presence>,
 }
 
 impl DataPlane {
     pub fn new(snapshot: Snapshot, metrics: &Metrics, access: Arc<dyn AccessSink>) -> Self {
+        let presence = crate::presence::Presence::new(&snapshot.config.presence, &metrics.registry);
         Self {
             snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
             pool: BufPool::new(POOL_FREE),
@@ -56,6 +59,7 @@ impl DataPlane {
             next_session: AtomicU64::new(1),
             access,
             fanout: Arc::new(crate::pubhub::FanoutMetrics::new(&metrics.registry)),
+            presence,
         }
     }
 

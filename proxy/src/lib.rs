@@ -25,6 +25,7 @@ pub mod listener;
 pub mod master;
 pub mod metrics;
 pub mod notify;
+pub mod presence;
 pub mod pubhub;
 pub mod pump;
 pub mod queue;

@@ -81,6 +81,8 @@ enum Cmd {
 enum CtlAction {
     /// Masters, their state, sessions and last check.
     Status,
+    /// Which minion is where: each minion's publish and request master (all pages).
+    Minions,
     /// No new sessions to NAME; its sessions close at drain_timeout.
     Drain { name: String },
     /// No new sessions to NAME; its sessions close now.
@@ -385,6 +387,7 @@ fn ctl(
         }
     };
     let (method, path) = match &action {
+        CtlAction::Minions => return ctl_minions(admin, token.as_deref(), timeout),
         CtlAction::Status => ("GET", "/api/v1/masters".to_string()),
         CtlAction::Drain { name } => ("POST", format!("/api/v1/masters/{name}/drain")),
         CtlAction::Disable { name } => ("POST", format!("/api/v1/masters/{name}/disable")),
@@ -411,6 +414,7 @@ fn ctl(
         Ok(v) => {
             match action {
                 CtlAction::Status => print!("{}", saltgate_proxy::ctl::status_table(&v)),
+                CtlAction::Minions => {}
                 CtlAction::Reload => {
                     println!("reloaded: configuration generation {}", v["generation"])
                 }
@@ -421,6 +425,38 @@ fn ctl(
                     v["state"].as_str().unwrap_or("?")
                 ),
             }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `saltgate ctl minions`: every page of `/api/v1/minions` as one table.
+fn ctl_minions(
+    admin: std::net::SocketAddr,
+    token: Option<&str>,
+    timeout: std::time::Duration,
+) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(saltgate_proxy::ctl::minions(admin, token, timeout)) {
+        Ok(list) => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            print!("{}", saltgate_proxy::ctl::minions_table(&list, now_ms));
             ExitCode::SUCCESS
         }
         Err(e) => {

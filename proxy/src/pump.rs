@@ -6,6 +6,9 @@
 //!   direction keeps flowing until it ends too.
 //! - Idle timeout: the session is idle while no byte moves in either direction; it is closed after
 //!   being idle for the listener's limit (see [`IdleLimits`]).
+//! - A [`Tap`] may look at the client → master bytes *after* they were written on (presence reads
+//!   the minion id there). Once it has seen enough it is dropped: from then on the loop is the
+//!   same as without it (one `None` check per read, no allocation).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -118,6 +121,13 @@ impl IdleLimits {
     }
 }
 
+/// A passive observer of one direction's bytes: called with each chunk after it was written to
+/// the other side, so it can neither alter nor delay it.
+pub trait Tap: Send {
+    /// Looks at `bytes`; returns false when it wants no more (it is then dropped).
+    fn observe(&mut self, bytes: &[u8]) -> bool;
+}
+
 /// How one direction ended.
 #[derive(Debug)]
 enum DirEnd {
@@ -199,6 +209,7 @@ async fn copy_half(
     metric: &IntCounter,
     act: &Activity,
     pool: &BufPool,
+    mut tap: Option<Box<dyn Tap>>,
 ) -> DirEnd {
     let mut tally = Tally::new(count, metric);
     loop {
@@ -221,6 +232,11 @@ async fn copy_half(
                 }
                 tally.add(n as u64);
                 act.touch();
+                if let Some(t) = tap.as_mut() {
+                    if !t.observe(&buf[..n]) {
+                        tap = None;
+                    }
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return DirEnd::ReadErr(e),
@@ -230,7 +246,8 @@ async fn copy_half(
 
 /// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
 /// counters, client → master and master → client; they and the session's own counts are updated
-/// every [`FLUSH_EVERY`] and at the end, not per read.
+/// every [`FLUSH_EVERY`] and at the end, not per read. `up_tap` sees the client → master bytes
+/// once forwarded.
 pub async fn pump(
     client: TcpStream,
     master: TcpStream,
@@ -238,6 +255,7 @@ pub async fn pump(
     ctl: &SessionCtl,
     pool: &BufPool,
     bytes: &[IntCounter; 2],
+    up_tap: Option<Box<dyn Tap>>,
 ) -> CloseReason {
     let act = Activity {
         base: Instant::now(),
@@ -245,8 +263,8 @@ pub async fn pump(
     };
     let (cr, cw) = client.into_split();
     let (mr, mw) = master.into_split();
-    let up = copy_half(cr, mw, &ctl.bytes_in, &bytes[0], &act, pool);
-    let down = copy_half(mr, cw, &ctl.bytes_out, &bytes[1], &act, pool);
+    let up = copy_half(cr, mw, &ctl.bytes_in, &bytes[0], &act, pool, up_tap);
+    let down = copy_half(mr, cw, &ctl.bytes_out, &bytes[1], &act, pool, None);
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let mut first_eof: Option<CloseReason> = None;

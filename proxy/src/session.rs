@@ -285,7 +285,19 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         client_fin: listener.timeout_client_fin,
         server_fin: listener.timeout_server_fin,
     };
-    let reason = pump::pump(client, master_stream, limits, &ctl, &ctx.pool, &lm.bytes).await;
+    let presence = ctx
+        .presence
+        .attach(role, ctl.id, peer, master.name().as_str());
+    let reason = pump::pump(
+        client,
+        master_stream,
+        limits,
+        &ctl,
+        &ctx.pool,
+        &lm.bytes,
+        presence.tap,
+    )
+    .await;
     if matches!(reason, CloseReason::MasterReset | CloseReason::MasterEof) {
         // Salt masters do not close minions' connections while they run: check this port soon.
         master.upstream.nudge_check(role);

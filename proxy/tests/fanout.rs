@@ -78,6 +78,7 @@ fn config(masters: &[&Publisher]) -> Config {
             allow_unauthenticated: false,
         },
         discovery: None,
+        presence: Default::default(),
     }
 }
 

@@ -217,7 +217,9 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   assert.equal(await page.locator('#masters-up').textContent(), '3 / 3');
   assert.match(await page.locator('#events tr[data-kind="reload"]').first().textContent(),
     /generation 1 in force \(start\)/);
-  assert.match(await page.locator('#minions-status').textContent(), /presence not available/);
+  // Presence is on by default: the table is there, empty (no minion has spoken yet).
+  await until('the empty minion table', async () =>
+    /^0 minion\(s\) connected/.test(await page.locator('#minions-status').textContent()));
   assert.equal(await page.locator('#ready').textContent(), 'ready');
 
   // Two client sessions through the publish listener: the totals and the masters count them.
@@ -265,20 +267,22 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   mkdirSync(path.dirname(SCREENSHOT), { recursive: true });
   await page.screenshot({ path: SCREENSHOT, fullPage: true });
 
-  // Presence (not in saltgate yet): once /api/v1/minions answers, the page shows the minions,
-  // counts them per master and searches them. The answer is stubbed in the browser.
+  // Presence: the page shows the minions /api/v1/minions lists, counts the connected ones per
+  // master and searches them. The answer is stubbed in the browser (real minions are in
+  // proxy/tests/presence.rs); the fourth is gone, so not counted.
   const now = Date.now();
   const minions = [
     { id: 'web01', client: '192.0.2.10:50123', publish_master: 'alpha', request_master: 'alpha', first_seen: now - 3600e3, last_seen: now - 1e3 },
     { id: 'web02', client: '192.0.2.11:50124', publish_master: 'alpha', request_master: 'gamma', first_seen: now - 60e3, last_seen: now - 2e3 },
     { id: 'db01', client: '192.0.2.12:50125', publish_master: 'gamma', request_master: 'gamma', first_seen: now - 5e3, last_seen: now },
+    { id: 'old01', client: '192.0.2.13:50126', publish_master: null, publish_pairing: 'none', request_master: 'alpha', connected: false, first_seen: now - 9e3, last_seen: now - 8e3 },
   ];
-  await page.route('**/api/v1/minions', (route) => route.fulfill({
-    status: 200, contentType: 'application/json', body: JSON.stringify(minions),
+  await page.route((url) => url.pathname.endsWith('/api/v1/minions'), (route) => route.fulfill({
+    status: 200, contentType: 'application/json', body: JSON.stringify({ count: minions.length, total: minions.length, minions }),
   }));
   await until('the minion table', async () =>
-    (await page.locator('#minion-table tbody tr').count()) === 3);
-  assert.match(await page.locator('#minions-status').textContent(), /^3 minion\(s\) connected/);
+    (await page.locator('#minion-table tbody tr').count()) === 4);
+  assert.match(await page.locator('#minions-status').textContent(), /^3 minion\(s\) connected, 1 gone/);
   assert.equal((await page.locator('#masters tr[data-master="alpha"] .minion-count').textContent()), '2 / 1');
   assert.equal((await page.locator('#masters tr[data-master="gamma"] .minion-count').textContent()), '1 / 2');
   await page.fill('#minion-search', 'web');

@@ -1,4 +1,5 @@
-//! Criterion benchmarks: ZMTP frame encode/decode and Crypticle throughput.
+//! Criterion benchmarks: ZMTP frame encode/decode, Crypticle throughput, and the presence
+//! sniffer on a real `_auth` stream.
 //!
 //! Run with `cargo bench -p saltgate-wire --bench wire`.
 
@@ -88,5 +89,26 @@ fn crypticle(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, frames, crypticle);
+/// What presence costs a request connection: the sniffer over the bytes a libzmq REQ sent for
+/// Salt's `_auth` (captured, see `fuzz/seeds/presence_sniffer/`), in one read and in 64-byte reads.
+fn sniff(c: &mut Criterion) {
+    use saltgate_wire::sniff::{Sniffer, DEFAULT_BUDGET};
+    let stream = &include_bytes!("../../fuzz/seeds/presence_sniffer/salt_auth")[2..];
+    let mut g = c.benchmark_group("sniff_auth");
+    g.throughput(Throughput::Bytes(stream.len() as u64));
+    for chunk in [stream.len(), 64] {
+        g.bench_with_input(BenchmarkId::new("chunk", chunk), &chunk, |b, &chunk| {
+            b.iter(|| {
+                let mut s = Sniffer::new(DEFAULT_BUDGET);
+                for piece in black_box(stream).chunks(chunk) {
+                    s.feed(piece);
+                }
+                black_box(s.verdict().is_final())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, frames, crypticle, sniff);
 criterion_main!(benches);

@@ -9,6 +9,8 @@
 //!   clear `ping` on the request port.
 //! * [`envelope`] — Salt's msgpack envelopes (request, reply, publish), tolerant of str- and
 //!   bin-typed bytes alike.
+//! * [`sniff`] — the minion id of a request connection, read passively from the client's first
+//!   bytes (`_auth`, or the envelope of an `aes` request), bounded and never panicking.
 //! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
 //! * [`rsa`] and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
 //!   signatures and X9.31 private-encrypt/public-decrypt.
@@ -22,4 +24,5 @@ pub mod envelope;
 pub mod pem;
 pub mod probe;
 pub mod rsa;
+pub mod sniff;
 pub mod zmtp;

@@ -163,6 +163,7 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
         request: request_l,
         admin,
         discovery: None,
+        presence: Default::default(),
     })
 }
 

@@ -216,6 +216,17 @@ pub async fn start(
             }
         })
     }));
+    let snapshot = Arc::downgrade(&control.data.snapshot);
+    crate::presence::watch(
+        &metrics.registry,
+        &control.data.presence,
+        Box::new(move || {
+            snapshot
+                .upgrade()
+                .map(|s| s.load().masters.iter().map(|m| m.name()).collect())
+                .unwrap_or_default()
+        }),
+    );
     tokio::spawn(handle_events(control.clone(), events_rx));
 
     control.discover_at_start(&config).await;
@@ -360,6 +371,10 @@ impl AdminOps for Control {
 
     fn render_metrics(&self) -> String {
         self.metrics.render()
+    }
+
+    fn presence(&self) -> Arc<crate::presence::Presence> {
+        self.data.presence.clone()
     }
 
     fn events(&self) -> &crate::events::EventLog {

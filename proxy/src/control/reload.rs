@@ -121,6 +121,7 @@ impl Control {
         self.data.snapshot.store(snap.clone());
         self.token.store(Arc::new(token));
         self.metrics.generation.set(generation as i64);
+        self.data.presence.configure(&snap.config.presence);
         self.metrics.events.in_force(generation, first);
         let cfg = &snap.config;
 

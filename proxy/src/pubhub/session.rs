@@ -118,6 +118,12 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     let handles = ctx.listener(Role::Publish);
     handles.accepted.inc();
     handles.live.inc();
+    // Presence pairs a minion with its publish session by address; here every master is its
+    // publish master (`None`: fan-out).
+    let _presence = ctx
+        .presence
+        .enabled()
+        .then(|| ctx.presence.publish_opened(ctx.session_id(), peer, None));
     let end = serve(&hub, ctx.sessions_token.clone(), stream).await;
     handles.live.dec();
     match &end {

@@ -277,6 +277,7 @@ pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -
             allow_unauthenticated: false,
         },
         discovery: None,
+        presence: Default::default(),
     }
 }
 
