@@ -112,7 +112,7 @@ async function config() {
   const [pub, req, adm] = [await freePort(`${NET}.1`), await freePort(`${NET}.1`), await freePort(`${NET}.1`)];
   const tokenFile = path.join(tmp, 'token');
   writeFileSync(tokenFile, TOKEN + '\n', { mode: 0o600 });
-  let y = 'global:\n  raise_nofile: false\n  drain_timeout: 1h\n' +
+  let y = 'global:\n  raise_nofile: false\n  drain_timeout: 1h\n  shutdown_grace: 1s\n' +
     'health:\n  interval: 300ms\n  fastinter: 150ms\n  downinter: 500ms\n  timeout: 500ms\n' +
     '  rise: 2\n  fall: 2\n  probe: tcp\nmasters:\n';
   for (const m of masters) {
