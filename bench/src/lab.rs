@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use saltgate_config::salt_master::{parse_salt_master, SaltMasterConfig};
 use saltgate_master::server::{self, Bound};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 /// 32 random hex digits (a cluster secret).
@@ -333,8 +333,8 @@ pub struct Published {
     pub returns: BTreeMap<String, (Duration, Value)>,
 }
 
-/// Publishes `fun(args)` to the glob `tgt` through the master's local socket (what
-/// `saltgate-master publish` uses) and collects returns until the master says the job is done.
+/// Publishes `fun(args)` to the glob `tgt` through the master's local socket with
+/// `saltgate_master::cli::publish` (what `saltgate-master publish` uses).
 pub async fn publish(
     socket: &Path,
     tgt: &str,
@@ -342,35 +342,21 @@ pub async fn publish(
     args: &[Value],
     timeout_secs: u64,
 ) -> Result<Published> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    let (r, mut w) = stream.into_split();
     let req = json!({"tgt": tgt, "fun": fun, "arg": args, "timeout_secs": timeout_secs});
-    let started = Instant::now();
-    w.write_all(format!("{req}\n").as_bytes()).await?;
-    let mut lines = BufReader::new(r).lines();
-    let mut out = Published::default();
-    let read = async {
-        while let Some(line) = lines.next_line().await? {
-            let v: Value = serde_json::from_str(&line).context("bad line from the master")?;
-            if let Some(e) = v.get("error").and_then(Value::as_str) {
-                bail!("the master refused the publish: {e}");
-            } else if let Some(j) = v.get("jid").and_then(Value::as_str) {
-                out.jid = j.to_string();
-            } else if let Some(m) = v.get("minion").and_then(Value::as_str) {
-                let ret = v.get("return").map(|r| r.get("return").unwrap_or(r));
-                out.returns
-                    .entry(m.to_string())
-                    .or_insert_with(|| (started.elapsed(), ret.cloned().unwrap_or(Value::Null)));
-            } else if v.get("done").is_some() {
-                return Ok(());
-            }
-        }
-        bail!("the master closed the connection before the job finished")
-    };
-    tokio::time::timeout(Duration::from_secs(timeout_secs + 10), read)
-        .await
-        .map_err(|_| anyhow!("the job did not finish in time"))??;
-    Ok(out)
+    let out = tokio::time::timeout(
+        Duration::from_secs(timeout_secs + 10),
+        saltgate_master::cli::publish(socket, &req),
+    )
+    .await
+    .map_err(|_| anyhow!("the job did not finish in time"))?
+    .map_err(|e| anyhow!("publish through {}: {e}", socket.display()))?;
+    let mut returns = BTreeMap::new();
+    for r in out.returns {
+        let value = r.record.get("return").cloned().unwrap_or(r.record);
+        returns.entry(r.minion).or_insert((r.after, value));
+    }
+    Ok(Published {
+        jid: out.jid,
+        returns,
+    })
 }

@@ -155,9 +155,19 @@ async fn serve_one(stream: UnixStream, master: Arc<Master>) {
 pub struct PublishOutcome {
     pub jid: String,
     pub expected: Vec<String>,
-    /// (minion, return record `{"return","retcode","success",...}`) in arrival order.
-    pub returns: Vec<(String, Json)>,
+    /// In arrival order.
+    pub returns: Vec<MinionReturn>,
     pub missing: Vec<String>,
+}
+
+/// One minion's return, as the CLI socket delivered it.
+#[derive(Debug, Clone)]
+pub struct MinionReturn {
+    pub minion: String,
+    /// The return record `{"return","retcode","success",...}`.
+    pub record: Json,
+    /// From the publish request to this return.
+    pub after: std::time::Duration,
 }
 
 /// Client: sends one publish to the running master and collects what comes back.
@@ -169,6 +179,7 @@ pub async fn publish(socket: &Path, request: &Json) -> Result<PublishOutcome, St
         )
     })?;
     let (r, mut w) = stream.into_split();
+    let started = std::time::Instant::now();
     write_line(&mut w, request)
         .await
         .map_err(|e| e.to_string())?;
@@ -184,10 +195,11 @@ pub async fn publish(socket: &Path, request: &Json) -> Result<PublishOutcome, St
             out.jid = jid.to_string();
             out.expected = strings(v.get("minions"));
         } else if let Some(m) = v.get("minion").and_then(Json::as_str) {
-            out.returns.push((
-                m.to_string(),
-                v.get("return").cloned().unwrap_or(Json::Null),
-            ));
+            out.returns.push(MinionReturn {
+                minion: m.to_string(),
+                record: v.get("return").cloned().unwrap_or(Json::Null),
+                after: started.elapsed(),
+            });
         } else if v.get("done").is_some() {
             out.missing = strings(v.get("missing"));
             return Ok(out);

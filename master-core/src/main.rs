@@ -338,8 +338,11 @@ fn publish(c: &SaltMasterConfig, p: PublishArgs) -> Result<ExitCode> {
         })
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut all = serde_json::Map::new();
-    for (m, r) in &outcome.returns {
-        all.insert(m.clone(), r.get("return").cloned().unwrap_or(Json::Null));
+    for r in &outcome.returns {
+        all.insert(
+            r.minion.clone(),
+            r.record.get("return").cloned().unwrap_or(Json::Null),
+        );
     }
     match p.out {
         Out::Json => println!("{}", serde_json::to_string_pretty(&Json::Object(all))?),

@@ -225,7 +225,7 @@ async fn a_job_published_on_one_master_is_answered_through_another() {
     };
     assert_eq!(outcome.expected, vec![id.to_string()]);
     assert_eq!(outcome.returns.len(), 1, "{outcome:?}");
-    assert_eq!(outcome.returns[0].1["return"], serde_json::json!(true));
+    assert_eq!(outcome.returns[0].record["return"], serde_json::json!(true));
     assert!(outcome.missing.is_empty());
     // Both masters' own keys are registered as peers.
     for m in ["ma", "mb"] {
