@@ -69,7 +69,8 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
 type Ops = Arc<dyn AdminOps>;
 type St = State<Ops>;
 
-fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+/// An API error: `{"error": msg}` with `status`.
+pub(crate) fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(json!({ "error": msg.into() }))).into_response()
 }
 
@@ -296,6 +297,19 @@ pub const DEFAULT_PAGE: usize = 1000;
 /// The largest `limit`.
 pub const MAX_PAGE: usize = 10_000;
 
+/// A listing's `?limit=`: [`DEFAULT_PAGE`] when absent; outside 1..=[`MAX_PAGE`], the message
+/// for a 400.
+pub(crate) fn page_limit(limit: Option<usize>) -> Result<usize, String> {
+    let limit = limit.unwrap_or(DEFAULT_PAGE);
+    if (1..=MAX_PAGE).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(format!(
+            "limit={limit} is out of range; use 1 to {MAX_PAGE}"
+        ))
+    }
+}
+
 /// Live sessions by id, a page at a time: each master's book gives at most `limit` sessions above
 /// `after` (a short hold of its lock, no copy of the whole book), merged and cut to `limit`.
 async fn sessions(
@@ -322,13 +336,10 @@ async fn sessions(
             )
         }
     };
-    let limit = f.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("limit={limit} is out of range; use 1 to {MAX_PAGE}"),
-        );
-    }
+    let limit = match page_limit(f.limit) {
+        Ok(l) => l,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+    };
     let after = f.after.unwrap_or(0);
     let snap = s.snapshot();
     if let Some(name) = &f.master {

@@ -21,19 +21,15 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::table::{Minion, PublishOf};
-use crate::admin::{AdminOps, DEFAULT_PAGE, MAX_PAGE};
+use crate::admin::{error, page_limit, AdminOps, MAX_PAGE};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MinionFilter {
-    /// Minions per page (1 to [`MAX_PAGE`], default [`DEFAULT_PAGE`]).
+    /// Minions per page (1 to [`MAX_PAGE`], default [`crate::admin::DEFAULT_PAGE`]).
     limit: Option<usize>,
     /// Only minions with an id after this one (the `next_after` of the previous page).
     after: Option<String>,
-}
-
-fn error(status: StatusCode, msg: String) -> Response {
-    (status, Json(json!({ "error": msg }))).into_response()
 }
 
 /// One minion as the API shows it.
@@ -79,18 +75,15 @@ pub(crate) async fn minions(
             )
         }
     };
-    let limit = f.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("limit={limit} is out of range; use 1 to {MAX_PAGE}"),
-        );
-    }
+    let limit = match page_limit(f.limit) {
+        Ok(l) => l,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+    };
     let p = s.presence();
     if !p.enabled() {
         return error(
             StatusCode::NOT_FOUND,
-            "presence is off in this configuration (presence.enabled: false); turn it on to list minions".into(),
+            "presence is off in this configuration (presence.enabled: false); turn it on to list minions",
         );
     }
     let (expire, _) = p.limits();
