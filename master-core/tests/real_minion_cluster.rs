@@ -23,45 +23,7 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
     let r = root.path();
     let d = r.display();
     let cpki = r.join("cpki");
-    std::fs::create_dir_all(&cpki).unwrap();
-    let key = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .unwrap();
-    std::fs::write(cpki.join("cluster.pem"), key.stdout).unwrap();
-    let cluster = |peers: &str| {
-        format!(
-            "cluster_id: sgc\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/cpki\n\
-             cluster_pool_port: 0\ncluster_secret: a-long-random-secret\nauto_accept: True\n"
-        )
-    };
-    // Each master its own id; both share one cachedir (Salt's default cluster topology).
-    let fix = |path: &std::path::Path, id: &str| {
-        let own_dir = path
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .display()
-            .to_string();
-        let text = std::fs::read_to_string(path)
-            .unwrap()
-            .replace("id: sg-test-master", &format!("id: {id}"))
-            .replace(
-                &format!("cachedir: {own_dir}/"),
-                &format!("cachedir: {d}/shared-"),
-            );
-        std::fs::write(path, text).unwrap();
-    };
-    std::fs::create_dir_all(r.join("a")).unwrap();
-    std::fs::create_dir_all(r.join("b")).unwrap();
-    let conf_a = write_master_config(&r.join("a"), "127.0.1.50", &cluster("127.0.1.51:1"));
-    fix(&conf_a, "sg-master-a");
-    let a = start_master(&conf_a, &r.join("a/master.log"));
-    let a_pool = a.cluster.expect("A reports its cluster port");
-    let conf_b = write_master_config(&r.join("b"), "127.0.1.51", &cluster(&a_pool.to_string()));
-    fix(&conf_b, "sg-master-b");
-    let b = start_master(&conf_b, &r.join("b/master.log"));
+    let (a, b) = start_cluster_pair(r, ["127.0.1.50", "127.0.1.51"]);
 
     let mconf = r.join("minion-conf");
     std::fs::create_dir_all(&mconf).unwrap();
@@ -99,7 +61,7 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
     let got = std::panic::catch_unwind(|| {
         wait_for(Duration::from_secs(180), "a cluster round trip", || {
             let o = cli(
-                &conf_a,
+                &a.config,
                 &[
                     "publish",
                     "--out",
@@ -116,7 +78,7 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
     .unwrap_or_else(|_| panic!("no round trip\n{}", logs()));
     assert_eq!(got, json!({ MINION: true }));
     let o = cli(
-        &conf_a,
+        &a.config,
         &[
             "publish",
             "--out",
@@ -141,7 +103,7 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
     let cluster_pub = std::fs::read_to_string(cpki.join("cluster.pub")).unwrap();
     assert_eq!(pinned.trim(), cluster_pub.trim());
     assert!(cpki.join("minions").join(MINION).exists());
-    let l = stdout_json(&cli(&conf_a, &["key", "list", "--out", "json"]));
+    let l = stdout_json(&cli(&a.config, &["key", "list", "--out", "json"]));
     assert_eq!(l["minions"], json!([MINION]));
 
     // Publish-key rotation requested of A (Salt's dropfile in the shared cachedir, as salt-key
@@ -174,7 +136,7 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
         aes_before
     );
     let o = cli(
-        &conf_a,
+        &a.config,
         &[
             "publish",
             "--out",

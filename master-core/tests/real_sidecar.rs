@@ -58,45 +58,7 @@ fn a_minion_behind_a_sidecar_answers_through_the_next_master_when_its_first_hang
         .unwrap();
     let r = root.path();
     let d = r.display();
-    let cpki = r.join("cpki");
-    std::fs::create_dir_all(&cpki).unwrap();
-    let key = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .unwrap();
-    std::fs::write(cpki.join("cluster.pem"), key.stdout).unwrap();
-    let cluster = |peers: &str| {
-        format!(
-            "cluster_id: sgc\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/cpki\n\
-             cluster_pool_port: 0\ncluster_secret: a-long-random-secret\nauto_accept: True\n"
-        )
-    };
-    let fix = |path: &std::path::Path, id: &str| {
-        let own_dir = path
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .display()
-            .to_string();
-        let text = std::fs::read_to_string(path)
-            .unwrap()
-            .replace("id: sg-test-master", &format!("id: {id}"))
-            .replace(
-                &format!("cachedir: {own_dir}/"),
-                &format!("cachedir: {d}/shared-"),
-            );
-        std::fs::write(path, text).unwrap();
-    };
-    std::fs::create_dir_all(r.join("a")).unwrap();
-    std::fs::create_dir_all(r.join("b")).unwrap();
-    let conf_a = write_master_config(&r.join("a"), "127.15.3.50", &cluster("127.15.3.51:1"));
-    fix(&conf_a, "sg-master-a");
-    let a = start_master(&conf_a, &r.join("a/master.log"));
-    let a_pool = a.cluster.expect("A reports its cluster port");
-    let conf_b = write_master_config(&r.join("b"), "127.15.3.51", &cluster(&a_pool.to_string()));
-    fix(&conf_b, "sg-master-b");
-    let b = start_master(&conf_b, &r.join("b/master.log"));
+    let (a, b) = start_cluster_pair(r, ["127.15.3.50", "127.15.3.51"]);
 
     // The sidecar: the profile of examples/sidecar.yaml, on this test's addresses.
     let sidecar_conf = r.join("sidecar.yaml");
@@ -181,7 +143,7 @@ fn a_minion_behind_a_sidecar_answers_through_the_next_master_when_its_first_hang
         wait_for(
             Duration::from_secs(180),
             "the minion answers through A",
-            || ping(&conf_a, "5"),
+            || ping(&a.config, "5"),
         )
     })
     .unwrap_or_else(|_| panic!("no round trip through the sidecar\n{}", logs()));
@@ -202,7 +164,7 @@ fn a_minion_behind_a_sidecar_answers_through_the_next_master_when_its_first_hang
         wait_for(
             Duration::from_secs(30),
             "the minion answers through B",
-            || ping(&conf_b, "2"),
+            || ping(&b.config, "2"),
         )
     });
     let took = t0.elapsed();

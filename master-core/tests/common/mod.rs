@@ -119,3 +119,53 @@ pub fn stdout_json(o: &Output) -> serde_json::Value {
         )
     })
 }
+
+/// A two-member saltgate-master cluster under `root` on `ips`: the cluster key made with openssl
+/// in `root/cpki` (the shared `cluster_pki_dir`), one shared cachedir (`root/shared-cache`,
+/// Salt's default cluster topology), `auto_accept`, and ids `sg-master-a` and `sg-master-b`. A
+/// starts first (its configured peer is unreachable) and B joins it.
+pub fn start_cluster_pair(root: &Path, ips: [&str; 2]) -> (RunningMaster, RunningMaster) {
+    let d = root.display();
+    let cpki = root.join("cpki");
+    std::fs::create_dir_all(&cpki).unwrap();
+    let key = Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl genrsa");
+    std::fs::write(cpki.join("cluster.pem"), key.stdout).unwrap();
+    let cluster = |peers: &str| {
+        format!(
+            "cluster_id: sgc\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/cpki\n\
+             cluster_pool_port: 0\ncluster_secret: a-long-random-secret\nauto_accept: True\n"
+        )
+    };
+    // Each master its own id; both share one cachedir.
+    let fix = |path: &Path, id: &str| {
+        let own_dir = path
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .display()
+            .to_string();
+        let text = std::fs::read_to_string(path)
+            .unwrap()
+            .replace("id: sg-test-master", &format!("id: {id}"))
+            .replace(
+                &format!("cachedir: {own_dir}/"),
+                &format!("cachedir: {d}/shared-"),
+            );
+        std::fs::write(path, text).unwrap();
+    };
+    for m in ["a", "b"] {
+        std::fs::create_dir_all(root.join(m)).unwrap();
+    }
+    let conf_a = write_master_config(&root.join("a"), ips[0], &cluster(&format!("{}:1", ips[1])));
+    fix(&conf_a, "sg-master-a");
+    let a = start_master(&conf_a, &root.join("a/master.log"));
+    let a_pool = a.cluster.expect("A reports its cluster port");
+    let conf_b = write_master_config(&root.join("b"), ips[1], &cluster(&a_pool.to_string()));
+    fix(&conf_b, "sg-master-b");
+    let b = start_master(&conf_b, &root.join("b/master.log"));
+    (a, b)
+}
