@@ -46,6 +46,13 @@ impl Node {
         }
     }
 
+    /// The value for an error message: the scalar quoted, or what kind of value it is.
+    pub fn shown(&self) -> String {
+        self.scalar_text()
+            .map(|t| format!("{t:?}"))
+            .unwrap_or_else(|| self.describe().to_string())
+    }
+
     /// Written in quotes (`"4505"`, `'x'`).
     pub fn quoted(&self) -> bool {
         self.source.starts_with('"') || self.source.starts_with('\'')

@@ -211,10 +211,7 @@ impl Checker<'_> {
                 None
             }
             _ => {
-                let what = n
-                    .scalar_text()
-                    .map(|t| format!("{t:?}"))
-                    .unwrap_or_else(|| n.describe().to_string());
+                let what = n.shown();
                 self.err(
                     n,
                     field,
@@ -278,10 +275,7 @@ impl Checker<'_> {
                 default
             }
             _ => {
-                let what = n
-                    .scalar_text()
-                    .map(|t| format!("{t:?}"))
-                    .unwrap_or_else(|| n.describe().to_string());
+                let what = n.shown();
                 self.err(
                     n,
                     field,
