@@ -48,18 +48,20 @@ fn swarm_of_50_with_a_shared_key_answers_a_real_master() {
     for i in 0..N {
         assert_eq!(answers[format!("sw-{i}")], serde_json::json!(true));
     }
-    // Progress lines are JSON with the counters.
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let last: serde_json::Value = text
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .expect("a progress line");
-    assert_eq!(last["minions"], serde_json::json!(N));
-    assert!(
-        last["jobs_answered"].as_u64().unwrap_or(0) >= N as u64,
-        "{last}"
+    // Progress lines are JSON with the counters. The line that counts the answers comes at the
+    // swarm's next report, after the salt CLI has them: wait for it.
+    let last_line = || -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+    };
+    let last = wait_for(
+        Duration::from_secs(30),
+        "a progress line counting the answers",
+        || last_line().filter(|l| l["jobs_answered"].as_u64().unwrap_or(0) >= N as u64),
     );
+    assert_eq!(last["minions"], serde_json::json!(N));
     drop(s);
     // The key pair is cached: a rerun does not generate another one.
     let pem = std::fs::read(pki.join("shared.pem")).expect("cached key");
