@@ -127,12 +127,42 @@ pub fn value(s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) 
 }
 
 pub async fn wait_for_metric(admin: SocketAddr, name: &str, labels: &[(&str, &str)], want: f64) {
+    wait_for_sample(admin, name, labels, &format!("== {want}"), |v| v == want).await
+}
+
+/// Waits until the sample is at least `want` (a counter that other sessions may also move).
+#[allow(dead_code)]
+pub async fn wait_for_metric_at_least(
+    admin: SocketAddr,
+    name: &str,
+    labels: &[(&str, &str)],
+    want: f64,
+) {
+    wait_for_sample(admin, name, labels, &format!(">= {want}"), |v| v >= want).await
+}
+
+async fn wait_for_sample(
+    admin: SocketAddr,
+    name: &str,
+    labels: &[(&str, &str)],
+    what: &str,
+    ok: impl Fn(f64) -> bool,
+) {
+    let mut last = None;
     for _ in 0..500 {
         let sc = scrape(admin).await;
-        if sc.samples.iter().any(|x| x.metric == name) && value(&sc, name, labels) == want {
-            return;
+        let present = sc
+            .samples
+            .iter()
+            .any(|x| x.metric == name && labels.iter().all(|(k, v)| x.labels.get(k) == Some(*v)));
+        if present {
+            let v = value(&sc, name, labels);
+            if ok(v) {
+                return;
+            }
+            last = Some(v);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("{name}{labels:?} never reached {want}");
+    panic!("{name}{labels:?} never reached {what} (last {last:?})");
 }
