@@ -40,6 +40,16 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         format_duration(c.global.shutdown_grace)
     )?;
     writeln!(o, "  raise_nofile: {}", c.global.raise_nofile)?;
+    match c.global.threads {
+        Some(n) => writeln!(
+            o,
+            "  threads: {n}                  # worker threads (HAProxy nbthread); read at start"
+        )?,
+        None => writeln!(
+            o,
+            "  # threads: 2                 # worker threads (unset: one per CPU); read at start"
+        )?,
+    }
     writeln!(
         o,
         "  drain_timeout: {}        # a drained or removed master's sessions are closed after this",

@@ -96,6 +96,9 @@ pub struct Global {
     /// TCP_USER_TIMEOUT on both legs of every session: how long sent data may stay unacknowledged
     /// before the kernel drops the connection (a blackholed peer). `None`: the kernel's default.
     pub tcp_user_timeout: Option<Duration>,
+    /// Worker threads of the proxy's runtime (HAProxy `nbthread`). `None`: one per CPU. Read at
+    /// start only; a reload that changes it warns that it takes effect at the next restart.
+    pub threads: Option<u16>,
 }
 
 impl Default for Global {
@@ -106,6 +109,7 @@ impl Default for Global {
             raise_nofile: true,
             drain_timeout: defaults::DRAIN_TIMEOUT,
             tcp_user_timeout: Some(defaults::TCP_USER_TIMEOUT),
+            threads: None,
         }
     }
 }

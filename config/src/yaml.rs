@@ -26,6 +26,7 @@ const GLOBAL_KEYS: &[&str] = &[
     "maxconn",
     "shutdown_grace",
     "raise_nofile",
+    "threads",
     "drain_timeout",
     "tcp_user_timeout",
 ];
@@ -249,6 +250,8 @@ const MAX_RETRIES: u32 = 100;
 const MAX_BACKLOG: u32 = 1 << 20;
 /// Highest master `weight`, as in HAProxy.
 const MAX_WEIGHT: u32 = 256;
+/// `global.threads`: tokio sizes its worker pool freely; more than this is a typo, not a plan.
+const MAX_THREADS: u32 = 1024;
 
 pub(crate) fn parse_balance(s: &str) -> Option<Balance> {
     match s {
@@ -318,6 +321,11 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         "global.raise_nofile",
         global.raise_nofile,
     );
+    if let Some(v) = g.get("threads") {
+        global.threads = c
+            .u32_in(v, "global.threads", 1, MAX_THREADS, "(one per CPU)")
+            .map(|n| n as u16);
+    }
     if let Some(v) = g.get("drain_timeout") {
         global.drain_timeout = c
             .duration(

@@ -225,3 +225,34 @@ fn all_validation_errors_are_reported_at_once() {
     let errs = parse(&text, None, Format::Yaml).unwrap_err();
     assert_eq!(errs.0.len(), 2, "{errs}");
 }
+
+#[test]
+fn threads_is_read_range_checked_emitted_and_imported_from_nbthread() {
+    let c = parse(GOOD, None, Format::Yaml).unwrap().config;
+    assert_eq!(c.global.threads, None, "unset: one per CPU");
+    let text = GOOD.replace("masters:\n", "global:\n  threads: 3\nmasters:\n");
+    let c = parse(&text, None, Format::Yaml).unwrap().config;
+    assert_eq!(c.global.threads, Some(3));
+    let again = parse(&emit::to_yaml(&c, "test"), None, Format::Yaml)
+        .unwrap()
+        .config;
+    assert_eq!(again, c);
+    for bad in ["0", "2000", "two"] {
+        let text = GOOD.replace(
+            "masters:\n",
+            &format!("global:\n  threads: {bad}\nmasters:\n"),
+        );
+        let err = parse(&text, None, Format::Yaml).unwrap_err().to_string();
+        assert!(err.contains("global.threads"), "{bad}: {err}");
+    }
+    let ha = format!(
+        "global\n    nbthread 2\n\n{}",
+        std::fs::read_to_string(repo("examples/haproxy/salt-master-cluster-loopback.cfg")).unwrap()
+    );
+    let c = parse(&ha, None, Format::Haproxy).unwrap().config;
+    assert_eq!(
+        c.global.threads,
+        Some(2),
+        "HAProxy's nbthread is global.threads"
+    );
+}

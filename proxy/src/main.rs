@@ -311,11 +311,19 @@ fn run(loaded: Loaded, source: Option<ConfigSource>, overrides: Overrides) -> Re
             Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit"),
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = loaded.config.global.threads {
+        rt.worker_threads(n.into());
+    }
+    let rt = rt
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async {
+        tracing::info!(
+            worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+            "runtime started (global.threads; unset: one per CPU)"
+        );
         let (shutdown, mut hup) = signals().context("installing signal handlers")?;
         let opts = saltgate_proxy::Options {
             source,

@@ -218,6 +218,9 @@ async fn imported_fixture_runs_as_yaml() {
         "three masters recognised as one set:\n{yaml}"
     );
     let yaml_path = dir.path().join("saltgate.yaml");
+    // global.threads sizes the runtime: one worker here (the emitted file comments the key out).
+    let yaml = yaml.replacen("  # threads: 2 ", "  threads: 1   ", 1);
+    assert!(yaml.contains("  threads: 1 "), "{yaml}");
     std::fs::write(&yaml_path, &yaml).unwrap();
     let check = Command::new(BIN)
         .arg("check-config")
@@ -248,6 +251,7 @@ async fn imported_fixture_runs_as_yaml() {
     assert!(p.term().success());
     // --log-format json: one JSON object per line with stable field names.
     let mut access = 0;
+    let mut workers = None;
     for line in p.text().lines() {
         let v: serde_json::Value =
             serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
@@ -255,6 +259,12 @@ async fn imported_fixture_runs_as_yaml() {
             v["timestamp"].is_string() && v["level"].is_string(),
             "{line}"
         );
+        if v["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("runtime started"))
+        {
+            workers = v["worker_threads"].as_u64();
+        }
         if v["message"] == "session closed" {
             access += 1;
             assert_eq!(v["listener"], "request");
@@ -264,6 +274,7 @@ async fn imported_fixture_runs_as_yaml() {
         }
     }
     assert_eq!(access, 3);
+    assert_eq!(workers, Some(1), "global.threads: 1 gives one worker");
 }
 
 #[test]

@@ -152,6 +152,7 @@ pub(super) fn convert(ps: &mut Parser<'_>, parsed: &Parsed) -> Option<Config> {
         admin.enabled = false;
     }
     global.maxconn = parsed.global.maxconn;
+    global.threads = parsed.global.nbthread.map(|n| n as u16);
     if let Some(d) = parsed.global.hard_stop_after {
         global.shutdown_grace = d;
     }

@@ -171,6 +171,7 @@ impl Proxy {
 #[derive(Debug, Clone, Default)]
 struct GlobalSection {
     maxconn: Option<u32>,
+    nbthread: Option<u32>,
     hard_stop_after: Option<Duration>,
 }
 
@@ -299,15 +300,16 @@ impl Parser<'_> {
         match w0 {
             "maxconn" => g.maxconn = self.number(l, 1, 1, u32::MAX),
             "hard-stop-after" => g.hard_stop_after = self.duration(l, 1),
+            "nbthread" => g.nbthread = self.number(l, 1, 1, 1024),
             "log" | "log-tag" | "log-send-hostname" => self.warn(l.no, format!("global '{w0}' ignored: saltgate logs to stderr (text or --log-format json); point your log shipper there")),
-            "daemon" | "master-worker" | "user" | "group" | "uid" | "gid" | "chroot" | "pidfile" | "nbproc" | "nbthread" | "node" | "description" => {
+            "daemon" | "master-worker" | "user" | "group" | "uid" | "gid" | "chroot" | "pidfile" | "nbproc" | "node" | "description" => {
                 self.warn(l.no, format!("global '{w0}' ignored: run saltgate under a service manager (see the systemd unit in examples/)"))
             }
             "stats" => self.warn(l.no, "global 'stats' ignored: saltgate's state is on its admin API and /metrics"),
             "ulimit-n" => self.warn(l.no, "global 'ulimit-n' ignored: saltgate raises its open-file limit to the hard limit at start"),
             "ca-base" | "crt-base" | "spread-checks" => self.warn(l.no, format!("global '{w0}' ignored: it has no meaning for saltgate's TCP proxying")),
             w if w.starts_with("ssl-") || w.starts_with("tune.") => self.warn(l.no, format!("global '{w}' ignored: it has no meaning for saltgate's TCP proxying")),
-            _ => self.error(l.no, w0, format!("global directive '{w0}' is not supported"), "remove it; the supported global directives are maxconn and hard-stop-after (see the README's migration guide)"),
+            _ => self.error(l.no, w0, format!("global directive '{w0}' is not supported"), "remove it; the supported global directives are maxconn, nbthread and hard-stop-after (see the README's migration guide)"),
         }
     }
 

@@ -45,6 +45,13 @@ impl Control {
         if config.admin.exposed_without_token() {
             tracing::warn!(bind = %config.admin.bind, "the admin API is reachable beyond loopback without a token (admin.allow_unauthenticated: true): anyone who reaches it can drain and disable masters; set admin.token_file");
         }
+        if !first && config.global.threads != self.data.load().config.global.threads {
+            tracing::warn!(
+                from = ?self.data.load().config.global.threads,
+                to = ?config.global.threads,
+                "global.threads changed: it takes effect at the next restart (the worker pool is sized at start)"
+            );
+        }
         let file_config = config.clone();
         let (config, discovered) = self.with_discovered(&config);
         let old = self.data.load();

@@ -265,6 +265,7 @@ pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -
             maxconn: None,
             drain_timeout: Duration::from_secs(300),
             tcp_user_timeout: Some(Duration::from_secs(60)),
+            threads: None,
         },
         health,
         masters,
