@@ -23,6 +23,30 @@ pub const KEEPALIVE_RETRIES: u32 = 6;
 /// Binds a listening socket; `reuse_port`: SO_REUSEPORT, so other processes that set it too can
 /// bind the same address (the kernel spreads new connections over them).
 pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpListener> {
+    bind_with(addr, backlog, reuse_port, |_| {})
+}
+
+/// Binds a session listener (publish or request). Its sessions' client-side options (nodelay,
+/// keepalive, TCP_USER_TIMEOUT) are set on the listening socket before `listen`: Linux copies
+/// them into every accepted socket, which saves five `setsockopt` calls per session (see
+/// [`tune_listener`]; a reload that changes `global.tcp_user_timeout` sets them again).
+pub fn bind_sessions(
+    addr: SocketAddr,
+    backlog: u32,
+    reuse_port: bool,
+    user_timeout: Option<Duration>,
+) -> io::Result<TcpListener> {
+    bind_with(addr, backlog, reuse_port, |s| {
+        tune_sock(&SockRef::from(s), user_timeout, true)
+    })
+}
+
+fn bind_with(
+    addr: SocketAddr,
+    backlog: u32,
+    reuse_port: bool,
+    before_listen: impl FnOnce(&Socket),
+) -> io::Result<TcpListener> {
     let domain = if addr.is_ipv4() {
         Domain::IPV4
     } else {
@@ -38,6 +62,7 @@ pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpL
     }
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
+    before_listen(&s);
     s.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     TcpListener::from_std(s.into())
 }
@@ -46,18 +71,30 @@ pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpL
 /// this long drops the connection, so a blackholed peer does not pin a session and its buffer
 /// until the idle timeout) on a session socket. Failures are logged, not fatal.
 pub fn tune(stream: &TcpStream, user_timeout: Option<Duration>) {
-    if let Err(e) = stream.set_nodelay(true) {
+    tune_sock(&SockRef::from(stream), user_timeout, false)
+}
+
+/// Sets the session options on a listening socket, for the sockets it accepts from now on (Linux
+/// copies a listener's nodelay, keepalive and TCP_USER_TIMEOUT into each accepted socket; tested
+/// in this module). `None` puts the kernel's default back (0).
+pub fn tune_listener(l: &TcpListener, user_timeout: Option<Duration>) {
+    tune_sock(&SockRef::from(l), user_timeout, true)
+}
+
+/// `reset_user_timeout`: also write the kernel default (0) when `user_timeout` is `None` (a
+/// listener keeps what an earlier configuration set; a fresh session socket has 0 already).
+fn tune_sock(sock: &SockRef<'_>, user_timeout: Option<Duration>, reset_user_timeout: bool) {
+    if let Err(e) = sock.set_tcp_nodelay(true) {
         tracing::debug!(error = %e, "set_nodelay failed");
     }
     let ka = TcpKeepalive::new()
         .with_time(KEEPALIVE_TIME)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_RETRIES);
-    let sock = SockRef::from(stream);
     if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "set_tcp_keepalive failed");
     }
-    if user_timeout.is_some() {
+    if user_timeout.is_some() || reset_user_timeout {
         if let Err(e) = sock.set_tcp_user_timeout(user_timeout) {
             tracing::debug!(error = %e, "set_tcp_user_timeout failed");
         }

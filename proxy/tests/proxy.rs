@@ -447,8 +447,9 @@ async fn idle_sessions_hold_no_buffers() {
     wait_for("every buffer back in the pool", || r.buffers_in_use() == 0).await;
 }
 
-/// TCP_USER_TIMEOUT of each of this process's sockets (the proxy runs in it) whose peer is `peer`.
-fn user_timeouts_to(peer: std::net::SocketAddr) -> Vec<Option<Duration>> {
+/// TCP_USER_TIMEOUT, nodelay and keepalive time of each of this process's sockets (the proxy runs
+/// in it) whose peer is `peer`.
+fn session_opts_to(peer: std::net::SocketAddr) -> Vec<(Option<Duration>, bool, Option<Duration>)> {
     use std::os::fd::BorrowedFd;
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
@@ -460,7 +461,12 @@ fn user_timeouts_to(peer: std::net::SocketAddr) -> Vec<Option<Duration>> {
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
         let s = socket2::SockRef::from(&b);
         if s.peer_addr().ok().and_then(|a| a.as_socket()) == Some(peer) {
-            out.push(s.tcp_user_timeout().unwrap());
+            let keepalive = s.keepalive().unwrap().then(|| s.tcp_keepalive_time().unwrap());
+            out.push((
+                s.tcp_user_timeout().unwrap(),
+                s.tcp_nodelay().unwrap(),
+                keepalive,
+            ));
         }
     }
     out
@@ -472,20 +478,38 @@ async fn both_legs_of_a_session_get_tcp_user_timeout() {
     let mut cfg = c.config();
     let want = Duration::from_secs(7);
     cfg.global.tcp_user_timeout = Some(want);
-    let (r, _stop) = run(cfg, Some(Arc::new(ScriptedProber::default()))).await;
+    let (r, _stop) = run(cfg.clone(), Some(Arc::new(ScriptedProber::default()))).await;
+    let ka = Some(saltgate_proxy::listener::KEEPALIVE_TIME);
     let (mut s, _) = connect(addr(&r, Role::Publish)).await;
     assert_eq!(echo(&mut s, b"x").await, b"x");
     // A blackholed peer must not pin the session (and a pooled buffer) until its idle timeout.
+    // The client leg gets its options from the listening socket (Linux copies them on accept).
     assert_eq!(
-        user_timeouts_to(s.local_addr().unwrap()),
-        [Some(want)],
+        session_opts_to(s.local_addr().unwrap()),
+        [(Some(want), true, ka)],
         "client leg"
     );
     assert_eq!(
-        user_timeouts_to(c.port(0, Role::Publish).addr),
-        [Some(want)],
+        session_opts_to(c.port(0, Role::Publish).addr),
+        [(Some(want), true, ka)],
         "master leg"
     );
+    // A reload that changes the timeout sets it on the listening socket again; `none` is the
+    // kernel's default (0) for sessions accepted after it.
+    for (value, seen) in [
+        (Some(Duration::from_secs(9)), Some(Duration::from_secs(9))),
+        (None, None),
+    ] {
+        cfg.global.tcp_user_timeout = value;
+        r.reload(cfg.clone()).await.unwrap();
+        let (mut s, _) = connect(addr(&r, Role::Publish)).await;
+        assert_eq!(echo(&mut s, b"y").await, b"y");
+        assert_eq!(
+            session_opts_to(s.local_addr().unwrap()),
+            [(seen, true, ka)],
+            "client leg after a reload to {value:?}"
+        );
+    }
 }
 
 #[tokio::test]

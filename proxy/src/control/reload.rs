@@ -88,13 +88,13 @@ impl Control {
                     continue;
                 }
                 let l = cfg.listener(role);
-                let sock = listener::bind(addr, l.backlog, l.reuse_port).map_err(|reason| {
-                    ApplyError::Bind {
+                let user_timeout = cfg.global.tcp_user_timeout;
+                let sock = listener::bind_sessions(addr, l.backlog, l.reuse_port, user_timeout)
+                    .map_err(|reason| ApplyError::Bind {
                         what: role.to_string(),
                         addr,
                         reason,
-                    }
-                })?;
+                    })?;
                 fresh.push((role, addr, sock));
             }
         }
@@ -241,6 +241,8 @@ impl Control {
             false
         });
         for h in running.iter() {
+            // Accepted sockets inherit these from the listener (see listener::bind_sessions).
+            listener::tune_listener(&h.sock, cfg.global.tcp_user_timeout);
             let max = cfg.listener(h.role).maxconn;
             if h.limit.max() != max {
                 h.limit.resize(max);
@@ -251,6 +253,7 @@ impl Control {
             .map(|(role, bind, sock)| (role, bind, Arc::new(sock)))
             .chain(handed_over);
         for (role, bind, sock) in socks {
+            listener::tune_listener(&sock, cfg.global.tcp_user_timeout);
             let local = sock.local_addr().unwrap_or(bind);
             let stop = self.accept_stop.child_token();
             let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
@@ -270,7 +273,7 @@ impl Control {
                 errors,
                 stop.clone(),
                 move |stream, peer, permits| {
-                    listener::tune(&stream, data.load().config.global.tcp_user_timeout);
+                    // nodelay, keepalive and TCP_USER_TIMEOUT came from the listening socket.
                     let session = to_serve.serve(data.clone(), stream, peer);
                     tracker.spawn(async move {
                         // The permits are held for the session's whole life.
