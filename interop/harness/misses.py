@@ -7,9 +7,15 @@ that did not happen:
 
   publish-gap     no job of the round reached the minion, and its publish connection was down
                   (Salt's minion logged 'Connection to master ... lost' and was not ready again yet)
-  not-delivered   no job of the round reached the minion although its publish connection was up
-                  (the masters did not publish it to this minion: cluster forwarding, a busy or
-                  blocked publisher, or a load balancer that relays to a dead master)
+  publish-stalled no job of the round reached the minion, its connection was up, and its receipts
+                  paused for more than STALL_S after the publish (or never resumed): its publish
+                  path stopped (a hung master behind an L4 tunnel, a blocked publisher)
+  not-delivered   no job of the round reached the minion although it received jobs published
+                  later (the masters did not publish this one to it: cluster forwarding)
+  recv-backlog    no job of the round reached the minion by the end of the scenario, but it kept
+                  handling older publishes, without a pause, after this one was sent: it is behind on its own
+                  publish socket (a Salt minion handles one payload at a time; jids carry their
+                  publish time, so its 'Executing command' lines tell how far it got)
   not-started     the minion received the job ('Executing command') but its job process never
                   started within the window ('Starting a new job'): the minion's job backlog
   return-failed   the job ran, the return was sent, and Salt's minion gave up on it ('failed to
@@ -30,8 +36,9 @@ import re
 
 from .common import MASTERS, PRE_S
 
+STALL_S = 10.0  # a pause this long in a minion's receipts after a publish: its publish path stalled
 LATE_S = 30.0  # a job started this long after its publish is counted as late (the window is ~60 s)
-CAUSES = ("publish-gap", "not-delivered", "not-started", "return-failed", "return-lost", "late")
+CAUSES = ("publish-gap", "publish-stalled", "not-delivered", "recv-backlog", "not-started", "return-failed", "return-lost", "late")
 
 _TS_LEN = 23  # '2026-11-22 19:35:35,187'
 _JOB_PATTERNS = (
@@ -92,7 +99,7 @@ def _connected_at(conn, t):
 
 
 def classify(jobs_of_round, mlog, conn):
-    """the cause of one missed round for one minion (see the module doc)"""
+    """the cause of one missed round for one minion (see the module doc); MLOG: read_minion_log's jobs"""
     best = None  # the furthest step any job of the round reached
     order = ("recv", "start", "ret")
     for j in jobs_of_round:
@@ -105,7 +112,16 @@ def classify(jobs_of_round, mlog, conn):
             best = (rank, j, steps)
     if best is None:
         t_pub = min(j["t"] for j in jobs_of_round)
-        return "not-delivered" if _connected_at(conn, t_pub) else "publish-gap"
+        if not _connected_at(conn, t_pub):
+            return "publish-gap"
+        first = min(j["jid"] for j in jobs_of_round)
+        if any(jid > first and "recv" in st for jid, st in mlog.items()):
+            return "not-delivered"  # jids sort by publish time: later jobs came, this one did not
+        after = sorted(st["recv"] for st in mlog.values() if st.get("recv", 0) > t_pub)
+        gaps = [b - a for a, b in zip([t_pub] + after, after)]
+        if after and max(gaps) <= STALL_S:
+            return "recv-backlog"  # busy with older publishes, without a pause, after this one was sent
+        return "publish-stalled"
     _, j, steps = best
     if "start" not in steps:
         return "not-started"
