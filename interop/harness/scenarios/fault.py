@@ -8,7 +8,7 @@ import time
 from ..common import MASTERS, PRE_S, log, now
 from ..jobs import reconnect_time
 from ..lb import Watcher
-from .. import misses
+from .. import fanout, misses
 from .base import log_bad_rounds, log_minion_events, missed_within_allowance, new_result, note_publish_errors, \
     stream_row
 
@@ -140,6 +140,7 @@ def run(s, sid, kind):
             sg["detect"] += f" (bound {HANG_DETECT_S:.0f} s)"
     sg["ok"] = ok
     res["ok"] = ok
+    fanout.judge_fault(s, res)
     for lb in s.lbs:
         row = res["rows"][lb.key]
         log_bad_rounds(lb, row["bad"], 0, 90)  # the row keeps its bad rounds T0-relative already
