@@ -118,11 +118,11 @@ def runs_once_check(s, res):
     jid, via = same_job_through_every_master(s, fo)
 
     # copies received vs starts, per minion (a minion that is behind on its publish socket logs them
-    # late: wait until every minion logged as many copies as masters took the job, or 60 s, then 3 s
+    # late: wait until every minion logged as many copies as masters took the job, or 30 s, then 3 s
     # more for a second start that must not come)
     def same_now():
         return {m: copies_and_runs(s.cluster.minion_log(m), [jid])[jid] for m in fo.minions}
-    wait_for(lambda: all(c >= len(via) for c, _ in same_now().values()), 60, 1)
+    wait_for(lambda: all(c >= len(via) for c, _ in same_now().values()), 30, 0.5)
     time.sleep(3)
     same = same_now()
     txt = ", ".join(f"{m}: {c} cop{'y' if c == 1 else 'ies'}, {r} start{'' if r == 1 else 's'}"
@@ -137,9 +137,8 @@ def runs_once_check(s, res):
 def restart_checks(s, res, before, t_from, jobs):
     """scenario 4 for the fan-out slot: the restarted master's upstream came back (its connect counter
     grew) while no fan-out minion reconnected (no publish session accepted during the scenario, no
-    'Connection to master ... lost' in their logs since the suite began); and a job published under one
-    jid through every master reaches each fan-out minion once per master yet starts once, as do the
-    jobs of the scenario's stream"""
+    'Connection to master ... lost' in their logs since the suite began); and no job of the scenario's
+    stream started twice on a fan-out minion"""
     fo = getattr(s, "fo", None)
     if fo is None or "fo" not in res["rows"]:
         return
@@ -155,10 +154,10 @@ def restart_checks(s, res, before, t_from, jobs):
     row["recovery"] = (f"upstream to {s.killed} re-dialled {grew:.0f}x; minion publish sessions opened during "
                        f"the scenario: {new_sessions:.0f}; minion connection losses since the start: {lost}")
     ok = grew >= 1 and new_sessions == 0 and lost == 0
-    worst_runs = runs_once_check(s, res)
-    # the stream's jobs (one jid per job)
+    # the stream's jobs (one jid per job); the one-jid-through-every-master proof runs in scenario 1,
+    # where the minions are idle (here they may be behind, and waiting for them costs suite time)
     late = sorted(j for j, v in jobs.items() if v["t"] >= t_from)
-    copies = {}
+    worst_runs, copies = 0, {}
     for m in fo.minions:
         for _j, (c, r) in copies_and_runs(s.cluster.minion_log(m), late).items():
             worst_runs = max(worst_runs, r)
