@@ -22,6 +22,8 @@
 #                          RESULTS= (empty) writes none outside the run dir)
 #   INTEROP_DIR=/tmp/sgi.X run directory (default: a new mktemp -d /tmp/sgi.XXXXXX; keep it short,
 #                          Salt moves sock_dir into the shared cachedir when the path is long)
+#   FANOUT=1               add a third slot: saltgate with the publish listener in `mode: fanout` on
+#                          127.0.0.11 (saltgate's config, binds moved), five more minions; FANOUT=0: none
 #   KEEP=1                 keep the run directory (logs, configs) even when everything passed
 #   SALTGATE_VENV, SALT_VERSION   passed to interop/setup.sh (venv cache location / Salt version)
 set -euo pipefail
@@ -100,7 +102,7 @@ fi
 set +e
 "$VENV/bin/python" "$HERE/suite.py" --run "$RUN" --venv "$VENV" --fixture "$FIXTURE" \
   --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" \
-  --scenarios "${SCENARIOS:-1 5 6 2 4 3}" --hang "${HANG_S:-30}" \
+  --scenarios "${SCENARIOS:-1 5 6 2 4 3}" --hang "${HANG_S:-30}" --fanout "${FANOUT:-1}" \
   --results "$RUN/results.md"
 rc=$?
 set -e

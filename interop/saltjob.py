@@ -8,8 +8,9 @@ a return that reached another master is forwarded to the publisher over the
 cluster pool port, and it also lands in the shared job cache, which `stream`
 reads once more after it stops.
 
-  saltjob.py once   MASTER_CONF TGT_LIST FUN [ARG...]   [--timeout S]
-      one job, waits until every minion in TGT_LIST returned or S seconds
+  saltjob.py once   MASTER_CONF TGT_LIST FUN [ARG...]   [--timeout S] [--jid JID]
+      one job (under JID if given: the same job can be published through several
+      masters), waits until every minion in TGT_LIST returned or S seconds
       passed; prints one JSON object:
       {"jid", "t_pub", "expected", "returns": {id: {"ret": ..., "lat": s}}, "error"}
 
@@ -94,7 +95,8 @@ def cmd_once(a):
     with salt.client.LocalClient(mopts=opts) as lc:
         t0 = time.time()
         try:
-            pub = lc.run_job(tgt, a.fun, arg=a.arg, tgt_type="list", timeout=a.timeout, listen=False)
+            pub = lc.run_job(tgt, a.fun, arg=a.arg, tgt_type="list", timeout=a.timeout, listen=False,
+                             jid=a.jid or "")
         except Exception as exc:  # pylint: disable=broad-except
             pub = None
             out["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -196,6 +198,7 @@ def main():
     o.add_argument("fun")
     o.add_argument("arg", nargs="*")
     o.add_argument("--timeout", type=float, default=20)
+    o.add_argument("--jid", default="", help="publish under this jid (the same job through several masters)")
     s = sub.add_parser("stream")
     s.add_argument("conf")
     s.add_argument("tgt")

@@ -274,17 +274,38 @@ def drain_timeout(path):
 
 
 # -- publish sessions, as the masters' sockets show them ---------------------------------------------
+PID_SOURCES = {}  # pid -> source label, for a slot whose connections leave from another slot's address
+
+
+def _owned_peers(ports):
+    """{'ip:port' of a connection to a master's PORTS: PID_SOURCES label} for the processes in PID_SOURCES"""
+    if not PID_SOURCES:
+        return {}
+    flt = " or ".join(f"dport = :{p}" for p in ports)
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( {flt} )"],
+                         capture_output=True, text=True).stdout
+    res = {}
+    for line in out.splitlines():
+        f = line.split()
+        for pid, label in PID_SOURCES.items():
+            if len(f) >= 5 and f"pid={pid}," in line:
+                res[f[2]] = label
+    return res
+
+
 def _established(ports):
-    """(local, peer, local ip, peer ip) of every ESTABLISHED TCP connection on a master's PORTS"""
+    """(local, peer, local ip, peer ip) of every ESTABLISHED TCP connection on a master's PORTS; the
+    peer ip is a PID_SOURCES label for the connections of those processes"""
     flt = " or ".join(f"sport = :{p}" for p in ports)
     out = subprocess.run(["ss", "-tnH", "state", "established", f"( {flt} )"],
                          capture_output=True, text=True).stdout
+    owned = _owned_peers(ports)
     for line in out.splitlines():
         f = line.split()
         if len(f) < 4:
             continue
         local, peer = f[-2], f[-1]
-        lip, pip = local.rsplit(":", 1)[0], peer.rsplit(":", 1)[0]
+        lip, pip = local.rsplit(":", 1)[0], owned.get(peer, peer.rsplit(":", 1)[0])
         if lip in MASTERS:
             yield local, peer, lip, pip
 

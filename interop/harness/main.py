@@ -8,6 +8,7 @@ import sys
 
 from . import report, scenarios, timing
 from .cluster import Cluster
+from .fanout import FanoutLB
 from .common import MASTERS, Failure, log, now, wait_for
 from .jobs import Jobs
 from .lb import LB, fixture_names, spread
@@ -34,7 +35,11 @@ class Suite:
                 os.path.join(self.run, "ha"), self.procs, names)
         self.sg, self.ha = sg, ha
         self.lbs = [sg, ha]
-        self.minions = sg.minions + ha.minions
+        self.fo = None  # the fan-out slot (harness/fanout.py), FANOUT=1 (the default) with saltgate
+        if a.sg_bin and a.fanout:
+            self.fo = FanoutLB(a.sg_config, os.path.join(self.run, "fo"), self.procs, names, a.sg_bin)
+            self.lbs.append(self.fo)
+        self.minions = [m for lb in self.lbs for m in lb.minions]
         self.jobs = Jobs(self.run, self.cluster, self.procs, self.minions)
         self.results = []  # dicts, one per scenario
         self.killed = None  # victim of scenario 2, restarted by scenario 4
@@ -113,6 +118,7 @@ def main():
     p.add_argument("--after-cont", type=float, default=45, help="max seconds to wait for recovery after SIGCONT")
     p.add_argument("--spread-wait", type=float, default=20, help="seconds after the restart before counting sessions")
     p.add_argument("--results", required=True)
+    p.add_argument("--fanout", type=int, default=1, help="1: add the fan-out saltgate slot on 127.0.0.11")
     a = p.parse_args()
     if not (a.sg_bin and a.sg_config) and not a.sg_haproxy:
         p.error("need --sg-bin and --sg-config, or --sg-haproxy")

@@ -41,7 +41,9 @@ def table(results, lbs, t_start, spread_wait, extra=()):
     sg_label = lbs[0].label
     L.append(f"Latest run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Salt 3008.5, "
              f"3 masters (127.0.0.2-4), {sg_label} on 127.0.0.1 and HAProxy on 127.0.0.10 "
-             f"(both from `examples/haproxy/salt-master-cluster-loopback.cfg`), "
+             f"(both from `examples/haproxy/salt-master-cluster-loopback.cfg`)"
+             + ("" if len(lbs) < 3 else f", {lbs[2].label} on {lbs[2].addr} (saltgate's config, publish "
+                                        "listener in `mode: fanout`)") + ", "
              f"{N_MINIONS} minions behind each. Suite wall time: {now() - t_start:.0f} s.")
     L.append("")
     L.append("| scenario | load balancer | rounds (jobs) | rounds missed per minion | detection | recovery "
@@ -57,7 +59,7 @@ def table(results, lbs, t_start, spread_wait, extra=()):
                 continue
             ok = "PASS" if r.get("ok") else "FAIL"
             if lb.key != "sg" and res.get("reference"):
-                ok = "(reference)"
+                ok = r.get("verdict", "(reference)")
             L.append(f"| {title} | {lb.label} | {r['jobs']} | {_missed_txt(r['missed'])} | {r.get('detect')} | "
                      f"{r.get('recovery')} | {r.get('reconnect', 'n/a')} | {fmt_s(r['p50'])} | "
                      f"{fmt_s(r['p95'])} | {ok} |")

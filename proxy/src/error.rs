@@ -33,15 +33,19 @@ pub enum ApplyError {
     NoSource,
     #[error("saltgate is shutting down: the configuration is not reloaded; start saltgate again to apply it")]
     Stopping,
+    /// `mode: fanout` over masters that sign with different keys (`pubhub::cluster_check`).
+    #[error("{0}")]
+    NotOneCluster(String),
 }
 
 impl ApplyError {
     /// The `result` label of `saltgate_reloads_total`.
     pub fn kind(&self) -> &'static str {
         match self {
-            ApplyError::Invalid(_) | ApplyError::Token { .. } | ApplyError::Exposed { .. } => {
-                "invalid"
-            }
+            ApplyError::Invalid(_)
+            | ApplyError::Token { .. }
+            | ApplyError::Exposed { .. }
+            | ApplyError::NotOneCluster(_) => "invalid",
             _ => "error",
         }
     }

@@ -131,20 +131,7 @@ pub async fn salt_ping_staged(
     timeout: Duration,
 ) -> Result<SaltPingReply, ProbeError> {
     let start = Instant::now();
-    let handshake_timeout = handshake_timeout.min(timeout);
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut handshaken = false;
-    let inner = ping_inner(addr, handshake_timeout, &mut handshaken);
-    let outcome = tokio::time::timeout_at(deadline, inner).await;
-    let reply = match outcome {
-        Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) if !handshaken => {
-            return Err(ProbeError::NoHandshake(handshake_timeout))
-        }
-        Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) => {
-            return Err(ProbeError::Timeout(timeout))
-        }
-        Ok(r) => r?,
-    };
+    let reply = salt_request(addr, handshake_timeout, timeout, &RequestEnvelope::ping()).await?;
     if reply.is_cluster_retry() {
         return Err(ProbeError::NotReady);
     }
@@ -157,14 +144,39 @@ pub async fn salt_ping_staged(
     })
 }
 
-/// Largest reply we accept from a ping (an echoed load is tiny).
+/// Sends one clear `request` to the request port at `addr` and returns the master's reply as it
+/// came, in the same two stages as [`salt_ping_staged`] (handshake within `handshake_timeout`,
+/// everything within `timeout`). The caller interprets the reply.
+pub async fn salt_request(
+    addr: SocketAddr,
+    handshake_timeout: Duration,
+    timeout: Duration,
+    request: &RequestEnvelope,
+) -> Result<Reply, ProbeError> {
+    let handshake_timeout = handshake_timeout.min(timeout);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut handshaken = false;
+    let inner = request_inner(addr, handshake_timeout, &mut handshaken, request);
+    match tokio::time::timeout_at(deadline, inner).await {
+        Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) if !handshaken => {
+            Err(ProbeError::NoHandshake(handshake_timeout))
+        }
+        Err(_) | Ok(Err(ProbeError::Zmtp(ZmtpError::Timeout(_)))) => {
+            Err(ProbeError::Timeout(timeout))
+        }
+        Ok(r) => r,
+    }
+}
+
+/// Largest reply we accept from a probe request (an echoed load or a signed refusal is tiny).
 const MAX_PING_REPLY: usize = 1024 * 1024;
 
 /// `handshaken` is set once the ZMTP handshake is done (the caller tells the two stages apart).
-async fn ping_inner(
+async fn request_inner(
     addr: SocketAddr,
     handshake_timeout: Duration,
     handshaken: &mut bool,
+    request: &RequestEnvelope,
 ) -> Result<Reply, ProbeError> {
     let hs_deadline = tokio::time::Instant::now() + handshake_timeout;
     let stream = tokio::time::timeout_at(hs_deadline, TcpStream::connect(addr))
@@ -180,7 +192,7 @@ async fn ping_inner(
         r => r?,
     };
     *handshaken = true;
-    let request = Bytes::from(RequestEnvelope::ping().encode());
+    let request = Bytes::from(request.encode());
     conn.send_message(&[Bytes::new(), request]).await?;
     let mut assembler = MessageAssembler::new(8, MAX_PING_REPLY);
     loop {

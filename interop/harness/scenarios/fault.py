@@ -8,6 +8,7 @@ import time
 from ..common import MASTERS, PRE_S, log, now
 from ..jobs import reconnect_time
 from ..lb import Watcher
+from .. import fanout, misses
 from .base import log_bad_rounds, log_minion_events, missed_within_allowance, new_result, note_publish_errors, \
     stream_row
 
@@ -112,9 +113,11 @@ def run(s, sid, kind):
     res.update(t0=t0, t_cont=t_cont, spread_during=sp1, spread_after=s.spread(), perr=len(perr),
                duration=t_end - t0, minion_events=s.jobs.minion_events(t0, t_end))
     note_publish_errors(res, perr)
+    analyses = {}
     for lb in s.lbs:
-        a = s.jobs.analyse(jobs, lb.key, t0, t_end=t_end)
+        a = analyses[lb.key] = s.jobs.analyse(jobs, lb.key, t0, t_end=t_end)
         res["rows"][lb.key] = _row(lb, a, victim, sp0[lb.key][victim], t0, t_end, t_cont, res["minion_events"])
+    misses.note_causes(s, res, jobs, analyses, t0, t_end, victim)
     # Pass/fail is relative: saltgate's minions must do no worse than HAProxy's, scaled by how many
     # publish sessions each had on the victim; and for a killed master, saltgate's minions must all
     # answer again before the window closes whenever HAProxy's do.
@@ -137,6 +140,7 @@ def run(s, sid, kind):
             sg["detect"] += f" (bound {HANG_DETECT_S:.0f} s)"
     sg["ok"] = ok
     res["ok"] = ok
+    fanout.judge_fault(s, res)
     for lb in s.lbs:
         row = res["rows"][lb.key]
         log_bad_rounds(lb, row["bad"], 0, 90)  # the row keeps its bad rounds T0-relative already

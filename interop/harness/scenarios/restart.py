@@ -4,6 +4,7 @@ through all three masters, that every minion answers."""
 import time
 
 from ..common import MASTERS, log, now
+from .. import fanout
 from ..lb import Watcher
 from ..timing import PingWatch, fmt_breakdown, health_of, restart_breakdown
 from .base import new_result, note_publish_errors, stream_row
@@ -23,6 +24,7 @@ def run(s):
     w = Watcher.started(s.lbs)
     ping = PingWatch(victim)
     ping.start()
+    fo_before = fanout.snapshot(s)
     t0 = now()
     ready_s = s.cluster.start_masters([victim])
     t_ready = now()
@@ -57,7 +59,8 @@ def run(s):
     _timing_notes(s, res, victim, t0, ping, t_ready)
     res["notes"].append(f"every minion answered a round {all_ok_s:.0f} s after the restart began"
                         if not missing else "not every minion answered again after the restart")
-    res["ok"] = res["rows"]["sg"]["ok"]
+    fanout.restart_checks(s, res, fo_before, t_ready, jobs)
+    res["ok"] = res["rows"]["sg"]["ok"] and res["rows"].get("fo", {}).get("ok", True)
     s.record(res)
 
 

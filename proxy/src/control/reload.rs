@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use saltgate_config::{Config, ConfigErrors, Format, Role};
+use saltgate_config::{Config, ConfigErrors, Format, ListenerMode, Role};
 use tokio::net::TcpListener;
 
 use crate::check;
@@ -70,6 +70,7 @@ impl Control {
         )
         .await?;
         let cfg = &snap.config;
+        refuse_fanout_without_cluster(&snap).await?;
 
         // Bind what is new before anything changes; a failure leaves the running config alone.
         let wanted: Vec<(Role, SocketAddr)> = Role::ALL
@@ -604,4 +605,31 @@ pub(crate) async fn watch_file(control: Arc<Control>, path: PathBuf, every: Dura
             let _ = control.reload_from_source("file change").await;
         }
     }
+}
+
+/// `mode: fanout` relays every master's publishes to every minion, so the masters must be one Salt
+/// cluster: refused when two of them sign with different keys (see `pubhub::cluster_check`); the
+/// masters that could not be asked are logged.
+async fn refuse_fanout_without_cluster(snap: &crate::snapshot::Snapshot) -> Result<(), ApplyError> {
+    let cfg = &snap.config;
+    if cfg.listener(Role::Publish).mode != ListenerMode::Fanout {
+        return Ok(());
+    }
+    let masters: Vec<(String, SocketAddr)> = snap
+        .masters
+        .iter()
+        .filter(|m| !m.upstream.is_unresolved())
+        .map(|m| (m.name(), m.addrs[Role::Request as usize]))
+        .collect();
+    let notes = crate::pubhub::cluster_check::check(
+        &masters,
+        cfg.health.handshake_timeout,
+        cfg.health.timeout,
+    )
+    .await
+    .map_err(ApplyError::NotOneCluster)?;
+    for n in notes {
+        tracing::warn!("listeners.publish.mode: fanout: {n}; the cluster check compares only the masters that answer");
+    }
+    Ok(())
 }

@@ -11,6 +11,7 @@
 //! The upstreams open with the first minion session (a hub with no minion has nothing to relay)
 //! and stop when the hub is dropped (a reload to `mode: l4`) or at shutdown.
 
+pub mod cluster_check;
 pub mod metrics;
 mod session;
 mod upstream;
