@@ -41,7 +41,7 @@ impl BufPool {
         }
     }
     /// A buffer, returned to the pool when dropped.
-    fn get(&self) -> PooledBuf<'_> {
+    pub(crate) fn get(&self) -> PooledBuf<'_> {
         self.in_use.fetch_add(1, Ordering::Relaxed);
         let buf = self
             .free
@@ -59,7 +59,7 @@ impl BufPool {
 }
 
 /// A pool buffer; goes back to the pool (or is freed when the pool is full) on drop.
-struct PooledBuf<'a> {
+pub(crate) struct PooledBuf<'a> {
     buf: Option<Box<[u8]>>,
     pool: &'a BufPool,
 }
@@ -162,7 +162,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
 
 /// One direction's byte count, kept locally and published every [`FLUSH_EVERY`] and on drop (the
 /// session ended, however): no shared atomic is touched per read.
-struct Tally<'a> {
+pub(crate) struct Tally<'a> {
     session: &'a AtomicU64,
     listener: &'a IntCounter,
     pending: u64,
@@ -170,7 +170,7 @@ struct Tally<'a> {
 }
 
 impl<'a> Tally<'a> {
-    fn new(session: &'a AtomicU64, listener: &'a IntCounter) -> Self {
+    pub(crate) fn new(session: &'a AtomicU64, listener: &'a IntCounter) -> Self {
         Self {
             session,
             listener,
@@ -179,7 +179,7 @@ impl<'a> Tally<'a> {
         }
     }
 
-    fn add(&mut self, n: u64) {
+    pub(crate) fn add(&mut self, n: u64) {
         self.pending += n;
         if self.flushed_at.elapsed() >= FLUSH_EVERY {
             self.flush();
@@ -302,7 +302,7 @@ pub async fn pump(
     }
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
