@@ -215,9 +215,16 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
     writeln!(o, "    backlog: {}", l.backlog)?;
     writeln!(
         o,
-        "    on_master_down: {}         # close (at close_rate per second) or keep",
+        "    on_master_down: {}         # close (at close_rate per second), keep, or migrate (request only)",
         l.on_master_down.as_str()
     )?;
+    if l.on_master_down == crate::model::OnMasterDown::Migrate {
+        writeln!(
+            o,
+            "    migrate_buffer: {}     # largest unanswered request kept for re-sending (bytes)",
+            l.migrate_buffer
+        )?;
+    }
     writeln!(o, "    close_rate: {}", l.close_rate)?;
     if l.role == Role::Publish {
         let r = &l.rebalance;

@@ -326,6 +326,10 @@ pub enum OnMasterDown {
     Close,
     /// Leave them until they end by themselves (HAProxy's default).
     Keep,
+    /// Request listener only: keep the minion's connection and move it to another UP master,
+    /// re-sending the request the old master never answered (docs/request-continuity.md). Also
+    /// applies when the master resets or closes the connection. Paced at `close_rate`.
+    Migrate,
 }
 
 impl OnMasterDown {
@@ -333,6 +337,7 @@ impl OnMasterDown {
         match self {
             OnMasterDown::Close => "close",
             OnMasterDown::Keep => "keep",
+            OnMasterDown::Migrate => "migrate",
         }
     }
 }
@@ -388,6 +393,9 @@ pub struct ListenerConfig {
     /// Listen backlog.
     pub backlog: u32,
     pub on_master_down: OnMasterDown,
+    /// `on_master_down: migrate`: the largest unanswered request (bytes, ZMTP framing included)
+    /// kept for re-sending; a bigger one is not replayed and its session closes as with `close`.
+    pub migrate_buffer: u32,
     /// Sessions per second closed when a master goes DOWN (0: all at once).
     pub close_rate: u32,
     /// One log line per closed session (HAProxy `option tcplog`).
@@ -468,6 +476,7 @@ impl ListenerConfig {
             maxqueue: defaults::MAXQUEUE,
             backlog: defaults::BACKLOG,
             on_master_down: OnMasterDown::Close,
+            migrate_buffer: defaults::MIGRATE_BUFFER,
             close_rate: defaults::CLOSE_RATE,
             access_log: true,
             rebalance: match role {
@@ -509,6 +518,10 @@ pub mod defaults {
     /// Clients waiting per listener for a master below its `maxconn` (each holds a descriptor).
     pub const MAXQUEUE: u32 = 1024;
     pub const CLOSE_RATE: u32 = 500;
+    /// `migrate_buffer`: most Salt requests are a few KiB; big job returns go over it.
+    pub const MIGRATE_BUFFER: u32 = 1024 * 1024;
+    /// Highest `migrate_buffer` (the largest ZMTP frame saltgate's codec takes).
+    pub const MIGRATE_BUFFER_MAX: u32 = 64 * 1024 * 1024;
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
     pub const WEIGHT: u32 = 1;
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);

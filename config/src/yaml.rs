@@ -59,6 +59,7 @@ const LISTENER_KEYS: &[&str] = &[
     "maxqueue",
     "backlog",
     "on_master_down",
+    "migrate_buffer",
     "close_rate",
     "access_log",
     "rebalance",
@@ -212,15 +213,22 @@ impl Checker<'_> {
         }
         if let Some(v) = f.get("on_master_down") {
             let field = join(&p, "on_master_down");
-            if let Some(t) = self.text(v, &field, "close or keep") {
-                match t.as_str() {
-                    "close" => l.on_master_down = OnMasterDown::Close,
-                    "keep" => l.on_master_down = OnMasterDown::Keep,
-                    other => self.err(
+            if let Some(t) = self.text(v, &field, "close, keep or migrate") {
+                match (t.as_str(), role) {
+                    ("close", _) => l.on_master_down = OnMasterDown::Close,
+                    ("keep", _) => l.on_master_down = OnMasterDown::Keep,
+                    ("migrate", Role::Request) => l.on_master_down = OnMasterDown::Migrate,
+                    ("migrate", Role::Publish) => self.err(
+                        v,
+                        &field,
+                        "migrate is for the request listener only (a publish session has no request to re-send)",
+                        "use close or keep here (or mode: fanout), and on_master_down: migrate under listeners.request",
+                    ),
+                    (other, _) => self.err(
                         v,
                         &field,
                         format!("unknown value {other:?}"),
-                        "use close or keep",
+                        "use close, keep or migrate (request listener only)",
                     ),
                 }
             }

@@ -2,7 +2,9 @@
 //! saltgate's YAML, for [`crate::yaml`].
 
 use crate::duration::{parse_duration, BareNumber};
-use crate::model::{defaults, Balance, Discovery, Failback, ListenerConfig, Rebalance, Role};
+use crate::model::{
+    defaults, Balance, Discovery, Failback, ListenerConfig, OnMasterDown, Rebalance, Role,
+};
 use crate::yaml::duration_text;
 use crate::yaml_tree::{Kind, Node};
 use crate::yaml_values::{join, Checker, Fields};
@@ -70,6 +72,25 @@ impl Checker<'_> {
             }
         }
         l.reuse_port = self.boolean(f.get("reuse_port"), &join(p, "reuse_port"), false);
+        if let Some(v) = f.get("migrate_buffer") {
+            let field = join(p, "migrate_buffer");
+            if l.on_master_down != OnMasterDown::Migrate {
+                self.err(
+                    v,
+                    &field,
+                    "migrate_buffer applies with on_master_down: migrate only",
+                    "set listeners.request.on_master_down: migrate, or remove migrate_buffer",
+                );
+            } else if let Some(n) = self.u32_in(
+                v,
+                &field,
+                0,
+                defaults::MIGRATE_BUFFER_MAX,
+                &defaults::MIGRATE_BUFFER.to_string(),
+            ) {
+                l.migrate_buffer = n;
+            }
+        }
     }
 
     /// `rebalance: {enabled, tolerance: 10%, rate: 50/s, delay: 10s}`; `rebalance: false` turns
@@ -293,6 +314,35 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("balance: first"), "{e}");
+    }
+
+    #[test]
+    fn migrate_is_read_for_requests_written_back_and_refused_on_publish() {
+        use crate::model::OnMasterDown;
+        let c = load("    on_master_down: migrate\n    migrate_buffer: 65536\n").unwrap();
+        assert_eq!(c.request.on_master_down, OnMasterDown::Migrate);
+        assert_eq!(c.request.migrate_buffer, 65536);
+        let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
+        assert_eq!(back, c);
+        let e = load("    migrate_buffer: 100\n").unwrap_err().to_string();
+        assert!(
+            e.contains("listeners.request.migrate_buffer") && e.contains("on_master_down: migrate"),
+            "{e}"
+        );
+        let e = load("    on_master_down: migrate\n    migrate_buffer: 1GiB\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a whole number from 0 to 67108864"), "{e}");
+        let e = parse_yaml(
+            "masters:\n  - name: a\n    host: 127.0.0.2\nlisteners:\n  publish: {bind: 127.0.0.1:4505, on_master_down: migrate}\n  request: {bind: 127.0.0.1:4506}\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("listeners.publish.on_master_down") && e.contains("request listener only"),
+            "{e}"
+        );
     }
 
     #[test]

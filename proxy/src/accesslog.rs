@@ -29,6 +29,10 @@ pub struct AccessRecord {
     /// Master → client.
     pub bytes_out: u64,
     pub reason: CloseReason,
+    /// Request sessions with `on_master_down: migrate`: times moved to another master.
+    pub migrations: u32,
+    /// Why it was not moved when its master went (see docs/request-continuity.md), if so.
+    pub migrate_skip: Option<&'static str>,
 }
 
 /// Where access records go.
@@ -54,6 +58,8 @@ impl AccessSink for TracingSink {
             bytes_in = r.bytes_in,
             bytes_out = r.bytes_out,
             reason = %r.reason,
+            migrations = r.migrations,
+            migrate_skip = r.migrate_skip.unwrap_or("-"),
             "session closed"
         );
     }

@@ -41,6 +41,8 @@ pub struct DataPlane {
     pub fanout: Arc<crate::pubhub::FanoutMetrics>,
     /// Which minion is where: fed by request sessions' taps and publish sessions' guards.
     pub presence: Arc<crate::presence::Presence>,
+    /// Request-session continuity counters (`on_master_down: migrate`).
+    pub replay: crate::replay::ReplayMetrics,
 }
 
 impl DataPlane {
@@ -60,6 +62,7 @@ impl DataPlane {
             access,
             fanout: Arc::new(crate::pubhub::FanoutMetrics::new(&metrics.registry)),
             presence,
+            replay: crate::replay::ReplayMetrics::new(&metrics.registry),
         }
     }
 

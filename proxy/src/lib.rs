@@ -32,6 +32,7 @@ pub mod queue;
 pub mod ratelimit;
 pub mod rebalance;
 pub mod registry;
+pub mod replay;
 pub mod selection;
 pub mod serve;
 mod session;

@@ -165,7 +165,7 @@ pub const FLUSH_EVERY: Duration = Duration::from_secs(2);
 
 /// One direction's byte count, kept locally and published every [`FLUSH_EVERY`] and on drop (the
 /// session ended, however): no shared atomic is touched per read.
-struct Tally<'a> {
+pub(crate) struct Tally<'a> {
     session: &'a AtomicU64,
     listener: &'a IntCounter,
     pending: u64,
@@ -173,7 +173,7 @@ struct Tally<'a> {
 }
 
 impl<'a> Tally<'a> {
-    fn new(session: &'a AtomicU64, listener: &'a IntCounter) -> Self {
+    pub(crate) fn new(session: &'a AtomicU64, listener: &'a IntCounter) -> Self {
         Self {
             session,
             listener,
@@ -182,7 +182,7 @@ impl<'a> Tally<'a> {
         }
     }
 
-    fn add(&mut self, n: u64) {
+    pub(crate) fn add(&mut self, n: u64) {
         self.pending += n;
         if self.flushed_at.elapsed() >= FLUSH_EVERY {
             self.flush();
@@ -211,9 +211,8 @@ impl Drop for Tally<'_> {
 /// only get `EAGAIN`. Safe with edge-triggered epoll: tokio clears readiness only if no event came
 /// since it was observed, and never clears `READ_CLOSED` (a FIN that came with the data is still
 /// seen by the next read).
-fn read_some(r: &OwnedReadHalf, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_some(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     use std::io::Read;
-    let stream: &TcpStream = r.as_ref();
     let mut got = None;
     let res = stream.try_io(tokio::io::Interest::READABLE, || {
         let n = (&*socket2::SockRef::from(stream)).read(buf)?;
@@ -246,7 +245,7 @@ async fn copy_half(
             return DirEnd::ReadErr(e);
         }
         let mut buf = pool.get();
-        match read_some(&r, &mut buf) {
+        match read_some(r.as_ref(), &mut buf) {
             Ok(0) => {
                 drop(buf);
                 // Pass the FIN on. A failure here means the peer is gone; the other direction
@@ -331,7 +330,7 @@ pub async fn pump(
     }
 }
 
-async fn sleep_until_opt(deadline: Option<Instant>) {
+pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

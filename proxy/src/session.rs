@@ -28,6 +28,8 @@ struct Outcome<'a> {
     bytes_out: u64,
     connect_ms: u64,
     attempts: u32,
+    migrations: u32,
+    migrate_skip: Option<&'static str>,
 }
 
 impl Outcome<'_> {
@@ -39,6 +41,8 @@ impl Outcome<'_> {
             bytes_out: 0,
             connect_ms,
             attempts,
+            migrations: 0,
+            migrate_skip: None,
         }
     }
 }
@@ -53,20 +57,20 @@ impl Drop for Live {
 }
 
 /// A session connected to a master, holding its place in the master's book.
-struct Connected {
-    stream: TcpStream,
-    lease: Lease,
-    master: Arc<Master>,
-    handles: Arc<MasterHandles>,
-    attempts: u32,
-    connect_ms: u64,
+pub(crate) struct Connected {
+    pub stream: TcpStream,
+    pub lease: Lease,
+    pub master: Arc<Master>,
+    pub handles: Arc<MasterHandles>,
+    pub attempts: u32,
+    pub connect_ms: u64,
 }
 
 /// The pause before a retry on the master just tried (when no other candidate is left).
 pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// How the connect phase ended.
-enum Connect {
+pub(crate) enum Connect {
     Done(Connected),
     Failed { attempts: u32 },
     Shutdown,
@@ -75,7 +79,7 @@ enum Connect {
 /// Up to 1 + `retries` attempts, each on the next candidate (cycling when there are fewer; a master
 /// is never tried twice in a row without [`RETRY_PAUSE`]). Each attempt first leases a place under
 /// the master's `maxconn`.
-async fn connect(
+pub(crate) async fn connect(
     ctx: &DataPlane,
     l: &ListenerConfig,
     snap: &Snapshot,
@@ -243,14 +247,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     live.0.inc();
 
     let (listener, user_timeout, picked) = place(&ctx, role, peer, lm).await;
-    let Connected {
-        stream: master_stream,
-        mut lease,
-        master,
-        handles,
-        attempts,
-        connect_ms,
-    } = match picked {
+    let mut c = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
             if matches!(reason, CloseReason::NoMaster | CloseReason::QueueFull) {
@@ -269,14 +266,18 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
             return;
         }
     };
-    tune(&master_stream, user_timeout);
+    tune(&c.stream, user_timeout);
 
-    let ctl = lease.register(ctx.session_id(), peer, &ctx.sessions_token);
+    let ctl = c
+        .lease
+        .register(ctx.session_id(), peer, &ctx.sessions_token);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
-    // swept: close this one too rather than leave it on that master.
-    match (master.admin(), master.is_up(), listener.on_master_down) {
+    // swept: close this one too rather than leave it on that master (`migrate` moves it).
+    match (c.master.admin(), c.master.is_up(), listener.on_master_down) {
         (Admin::Disabled, _, _) => ctl.close(CloseReason::Disabled),
-        (_, false, OnMasterDown::Close) => ctl.close(CloseReason::MasterDown),
+        (_, false, OnMasterDown::Close | OnMasterDown::Migrate) => {
+            ctl.close(CloseReason::MasterDown)
+        }
         _ => {}
     }
     let limits = IdleLimits {
@@ -287,25 +288,59 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     };
     let presence = ctx
         .presence
-        .attach(role, ctl.id, peer, master.name().as_str());
-    let reason = pump::pump(
-        client,
-        master_stream,
-        limits,
-        &ctl,
-        &ctx.pool,
-        &lm.bytes,
-        presence.tap,
-    )
-    .await;
-    if matches!(reason, CloseReason::MasterReset | CloseReason::MasterEof) {
-        // Salt masters do not close minions' connections while they run: check this port soon.
-        master.upstream.nudge_check(role);
-    }
-    let (bytes_in, bytes_out) = (
-        ctl.bytes_in.load(Ordering::Relaxed),
-        ctl.bytes_out.load(Ordering::Relaxed),
-    );
+        .attach(role, ctl.id, peer, c.master.name().as_str());
+    let (attempts, connect_ms) = (c.attempts, c.connect_ms);
+    let (reason, lease, master, handles, bytes, moves) =
+        if role == Role::Request && listener.on_master_down == OnMasterDown::Migrate {
+            let e = crate::replay::serve(
+                &ctx,
+                &listener,
+                user_timeout,
+                peer,
+                client,
+                c,
+                ctl,
+                presence.tap,
+                limits,
+            )
+            .await;
+            let Connected {
+                lease,
+                master,
+                handles,
+                ..
+            } = e.up;
+            let moves = (e.migrations, e.skip.map(|s| s.as_str()));
+            (e.reason, lease, master, handles, e.bytes, moves)
+        } else {
+            let Connected {
+                stream,
+                lease,
+                master,
+                handles,
+                ..
+            } = c;
+            let reason = pump::pump(
+                client,
+                stream,
+                limits,
+                &ctl,
+                &ctx.pool,
+                &lm.bytes,
+                presence.tap,
+            )
+            .await;
+            if matches!(reason, CloseReason::MasterReset | CloseReason::MasterEof) {
+                // Salt masters do not close minions' connections while they run: check this
+                // port soon.
+                master.upstream.nudge_check(role);
+            }
+            let bytes = (
+                ctl.bytes_in.load(Ordering::Relaxed),
+                ctl.bytes_out.load(Ordering::Relaxed),
+            );
+            (reason, lease, master, handles, bytes, (0, None))
+        };
     drop(lease);
     handles.closed(role, reason).inc();
     access_log(
@@ -316,10 +351,12 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         Outcome {
             master: Some(&master),
             reason,
-            bytes_in,
-            bytes_out,
+            bytes_in: bytes.0,
+            bytes_out: bytes.1,
             connect_ms,
             attempts,
+            migrations: moves.0,
+            migrate_skip: moves.1,
         },
     );
 }
@@ -346,5 +383,7 @@ fn access_log(
         bytes_in: o.bytes_in,
         bytes_out: o.bytes_out,
         reason: o.reason,
+        migrations: o.migrations,
+        migrate_skip: o.migrate_skip,
     });
 }

@@ -556,7 +556,8 @@ async fn handle_events(control: Arc<Control>, mut rx: mpsc::UnboundedReceiver<Ma
         let snap = control.data.load();
         let rates = Role::ALL.map(|role| {
             let l = snap.config.listener(role);
-            (l.on_master_down == OnMasterDown::Close).then_some(l.close_rate)
+            // `migrate` moves them at the same pace.
+            (l.on_master_down != OnMasterDown::Keep).then_some(l.close_rate)
         });
         for role in Role::ALL {
             let n = ev.master.session_count(role);

@@ -1,0 +1,329 @@
+//! Request-session continuity (`listeners.request.on_master_down: migrate`, issue 13): fake masters
+//! built from `wire`'s ZMTP pieces (a ROUTER handshake per connection), a minion stand-in from
+//! `wire`'s REQ socket (one connection while nothing fails: `dial_count`). Addresses 127.18.0.x.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::api::{addr, run_with, scrape, wait_for_metric};
+use common::*;
+use saltgate_config::{Balance, HealthSettings, MasterConfig, OnMasterDown, Probe, Role};
+use saltgate_proxy::accesslog::MemorySink;
+use saltgate_proxy::close::CloseReason;
+use saltgate_proxy::{Options, Running};
+use saltgate_wire::zmtp::Connection;
+use saltgate_wire::zmtp::{Frame, HandshakeConfig, ReqError, ReqOptions, ReqSocket, SocketType};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+const IDENTITY: &str = "salt-req/minion/m1/4242/0123abcd";
+
+/// A master's request port: a ROUTER per connection that answers `<name>:<request>` (or, while
+/// `answer` is off, swallows requests: a hung or dying master). `kill` drops every connection.
+struct FakeRouter {
+    name: &'static str,
+    addr: SocketAddr,
+    answer: Arc<AtomicBool>,
+    /// (peer identity, request payload) in arrival order.
+    got: Arc<Mutex<Vec<(Bytes, Bytes)>>>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl FakeRouter {
+    async fn start(name: &'static str, ip: &str, answer: bool) -> FakeRouter {
+        let l = TcpListener::bind((ip, 0)).await.unwrap();
+        let r = FakeRouter {
+            name,
+            addr: l.local_addr().unwrap(),
+            answer: Arc::new(AtomicBool::new(answer)),
+            got: Default::default(),
+            tasks: Default::default(),
+        };
+        let (answer, got, tasks) = (r.answer.clone(), r.got.clone(), r.tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let (answer, got) = (answer.clone(), got.clone());
+                let t = tokio::spawn(async move {
+                    let mut hs = HandshakeConfig::new(SocketType::Router);
+                    hs.as_server = true;
+                    let Ok(mut c) = Connection::handshake(s, &hs).await else {
+                        return;
+                    };
+                    let id = c.peer().identity.clone();
+                    let mut parts = Vec::new();
+                    while let Ok(f) = c.read_frame().await {
+                        let Frame::Message { body, more } = f else {
+                            continue;
+                        };
+                        parts.push(body);
+                        if more {
+                            continue;
+                        }
+                        let payload = parts.pop().unwrap_or_default();
+                        parts.clear();
+                        got.lock().unwrap().push((id.clone(), payload.clone()));
+                        if answer.load(Ordering::SeqCst) {
+                            let reply = format!("{name}:{}", String::from_utf8_lossy(&payload));
+                            let _ = c.send_message(&[&b""[..], reply.as_bytes()]).await;
+                        }
+                    }
+                });
+                tasks.lock().unwrap().push(t);
+            }
+        });
+        r.tasks.lock().unwrap().push(accept);
+        r
+    }
+
+    /// The master dies: its listener and every connection close.
+    fn kill(&self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        let got = self.got.lock().unwrap();
+        got.iter()
+            .map(|(_, p)| String::from_utf8_lossy(p).into_owned())
+            .collect()
+    }
+
+    fn config(&self) -> MasterConfig {
+        MasterConfig {
+            name: self.name.into(),
+            host: self.addr.ip().to_string(),
+            // Health is scripted: the publish port is never dialled.
+            publish_port: self.addr.port(),
+            request_port: self.addr.port(),
+            weight: 1,
+            maxconn: None,
+            backup: false,
+            disabled: false,
+            check: true,
+            health: health(),
+        }
+    }
+}
+
+fn health() -> HealthSettings {
+    HealthSettings {
+        interval: Duration::from_millis(20),
+        fastinter: Duration::from_millis(20),
+        downinter: Duration::from_millis(20),
+        rise: 2,
+        fall: 2,
+        timeout: Duration::from_millis(500),
+        handshake_timeout: Duration::from_millis(500),
+        probe: Probe::Tcp,
+    }
+}
+
+struct Lab {
+    r: Running,
+    _stop: tokio::sync::oneshot::Sender<()>,
+    prober: Arc<ScriptedProber>,
+    log: Arc<MemorySink>,
+}
+
+/// saltgate on 127.18.0.1 over `masters` (balance first: a session starts on the first),
+/// `on_master_down: migrate` with `migrate_buffer` bytes.
+async fn lab(masters: &[&FakeRouter], migrate_buffer: u32) -> Lab {
+    let mut cfg = config_on(
+        "127.18.0.1",
+        masters.iter().map(|m| m.config()).collect(),
+        health(),
+    );
+    cfg.request.balance = Balance::First;
+    cfg.request.on_master_down = OnMasterDown::Migrate;
+    cfg.request.migrate_buffer = migrate_buffer;
+    let prober = Arc::new(ScriptedProber::default());
+    let log = Arc::new(MemorySink::default());
+    let (r, stop) = run_with(
+        cfg,
+        Options {
+            prober: prober.clone(),
+            access_log: log.clone(),
+            ..Default::default()
+        },
+    )
+    .await;
+    for m in masters {
+        wait_for("masters UP", || r.master(m.name).unwrap().is_up()).await;
+    }
+    Lab {
+        r,
+        _stop: stop,
+        prober,
+        log,
+    }
+}
+
+impl Lab {
+    fn minion(&self) -> ReqSocket {
+        ReqSocket::new(
+            addr(&self.r, Role::Request),
+            ReqOptions {
+                identity: Bytes::from_static(IDENTITY.as_bytes()),
+                ..Default::default()
+            },
+        )
+    }
+
+    fn admin(&self) -> SocketAddr {
+        self.r.admin_addr().unwrap()
+    }
+
+    async fn metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
+        wait_for_metric(self.admin(), name, labels, want).await
+    }
+}
+
+async fn ask(m: &mut ReqSocket, what: &str) -> Result<String, ReqError> {
+    let reply = m
+        .request(vec![Bytes::copy_from_slice(what.as_bytes())], T)
+        .await?;
+    Ok(String::from_utf8_lossy(reply.last().unwrap()).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_mid_request_leaves_the_reply_to_another_on_the_same_connection() {
+    let a = FakeRouter::start("a", "127.18.0.2", false).await;
+    let b = FakeRouter::start("b", "127.18.0.3", true).await;
+    let lab = lab(&[&a, &b], 1 << 20).await;
+    let mut minion = lab.minion();
+    let asking = tokio::spawn(async move {
+        let r = ask(&mut minion, "job-1").await;
+        (r, minion)
+    });
+    wait_for("a holds the request", || a.requests() == ["job-1"]).await;
+    a.kill();
+    let (reply, mut minion) = asking.await.unwrap();
+    assert_eq!(
+        reply.unwrap(),
+        "b:job-1",
+        "answered by b, on the same connection"
+    );
+    assert_eq!(ask(&mut minion, "job-2").await.unwrap(), "b:job-2");
+    assert_eq!(minion.dial_count(), 1, "the minion connected once");
+    assert_eq!(b.requests(), ["job-1", "job-2"], "job-1 re-sent once");
+    let ids = b.got.lock().unwrap().clone();
+    assert!(
+        ids.iter().all(|(id, _)| id == IDENTITY),
+        "b saw the minion's identity"
+    );
+    lab.metric(
+        "saltgate_requests_replayed_total",
+        &[("request", "complete")],
+        1.0,
+    )
+    .await;
+    let s = scrape(lab.admin()).await;
+    let moved = common::api::value(&s, "saltgate_request_sessions_migrated_total", &[]);
+    assert_eq!(moved, 1.0);
+    drop(minion);
+    wait_for("the access record", || !lab.log.records().is_empty()).await;
+    let rec = &lab.log.records()[0];
+    assert_eq!(rec.master.as_deref(), Some("b"));
+    assert_eq!((rec.migrations, rec.migrate_skip), (1, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_survives_its_masters_death_and_an_answered_request_is_never_replayed() {
+    let a = FakeRouter::start("a", "127.18.0.4", true).await;
+    let b = FakeRouter::start("b", "127.18.0.5", true).await;
+    let lab = lab(&[&a, &b], 1 << 20).await;
+    let mut minion = lab.minion();
+    assert_eq!(ask(&mut minion, "r1").await.unwrap(), "a:r1");
+    a.kill();
+    lab.metric("saltgate_request_sessions_migrated_total", &[], 1.0)
+        .await;
+    assert_eq!(ask(&mut minion, "r2").await.unwrap(), "b:r2");
+    assert_eq!(minion.dial_count(), 1);
+    assert_eq!(b.requests(), ["r2"], "r1 was answered: never re-sent");
+    let s = scrape(lab.admin()).await;
+    assert!(
+        !s.samples
+            .iter()
+            .any(|x| x.metric == "saltgate_requests_replayed_total"),
+        "nothing replayed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_marked_down_has_its_requests_moved() {
+    let a = FakeRouter::start("a", "127.18.0.6", false).await;
+    let b = FakeRouter::start("b", "127.18.0.7", true).await;
+    let lab = lab(&[&a, &b], 1 << 20).await;
+    let mut minion = lab.minion();
+    let asking = tokio::spawn(async move {
+        let r = ask(&mut minion, "stuck").await;
+        (r, minion)
+    });
+    wait_for("a holds the request", || a.requests() == ["stuck"]).await;
+    lab.prober.set_down(a.addr, true);
+    let (reply, minion) = asking.await.unwrap();
+    assert_eq!(reply.unwrap(), "b:stuck");
+    assert_eq!(minion.dial_count(), 1);
+    lab.metric(
+        "saltgate_request_sessions_migrated_total",
+        &[("reason", "master-down")],
+        1.0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_cap_is_not_replayed_and_its_session_closes_as_before() {
+    let a = FakeRouter::start("a", "127.18.0.8", false).await;
+    let b = FakeRouter::start("b", "127.18.0.9", true).await;
+    let lab = lab(&[&a, &b], 1024).await;
+    let mut minion = lab.minion();
+    let big = "x".repeat(4000);
+    let asking = tokio::spawn(async move { ask(&mut minion, &big).await });
+    wait_for("a holds the request", || a.requests().len() == 1).await;
+    a.kill();
+    let r = asking.await.unwrap();
+    assert!(matches!(r, Err(ReqError::Disconnected)), "{r:?}");
+    lab.metric(
+        "saltgate_request_migrations_skipped_total",
+        &[("reason", "over-cap")],
+        1.0,
+    )
+    .await;
+    assert!(b.requests().is_empty());
+    wait_for("the access record", || !lab.log.records().is_empty()).await;
+    let rec = &lab.log.records()[0];
+    assert!(matches!(
+        rec.reason,
+        CloseReason::MasterEof | CloseReason::MasterReset
+    ));
+    assert_eq!(rec.migrate_skip, Some("over-cap"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_other_master_up_the_session_closes_as_before() {
+    let a = FakeRouter::start("a", "127.18.0.10", false).await;
+    let b = FakeRouter::start("b", "127.18.0.11", true).await;
+    let lab = lab(&[&a, &b], 1 << 20).await;
+    lab.prober.set_down(b.addr, true);
+    wait_for("b DOWN", || !lab.r.master("b").unwrap().is_up()).await;
+    let mut minion = lab.minion();
+    let asking = tokio::spawn(async move { ask(&mut minion, "alone").await });
+    wait_for("a holds the request", || a.requests().len() == 1).await;
+    a.kill();
+    let r = asking.await.unwrap();
+    assert!(matches!(r, Err(ReqError::Disconnected)), "{r:?}");
+    lab.metric(
+        "saltgate_request_migrations_skipped_total",
+        &[("reason", "no-master")],
+        1.0,
+    )
+    .await;
+    assert!(b.requests().is_empty());
+}
