@@ -1,8 +1,9 @@
-"""The third load balancer slot: saltgate with its publish listener in `mode: fanout` (docs/fanout.md)
-on 127.0.0.11, its request listener L4 as in the saltgate slot, with its own five minions (fo-minion1-5).
-Its configuration is the saltgate slot's imported one with the binds moved to 127.0.0.11 and
-`mode: fanout` added to the publish listener, so the only difference between the two saltgate rows is
-the publish mode.
+"""The third load balancer slot: saltgate in its continuity configuration on 127.0.0.11, with its own
+five minions (fo-minion1-5): the publish listener in `mode: fanout` (docs/fanout.md) and the request
+listener L4 with `on_master_down: migrate` (docs/request-continuity.md). Its configuration is the
+saltgate slot's imported one with the binds moved to 127.0.0.11, `mode: fanout` added to the publish
+listener and the request listener's `on_master_down: close` turned into `migrate`: those two keys are
+the only difference between the two saltgate rows.
 
 The slot runs through the same scenarios as the others (its row appears next to saltgate L4 and
 HAProxy). What only a fan-out slot has is read here: its metrics (upstream connects per master,
@@ -30,8 +31,11 @@ def fanout_config(text):
     listener in fan-out mode"""
     out, n = re.subn(r'(bind:\s*\[?"?)127\.0\.0\.1:', r"\g<1>" + FO_ADDR + ":", text)
     out, m = re.subn(r"(\n  publish:\n)", r"\1    mode: fanout\n", out, count=1)
-    if n != 3 or m != 1:
-        raise Failure(f"could not derive the fan-out config from the saltgate one ({n} binds, {m} publish)")
+    # request continuity (docs/request-continuity.md): a request session whose master dies or hangs
+    # moves to another master, its unanswered request re-sent
+    out, k = re.subn(r"(\n  request:\n(?:    .*\n)*?    on_master_down:) close", r"\1 migrate", out, count=1)
+    if n != 3 or m != 1 or k != 1:
+        raise Failure(f"could not derive the fan-out config from the saltgate one ({n} binds, {m} publish, {k} request on_master_down)")
     return out
 
 
