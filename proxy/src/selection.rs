@@ -48,12 +48,31 @@ pub fn for_listener(l: &ListenerConfig, n_masters: usize) -> Box<dyn Selector> {
 }
 
 /// Indexes of the masters that may take a session now; backups only when nothing else is left.
+/// Each master's configuration is loaded once per call (an `ArcSwap` load is most of the cost:
+/// see `cargo bench -p saltgate-proxy --bench hot_paths`, `selection/*`).
 pub fn eligible(masters: &[Arc<Master>], role: Role, out: &mut Vec<usize>) {
     out.clear();
-    let ok = |m: &Master| m.is_available() && m.has_room(role) && m.cfg().weight > 0;
-    out.extend((0..masters.len()).filter(|&i| !masters[i].cfg().backup && ok(&masters[i])));
-    if out.is_empty() {
-        out.extend((0..masters.len()).filter(|&i| masters[i].cfg().backup && ok(&masters[i])));
+    let ok = |m: &Master, c: &saltgate_config::MasterConfig| {
+        c.weight > 0
+            && c.maxconn.is_none_or(|cap| m.session_count(role) < cap)
+            && m.is_available()
+    };
+    let mut backups = false;
+    for (i, m) in masters.iter().enumerate() {
+        let c = m.cfg();
+        if c.backup {
+            backups = true;
+        } else if ok(m, &c) {
+            out.push(i);
+        }
+    }
+    if out.is_empty() && backups {
+        for (i, m) in masters.iter().enumerate() {
+            let c = m.cfg();
+            if c.backup && ok(m, &c) {
+                out.push(i);
+            }
+        }
     }
 }
 
@@ -83,13 +102,13 @@ impl Selector for RoundRobin {
         if cur.len() != masters.len() {
             *cur = vec![0; masters.len()];
         }
-        let total: i64 = out
-            .iter()
-            .map(|&i| i64::from(masters[i].cfg().weight))
-            .sum();
+        // One pass: every eligible master gains its weight; the highest goes first and pays the total.
+        let mut total = 0i64;
         let mut best = out[0];
         for &i in out.iter() {
-            cur[i] += i64::from(masters[i].cfg().weight);
+            let w = i64::from(masters[i].cfg().weight);
+            total += w;
+            cur[i] += w;
             if cur[i] > cur[best] {
                 best = i;
             }
