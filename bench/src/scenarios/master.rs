@@ -86,7 +86,7 @@ const FIGURES: [(&str, &str); 6] = [
 
 /// The master under test, whichever it is.
 enum Running {
-    Salt(SaltMaster),
+    Salt(Box<SaltMaster>),
     Ours(Cluster),
 }
 
@@ -127,7 +127,7 @@ async fn one(
     let venv = saltmaster::venv()?;
     let ip = ctx.net.ip(2);
     let m = match kind {
-        MasterKind::SaltMaster => Running::Salt(SaltMaster::start(&venv, ip).await?),
+        MasterKind::SaltMaster => Running::Salt(Box::new(SaltMaster::start(&venv, ip).await?)),
         MasterKind::SaltgateMaster => Running::Ours(Cluster::single(&ctx.bins.master, ip).await?),
     };
     let r = measure(ctx, kind, &m, n, repeat, &venv).await;
