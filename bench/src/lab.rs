@@ -43,23 +43,35 @@ pub fn master_config(
     peers: &[String],
     secret: &str,
 ) -> Result<SaltMasterConfig> {
+    let text = master_config_text(root, name, ip, ports, peers, secret);
+    parse_salt_master(&text, None)
+        .map(|l| l.config)
+        .map_err(|e| anyhow!("master configuration for {name}: {e}"))
+}
+
+/// The text of [`master_config`] (Salt's master YAML), for a master started as a process.
+pub fn master_config_text(
+    root: &Path,
+    name: &str,
+    ip: IpAddr,
+    ports: MasterPorts,
+    peers: &[String],
+    secret: &str,
+) -> String {
     let d = root.display();
     let MasterPorts {
         publish,
         request,
         cluster,
     } = ports;
-    let text = format!(
+    format!(
         "id: {name}\ninterface: {ip}\npublish_port: {publish}\nret_port: {request}\n\
          pki_dir: {d}/{name}/pki\n\
          cachedir: {d}/shared/cache\nsock_dir: {d}/{name}/sock\nauto_accept: True\n\
          cluster_id: demo\ncluster_peers: [{}]\ncluster_pki_dir: {d}/shared/cpki\n\
          cluster_pool_port: {cluster}\ncluster_secret: {secret}\n",
         peers.join(", ")
-    );
-    parse_salt_master(&text, None)
-        .map(|l| l.config)
-        .map_err(|e| anyhow!("master configuration for {name}: {e}"))
+    )
 }
 
 /// A master running on its own thread and runtime, so killing it closes every socket it holds.

@@ -8,6 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use saltgate_bench::runner::{self, Plan, Scenario};
+use saltgate_bench::scenarios::master;
+use saltgate_bench::scenarios::swarm::SwarmSize;
 use saltgate_bench::scenarios::Ctx;
 use saltgate_bench::targets::{haproxy_version, Binaries, Net, ProxySettings, TargetKind};
 use saltgate_bench::{backend, chart, report, BenchError};
@@ -16,11 +18,11 @@ use saltgate_bench::{backend, chart, report, BenchError};
 #[command(
     name = "saltgate-bench",
     about = "Side-by-side benchmarks: no proxy (direct), HAProxy and saltgate, interleaved and repeated",
-    after_help = "Scenarios: idle, connect, rr, throughput, storm (all = these five); swarm is not built yet.\n\
+    after_help = "Scenarios: idle, connect, rr, throughput, storm, swarm (all = these six).\n\
                   CI smoke test: cargo run --release -p saltgate-bench -- --quick all"
 )]
 struct Cli {
-    /// Scenarios to run (idle, connect, rr, throughput, storm, all).
+    /// Scenarios to run (idle, connect, rr, throughput, storm, swarm, all).
     #[arg(default_value = "all")]
     scenarios: Vec<String>,
     /// Smoke version of every scenario: small N, one repeat; checks that it runs, not figures.
@@ -49,6 +51,30 @@ struct Cli {
     /// if missing).
     #[arg(long)]
     haproxy_bin: Option<PathBuf>,
+    /// saltgate-master binary (swarm); default: built with saltgate, beside it.
+    #[arg(long, env = "SALTGATE_MASTER_BIN")]
+    master_bin: Option<PathBuf>,
+    /// saltgate-minion binary (swarm); default: built with saltgate, beside it.
+    #[arg(long, env = "SALTGATE_MINION_BIN")]
+    minion_bin: Option<PathBuf>,
+    /// swarm: simulated minions (default 1000; --quick 30).
+    #[arg(long)]
+    swarm_minions: Option<usize>,
+    /// swarm: processes the minions are spread over (`saltgate-minion swarm --processes`;
+    /// direct splits them over the three masters). One process holds at most 20,000 fds.
+    #[arg(long, default_value_t = 1)]
+    swarm_processes: usize,
+    /// swarm: saltgate processes sharing the listeners (`reuse_port: true`), for more sessions
+    /// than one process's 20,000 fds allow (two per session).
+    #[arg(long, default_value_t = 1)]
+    swarm_gates: usize,
+    /// swarm: minions started per second, all processes together (default 500; --quick 200;
+    /// master: 100).
+    #[arg(long)]
+    swarm_start_rate: Option<u32>,
+    /// master: swarm sizes, comma-separated (each run against salt-master and saltgate-master).
+    #[arg(long, default_value = "1000", value_delimiter = ',')]
+    master_minions: Vec<usize>,
 }
 
 fn main() {
@@ -87,6 +113,9 @@ fn backend_child(args: &[String]) -> Result<()> {
 }
 
 fn bench(cli: Cli, args: &[String]) -> Result<()> {
+    if cli.scenarios.iter().any(|s| s == "master") {
+        return master_bench(cli, args);
+    }
     let mut scenarios = Vec::new();
     for s in &cli.scenarios {
         if s == "all" {
@@ -94,16 +123,12 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
         } else {
             scenarios.push(Scenario::parse(s).ok_or_else(|| {
                 BenchError::Usage(format!(
-                    "unknown scenario {s:?}: use idle, connect, rr, throughput, storm or all"
+                    "unknown scenario {s:?}: use idle, connect, rr, throughput, storm, swarm or all"
                 ))
             })?);
         }
     }
     scenarios.dedup();
-    if scenarios.contains(&Scenario::Swarm) {
-        // Refused before anything is built or started.
-        return Err(runner::swarm_not_yet().into());
-    }
     let targets: Vec<TargetKind> = cli
         .targets
         .iter()
@@ -122,14 +147,27 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
     let net = Net::parse(&cli.net)?;
     let _ = rlimit::increase_nofile_limit(u64::MAX);
 
-    let saltgate = if targets.contains(&TargetKind::Saltgate) {
-        match cli.saltgate_bin {
-            Some(p) => p,
-            None => build_saltgate()?,
-        }
+    let swarm = scenarios.contains(&Scenario::Swarm);
+    let need_build = (targets.contains(&TargetKind::Saltgate) && cli.saltgate_bin.is_none())
+        || (swarm && (cli.master_bin.is_none() || cli.minion_bin.is_none()));
+    let built = if need_build {
+        Some(build_binaries(swarm)?)
     } else {
-        PathBuf::from("saltgate")
+        None
     };
+    let from_build = |name: &str| {
+        built
+            .as_ref()
+            .map(|d| d.join(name))
+            .unwrap_or_else(|| PathBuf::from(name))
+    };
+    let saltgate = cli.saltgate_bin.unwrap_or_else(|| from_build("saltgate"));
+    let master = cli
+        .master_bin
+        .unwrap_or_else(|| from_build("saltgate-master"));
+    let minion = cli
+        .minion_bin
+        .unwrap_or_else(|| from_build("saltgate-minion"));
     let haproxy = if targets.contains(&TargetKind::Haproxy) {
         find_haproxy(cli.haproxy_bin)?
     } else {
@@ -147,10 +185,24 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
     };
     let ctx = Ctx {
         net,
-        bins: Binaries { saltgate, haproxy },
+        bins: Binaries {
+            saltgate,
+            haproxy,
+            master,
+            minion,
+        },
         exe: std::env::current_exe().context("path of this executable")?,
         quick: cli.quick,
         settings: ProxySettings::default(),
+        swarm: {
+            let d = SwarmSize::default_for(cli.quick);
+            SwarmSize {
+                minions: cli.swarm_minions.unwrap_or(d.minions),
+                processes: cli.swarm_processes.max(1),
+                gates: cli.swarm_gates.max(1),
+                start_rate: cli.swarm_start_rate.unwrap_or(d.start_rate),
+            }
+        },
     };
     let plan = Plan {
         scenarios,
@@ -185,6 +237,76 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `saltgate-bench master`: salt-master 3008.5 beside saltgate-master (its own report).
+fn master_bench(cli: Cli, args: &[String]) -> Result<()> {
+    if cli.scenarios.len() != 1 {
+        return Err(BenchError::Usage(
+            "master runs alone: saltgate-bench master [--master-minions 1000,5000]".into(),
+        )
+        .into());
+    }
+    if cli.master_minions.is_empty() || cli.master_minions.contains(&0) || cli.repeat == 0 {
+        return Err(
+            BenchError::Usage("--master-minions needs sizes ≥ 1 and --repeat ≥ 1".into()).into(),
+        );
+    }
+    let net = Net::parse(&cli.net)?;
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let built = if cli.master_bin.is_none() || cli.minion_bin.is_none() {
+        Some(build_binaries(true)?)
+    } else {
+        None
+    };
+    let from_build = |name: &str| {
+        built
+            .as_ref()
+            .map(|d| d.join(name))
+            .unwrap_or_else(|| PathBuf::from(name))
+    };
+    let ctx = Ctx {
+        net,
+        bins: Binaries {
+            saltgate: PathBuf::from("saltgate"),
+            haproxy: PathBuf::from("haproxy"),
+            master: cli
+                .master_bin
+                .unwrap_or_else(|| from_build("saltgate-master")),
+            minion: cli
+                .minion_bin
+                .unwrap_or_else(|| from_build("saltgate-minion")),
+        },
+        exe: std::env::current_exe().context("path of this executable")?,
+        quick: cli.quick,
+        settings: ProxySettings::default(),
+        swarm: SwarmSize {
+            minions: 0,
+            processes: cli.swarm_processes.max(1),
+            gates: 1,
+            start_rate: cli.swarm_start_rate.unwrap_or(100),
+        },
+    };
+    let repeat = if cli.quick { 1 } else { cli.repeat };
+    let command = format!("saltgate-bench {}", args[1..].join(" "));
+    let report = runtime()?.block_on(master::bench(&ctx, &cli.master_minions, repeat, command))?;
+    let md = master::markdown(&report);
+    let json = serde_json::to_string_pretty(&report).context("JSON")?;
+    if cli.json {
+        println!("{json}");
+    } else {
+        print!("{md}");
+    }
+    if let Some(dir) = &cli.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        std::fs::write(dir.join("master-report.md"), &md)?;
+        std::fs::write(dir.join("master-report.json"), &json)?;
+        eprintln!(
+            "saltgate-bench: wrote {}/master-report.{{md,json}}",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// The workspace root (this crate's parent).
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -193,34 +315,49 @@ fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-fn build_saltgate() -> Result<PathBuf> {
+/// Builds the release `saltgate` (and, for `swarm`, `saltgate-master` and `saltgate-minion`)
+/// in this workspace; returns the directory they are in.
+fn build_binaries(swarm: bool) -> Result<PathBuf> {
     let root = workspace_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut args = vec!["build", "--release", "-p", "saltgate-proxy"];
+    if swarm {
+        args.extend(["-p", "saltgate-master", "-p", "saltgate-minion"]);
+    }
     eprintln!(
-        "saltgate-bench: cargo build --release -p saltgate-proxy (in {})",
+        "saltgate-bench: {cargo} {} (in {})",
+        args.join(" "),
         root.display()
     );
     let status = std::process::Command::new(&cargo)
-        .args(["build", "--release", "-p", "saltgate-proxy"])
+        .args(&args)
         .current_dir(&root)
         .status()
         .with_context(|| format!("run {cargo}"))?;
     if !status.success() {
-        bail!("cargo build --release -p saltgate-proxy failed ({status}); or pass --saltgate-bin");
+        bail!(
+            "cargo {} failed ({status}); or pass --saltgate-bin (and --master-bin, --minion-bin)",
+            args.join(" ")
+        );
     }
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
         Some(d) if Path::new(&d).is_absolute() => PathBuf::from(d),
         Some(d) => root.join(d),
         None => root.join("target"),
     };
-    let bin = target.join("release").join("saltgate");
-    if !bin.exists() {
-        bail!(
-            "built saltgate but {} does not exist; pass --saltgate-bin",
-            bin.display()
-        );
+    let dir = target.join("release");
+    for bin in ["saltgate", "saltgate-master", "saltgate-minion"]
+        .iter()
+        .take(if swarm { 3 } else { 1 })
+    {
+        if !dir.join(bin).exists() {
+            bail!(
+                "built, but {} does not exist; pass --saltgate-bin, --master-bin, --minion-bin",
+                dir.join(bin).display()
+            );
+        }
     }
-    Ok(bin)
+    Ok(dir)
 }
 
 fn find_haproxy(given: Option<PathBuf>) -> Result<PathBuf> {

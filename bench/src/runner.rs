@@ -22,13 +22,14 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    /// What `all` runs (swarm is not built yet).
-    pub const ALL: [Scenario; 5] = [
+    /// What `all` runs.
+    pub const ALL: [Scenario; 6] = [
         Scenario::Idle,
         Scenario::Connect,
         Scenario::Rr,
         Scenario::Throughput,
         Scenario::Storm,
+        Scenario::Swarm,
     ];
 
     pub fn parse(s: &str) -> Option<Scenario> {
@@ -55,15 +56,6 @@ impl Scenario {
     }
 }
 
-/// `swarm` is not built: say so, and what to run instead.
-pub fn swarm_not_yet() -> BenchError {
-    BenchError::NotYet(
-        "swarm: not built yet. It needs the minion crate's swarm mode (thousands of Salt minions \
-         in one process), which does not exist yet; run idle, connect, rr, throughput, storm or all"
-            .into(),
-    )
-}
-
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -86,9 +78,6 @@ pub fn order(targets: &[TargetKind], r: usize) -> Vec<TargetKind> {
 }
 
 pub async fn run(ctx: &Ctx, plan: &Plan) -> Result<Report, BenchError> {
-    if plan.scenarios.contains(&Scenario::Swarm) {
-        return Err(swarm_not_yet());
-    }
     let started = now();
     let load_before = procfs::loadavg();
     let sys_before = procfs::sys_sample()?;
@@ -110,7 +99,7 @@ pub async fn run(ctx: &Ctx, plan: &Plan) -> Result<Report, BenchError> {
                     Scenario::Rr => scenarios::rr::run(ctx, kind).await,
                     Scenario::Throughput => scenarios::throughput::run(ctx, kind).await,
                     Scenario::Storm => scenarios::storm::run(ctx, kind).await,
-                    Scenario::Swarm => unreachable!("refused above"),
+                    Scenario::Swarm => scenarios::swarm::run(ctx, kind).await,
                 }
                 .map_err(|e| {
                     BenchError::Scenario(format!("{} via {}: {e}", sc.name(), kind.label()))
@@ -203,7 +192,6 @@ mod tests {
         for s in Scenario::ALL {
             assert_eq!(Scenario::parse(s.name()), Some(s));
         }
-        assert_eq!(Scenario::parse("swarm"), Some(Scenario::Swarm));
         assert_eq!(Scenario::parse("nope"), None);
     }
 }

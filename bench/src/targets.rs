@@ -226,6 +226,9 @@ pub struct Target {
 pub struct Binaries {
     pub saltgate: PathBuf,
     pub haproxy: PathBuf,
+    /// `saltgate-master` and `saltgate-minion` (the `swarm` scenario).
+    pub master: PathBuf,
+    pub minion: PathBuf,
 }
 
 impl Target {
@@ -247,23 +250,37 @@ impl Target {
             });
         }
         let ip = net.listen(kind);
-        let dir = tempfile::Builder::new()
-            .prefix("saltgate-bench.")
-            .tempdir()
-            .map_err(|e| BenchError::Io(format!("temp dir: {e}")))?;
         // The proxies bind fixed ports they are given: take two free ones on the proxy's own
         // address (nobody else binds in the bench's /24) and hand them over.
         let publish = free_port(ip)?;
         let request = free_port(ip)?;
-        let (cfg_name, text, mut cmd) = match kind {
+        let text = match kind {
+            TargetKind::Haproxy => haproxy_cfg(settings, publish, request, masters),
+            _ => saltgate_yaml(settings, publish, request, masters),
+        };
+        let mut t = Target::spawn(kind, bins, &text, publish, request)?;
+        t.wait_ready(net.client(), Duration::from_secs(15)).await?;
+        Ok(t)
+    }
+
+    /// Starts the proxy `kind` (not direct) from the configuration `text`, which binds
+    /// `publish` and `request`, without waiting for it to pass traffic.
+    pub fn spawn(
+        kind: TargetKind,
+        bins: &Binaries,
+        text: &str,
+        publish: SocketAddr,
+        request: SocketAddr,
+    ) -> Result<Target, BenchError> {
+        let dir = tempfile::Builder::new()
+            .prefix("saltgate-bench.")
+            .tempdir()
+            .map_err(|e| BenchError::Io(format!("temp dir: {e}")))?;
+        let (cfg_name, mut cmd) = match kind {
             TargetKind::Haproxy => {
                 let mut cmd = Command::new(&bins.haproxy);
                 cmd.arg("-db").arg("-f").arg(dir.path().join("haproxy.cfg"));
-                (
-                    "haproxy.cfg",
-                    haproxy_cfg(settings, publish, request, masters),
-                    cmd,
-                )
+                ("haproxy.cfg", cmd)
             }
             _ => {
                 let mut cmd = Command::new(&bins.saltgate);
@@ -272,11 +289,7 @@ impl Target {
                     .arg("run")
                     .arg("--config")
                     .arg(dir.path().join("saltgate.yaml"));
-                (
-                    "saltgate.yaml",
-                    saltgate_yaml(settings, publish, request, masters),
-                    cmd,
-                )
+                ("saltgate.yaml", cmd)
             }
         };
         let cfg = dir.path().join(cfg_name);
@@ -295,15 +308,27 @@ impl Target {
                 cmd.as_std().get_program().to_string_lossy()
             ))
         })?;
-        let mut t = Target {
+        Ok(Target {
             kind,
             echo: vec![publish],
             stream: vec![request],
             child: Some(child),
             dir: Some(dir),
-        };
-        t.wait_ready(net.client(), Duration::from_secs(15)).await?;
-        Ok(t)
+        })
+    }
+
+    /// Whether the proxy process is still running (Err with its stderr when it exited).
+    pub fn check_alive(&mut self) -> Result<(), BenchError> {
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(BenchError::Target(format!(
+                    "{} exited ({status}): {}",
+                    self.kind.label(),
+                    self.stderr_tail()
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -316,15 +341,7 @@ impl Target {
         let deadline = Instant::now() + limit;
         let addr = self.echo[0];
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(BenchError::Target(format!(
-                        "{} exited at start ({status}): {}",
-                        self.kind.label(),
-                        self.stderr_tail()
-                    )));
-                }
-            }
+            self.check_alive()?;
             let attempt =
                 tokio::time::timeout(Duration::from_secs(1), client::open_session(addr, src)).await;
             if let Ok(Ok(_)) = attempt {

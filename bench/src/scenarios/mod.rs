@@ -2,10 +2,16 @@
 //! the sample a figure becomes, and opening many sessions at once. Each scenario lives in its
 //! own file and returns samples; ordering, repeats and medians are `runner`'s.
 
+pub mod cluster;
 pub mod connect;
 pub mod idle;
+pub mod master;
+pub mod proctree;
 pub mod rr;
+pub mod saltmaster;
 pub mod storm;
+pub mod swarm;
+pub mod swarmproc;
 pub mod throughput;
 
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +35,8 @@ pub struct Ctx {
     pub exe: PathBuf,
     pub quick: bool,
     pub settings: ProxySettings,
+    /// Sizes of the `swarm` scenario.
+    pub swarm: swarm::SwarmSize,
 }
 
 /// One measured figure of one run.
