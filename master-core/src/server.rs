@@ -26,6 +26,13 @@ pub const MAX_REQUEST_FRAME: usize = 64 * 1024 * 1024;
 /// Requests handled at once (each may do RSA work on the blocking pool). Beyond this the
 /// ROUTER is not read, so the backlog stays in the sockets rather than in memory.
 pub const MAX_INFLIGHT: usize = 64;
+/// Requests received and waiting for a handler. A minion's REQ socket has at most one request
+/// outstanding, so this is sized above any number of connections a master holds: a burst (every
+/// minion returning a job at once) waits here instead of being dropped at wire's default of 1,000
+/// (a dropped `_return` is only sent again after the minion's 60 s request timeout; the bench's
+/// `master` scenario lost 252 of 1,000 `test.ping` returns that way, docs/master.md). Memory is
+/// taken only by what waits (the channel allocates in blocks as it fills).
+pub const INBOUND_QUEUE: usize = 1 << 17;
 
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -83,6 +90,7 @@ pub async fn run(
     let pub_addr = SocketAddr::new(config.interface, config.publish_port);
     let router_opts = RouterOptions {
         max_frame_size: MAX_REQUEST_FRAME,
+        queue: INBOUND_QUEUE,
         ..RouterOptions::default()
     };
     let mut router = Router::bind(ret_addr, router_opts)

@@ -51,6 +51,29 @@ impl Keepalive {
     }
 }
 
+/// Salt's `zmq_backlog` default (`salt/config/__init__.py`): the listen backlog of a master's
+/// publish and request sockets.
+pub const SALT_BACKLOG: u32 = 1000;
+
+/// Binds a listening socket with `backlog` (reuseaddr, non-blocking). `TcpListener::bind` (mio)
+/// listens with a backlog of 128: when a thousand minions connect at once (a job's returns on
+/// fresh request connections, a fleet restart), the SYNs beyond it are dropped and retried after
+/// 1, 3, 7, 15, 31 s. The kernel caps it at `net.core.somaxconn`.
+pub fn bind_listener(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let domain = if addr.is_ipv4() {
+        Domain::IPV4
+    } else {
+        Domain::IPV6
+    };
+    let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
+    TcpListener::from_std(s.into())
+}
+
 /// Sets `TCP_NODELAY` and, when given, keepalive on a socket. Failures are logged at debug, not
 /// fatal (the connection works without them).
 pub fn tune_stream(stream: &TcpStream, keepalive: Option<&Keepalive>) {
@@ -330,6 +353,31 @@ mod tests {
 
     fn local() -> SocketAddr {
         "127.0.0.1:0".parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn bind_listener_holds_more_than_mios_128_pending_connections() {
+        // 300 clients connect before anything is accepted: with a backlog of 128 the SYNs past
+        // the full accept queue are dropped and those connects stall for seconds.
+        let listener = bind_listener(local(), SALT_BACKLOG).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut clients = Vec::new();
+        for i in 0..300 {
+            let c = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(addr))
+                .await
+                .unwrap_or_else(|_| panic!("connect {i} stalled: the backlog is too short"))
+                .unwrap();
+            clients.push(c);
+        }
+        let mut accepted = 0;
+        while let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), listener.accept()).await
+        {
+            accepted += 1;
+            if accepted == clients.len() {
+                break;
+            }
+        }
+        assert_eq!(accepted, 300);
     }
 
     #[tokio::test]

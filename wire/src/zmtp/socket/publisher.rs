@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
@@ -120,7 +120,7 @@ pub struct Publisher {
 impl Publisher {
     /// Binds `addr` and starts accepting subscribers.
     pub async fn bind(addr: SocketAddr, opts: PubOptions) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::accept::bind_listener(addr, crate::accept::SALT_BACKLOG)?;
         let local_addr = listener.local_addr()?;
         let acceptor = Acceptor::new(
             listener,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -109,7 +109,7 @@ pub struct Router {
 
 impl Router {
     pub async fn bind(addr: SocketAddr, opts: RouterOptions) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(addr).await?;
+        let listener = crate::accept::bind_listener(addr, crate::accept::SALT_BACKLOG)?;
         let local_addr = listener.local_addr()?;
         let acceptor = Acceptor::new(
             listener,
