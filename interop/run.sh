@@ -6,17 +6,23 @@
 # Installs what it needs (Debian haproxy, Salt 3008.5 in a cached venv), builds saltgate (release)
 # unless SALTGATE_BIN is given, starts a three-master Salt 3008.5 cluster on 127.0.0.2-4, saltgate on
 # 127.0.0.1:4505/4506 (configured by `saltgate import-haproxy` from the HAProxy fixture) and HAProxy on
-# 127.0.0.10:4505/4506 (the same fixture, rebound), five salt-minions behind each, and runs the
+# 127.0.0.10:4505/4506 (the same fixture, rebound), five salt-minions behind each (and three
+# saltgate-minions behind saltgate), each minion dialling from its own 127.0.0.x, and runs the
 # scenarios side by side. Exit status 0 only if every scenario passed.
 #
 # Environment (all optional):
 #   SALTGATE_BIN=path      use this saltgate binary instead of `cargo build --release -p saltgate-proxy`
+#   SALTGATE_MINION_BIN=path  use this saltgate-minion binary instead of `cargo build --release -p
+#                          saltgate-minion` (three of them run behind saltgate: scenario 1, presence)
+#   SGM=0                  run no saltgate-minion (and build none)
 #   SG_IMPL=haproxy        put a second HAProxy in saltgate's slot (develops/validates the harness
 #                          without saltgate); default: saltgate
 #   SCENARIOS="1 5 6 2 4 3"  which scenarios to run (1 smoke, 2 master killed, 3 master hung,
 #                          4 master restarted, 5 reload under load, 6 drain through the API; they
 #                          always run in the order 1 5 6 2 4 3; 4 restarts the master killed in 2)
 #   SG_DRAIN_TIMEOUT=20s   saltgate's global.drain_timeout in the imported config (scenario 6)
+#   SG_REBALANCE=true      listeners.publish.rebalance.enabled in the imported config (scenario 4
+#                          reports the restarted master's share against rebalance.tolerance)
 #   HANG_S=30              how long scenario 3 keeps the master SIGSTOPped
 #   RESULTS=path           where to write the markdown table (default interop/results/latest.md;
 #                          RESULTS= (empty) writes none outside the run dir)
@@ -45,15 +51,24 @@ VENV=$("$HERE/setup.sh" | tail -1)
 [ -x "$VENV/bin/salt-master" ] || die "interop/setup.sh did not produce a Salt venv (got '$VENV')"
 command -v haproxy >/dev/null || die "haproxy not installed"
 
+[ "$SG_IMPL" = saltgate ] || [ "$SG_IMPL" = haproxy ] || die "SG_IMPL must be saltgate or haproxy"
+# one cargo build for whatever is not given (saltgate, saltgate-minion)
+BUILD=()
+[ "$SG_IMPL" = saltgate ] && [ -z "${SALTGATE_BIN:-}" ] && BUILD+=(-p saltgate-proxy)
+[ "${SGM:-1}" != 0 ] && [ -z "${SALTGATE_MINION_BIN:-}" ] && BUILD+=(-p saltgate-minion)
+if [ ${#BUILD[@]} -gt 0 ]; then
+  log "building (cargo build --release ${BUILD[*]})"
+  (cd "$ROOT" && cargo build --release "${BUILD[@]}" >&2)
+fi
 if [ "$SG_IMPL" = saltgate ]; then
-  if [ -z "${SALTGATE_BIN:-}" ]; then
-    log "building saltgate (cargo build --release -p saltgate-proxy)"
-    (cd "$ROOT" && cargo build --release -p saltgate-proxy >&2)
-    SALTGATE_BIN=$ROOT/target/release/saltgate
-  fi
+  SALTGATE_BIN=${SALTGATE_BIN:-$ROOT/target/release/saltgate}
   [ -x "$SALTGATE_BIN" ] || die "saltgate binary $SALTGATE_BIN not found"
-elif [ "$SG_IMPL" != haproxy ]; then
-  die "SG_IMPL must be saltgate or haproxy"
+fi
+SGM_ARGS=()
+if [ "${SGM:-1}" != 0 ]; then
+  SALTGATE_MINION_BIN=${SALTGATE_MINION_BIN:-$ROOT/target/release/saltgate-minion}
+  [ -x "$SALTGATE_MINION_BIN" ] || die "saltgate-minion binary $SALTGATE_MINION_BIN not found"
+  SGM_ARGS=(--sgm-bin "$SALTGATE_MINION_BIN")
 fi
 
 # ---- 2. run directory, and the cleanup that always happens --------------------
@@ -87,6 +102,10 @@ if [ "$SG_IMPL" = saltgate ]; then
   sed -i -E "s/^([[:space:]]*drain_timeout:)[[:space:]]*[^[:space:]#]+/\1 ${SG_DRAIN_TIMEOUT:-20s}/" "$RUN/sg/saltgate.yaml"
   grep -qE "^[[:space:]]*drain_timeout: ${SG_DRAIN_TIMEOUT:-20s}\b" "$RUN/sg/saltgate.yaml" ||
     die "could not set global.drain_timeout in $RUN/sg/saltgate.yaml"
+  # scenario 4 judges the rebalancing after a restart: set it explicitly (the import's default is on)
+  sed -i -E "/^    rebalance:/,/^      delay:/ s/^(      enabled:).*/\1 ${SG_REBALANCE:-true}/" "$RUN/sg/saltgate.yaml"
+  grep -qE "^      enabled: ${SG_REBALANCE:-true}\b" "$RUN/sg/saltgate.yaml" ||
+    die "could not set listeners.publish.rebalance.enabled in $RUN/sg/saltgate.yaml"
   "$SALTGATE_BIN" check-config "$RUN/sg/saltgate.yaml" >&2 ||
     die "saltgate check-config rejects its own import of $FIXTURE (see $RUN/sg/saltgate.yaml)"
   log "saltgate config (imported from $(basename "$FIXTURE")): $RUN/sg/saltgate.yaml"
@@ -101,7 +120,7 @@ fi
 # ---- 4. the scenarios -------------------------------------------------------
 set +e
 "$VENV/bin/python" "$HERE/suite.py" --run "$RUN" --venv "$VENV" --fixture "$FIXTURE" \
-  --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" \
+  --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" "${SGM_ARGS[@]}" \
   --scenarios "${SCENARIOS:-1 5 6 2 4 3}" --hang "${HANG_S:-30}" --fanout "${FANOUT:-1}" \
   --results "$RUN/results.md"
 rc=$?

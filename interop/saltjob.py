@@ -8,11 +8,14 @@ a return that reached another master is forwarded to the publisher over the
 cluster pool port, and it also lands in the shared job cache, which `stream`
 reads once more after it stops.
 
-  saltjob.py once   MASTER_CONF TGT_LIST FUN [ARG...]   [--timeout S] [--jid JID]
+  saltjob.py once   MASTER_CONF TGT_LIST FUN [ARG...]   [--timeout S] [--jid JID] [--glob PATTERN]
       one job (under JID if given: the same job can be published through several
       masters), waits until every minion in TGT_LIST returned or S seconds
       passed; prints one JSON object:
-      {"jid", "t_pub", "expected", "returns": {id: {"ret": ..., "lat": s}}, "error"}
+      {"jid", "t_pub", "expected", "targeted", "returns": {id: {"ret": ..., "lat": s}}, "error"}
+      --glob PATTERN publishes to PATTERN (tgt_type=glob, as `salt 'PATTERN' FUN`) instead of
+      the list; TGT_LIST is still what must answer. "targeted": the minions the master said
+      the job went to.
 
   saltjob.py stream MASTER_CONF TGT_LIST OUT_JSONL STOP_FILE [--interval S] [--settle S]
       publishes test.ping every S seconds WITHOUT waiting for returns (a dead
@@ -95,8 +98,12 @@ def cmd_once(a):
     with salt.client.LocalClient(mopts=opts) as lc:
         t0 = time.time()
         try:
-            pub = lc.run_job(tgt, a.fun, arg=a.arg, tgt_type="list", timeout=a.timeout, listen=False,
-                             jid=a.jid or "")
+            if a.glob:
+                pub = lc.run_job(a.glob, a.fun, arg=a.arg, tgt_type="glob", timeout=a.timeout, listen=False,
+                                 jid=a.jid or "")
+            else:
+                pub = lc.run_job(tgt, a.fun, arg=a.arg, tgt_type="list", timeout=a.timeout, listen=False,
+                                 jid=a.jid or "")
         except Exception as exc:  # pylint: disable=broad-except
             pub = None
             out["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -109,6 +116,7 @@ def cmd_once(a):
                 if set(tgt) <= set(rets):
                     done.set()
             out["jid"] = pub["jid"]
+            out["targeted"] = sorted(pub.get("minions") or [])
             done.wait(a.timeout)
         elif "error" not in out:
             out["error"] = f"publish failed: {pub!r}"[:300]
@@ -199,6 +207,7 @@ def main():
     o.add_argument("arg", nargs="*")
     o.add_argument("--timeout", type=float, default=20)
     o.add_argument("--jid", default="", help="publish under this jid (the same job through several masters)")
+    o.add_argument("--glob", help="publish to this glob instead of TGT_LIST")
     s = sub.add_parser("stream")
     s.add_argument("conf")
     s.add_argument("tgt")

@@ -89,6 +89,8 @@ pub struct MinionConfig {
     pub minion_jid_queue_hwm: usize,
     /// `grains`: static grains merged over the collected ones.
     pub grains: Vec<(String, GrainValue)>,
+    /// `source_address`: the local IP both connections to a master are dialled from.
+    pub source_address: Option<std::net::IpAddr>,
 }
 
 /// A static grain value from the config file.
@@ -132,6 +134,7 @@ impl Default for MinionConfig {
             recon_randomize: true,
             minion_jid_queue_hwm: MINION_JID_QUEUE_HWM,
             grains: Vec::new(),
+            source_address: None,
         }
     }
 }
@@ -584,6 +587,23 @@ pub fn parse_minion(text: &str, file: Option<&Path>) -> Result<LoadedMinion, Con
                     );
                 }
             },
+            "source_address" => match &v.value {
+                Raw::Null => {}
+                Raw::Str(t) if t.trim().is_empty() => {}
+                Raw::Str(t) => match t.trim().parse() {
+                    Ok(ip) => cfg.source_address = Some(ip),
+                    Err(_) => c.err(
+                        v,
+                        key,
+                        format!("{t:?} is not an IP address"),
+                        "write a local IP address of this host, e.g. source_address: 10.0.0.5",
+                    ),
+                },
+                other => {
+                    let m = format!("expected an IP address, found {}", other.kind());
+                    c.err(v, key, m, "write a local IP address, e.g. 10.0.0.5");
+                }
+            },
             "recon_default" => cfg.recon_default = c.millis(v, key).unwrap_or(cfg.recon_default),
             "recon_max" => cfg.recon_max = c.millis(v, key).unwrap_or(cfg.recon_max),
             "recon_randomize" => cfg.recon_randomize = c.boolean(v, key).unwrap_or(true),
@@ -711,84 +731,5 @@ fn valid_finger(s: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ok(text: &str) -> LoadedMinion {
-        parse_minion(text, Some(Path::new("minion"))).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn err(text: &str) -> ConfigError {
-        parse_minion(text, Some(Path::new("minion")))
-            .expect_err("must fail")
-            .first()
-            .clone()
-    }
-
-    #[test]
-    fn empty_file_gives_salt_defaults() {
-        let c = ok("").config;
-        assert_eq!(c, MinionConfig::default());
-        assert_eq!(c.masters[0].host, "salt");
-        assert_eq!(c.masters[0].port, 4506);
-        assert_eq!(c.acceptance_wait_time, Duration::from_secs(10));
-        assert_eq!(c.auth_tries, 7);
-        assert_eq!(c.recon_max, Duration::from_millis(10000));
-    }
-
-    #[test]
-    fn master_list_with_ports_and_failover_keys_parse() {
-        let c = ok(
-            "id: m1\nmaster:\n  - 10.0.0.1\n  - 10.0.0.2:5506\n  - '[::1]:7'\nmaster_port: 4510\n\
-                    master_type: failover\nmaster_alive_interval: 5\nmaster_failback: True\n",
-        )
-        .config;
-        assert_eq!(c.id.as_deref(), Some("m1"));
-        assert!(c.master_is_list);
-        assert_eq!(c.masters[0].port, 4510);
-        assert_eq!(c.masters[1].port, 5506);
-        assert_eq!(c.masters[2].host, "::1");
-        assert_eq!(c.master_type, MasterType::Failover);
-        assert_eq!(c.master_failback_interval, Duration::from_secs(5));
-    }
-
-    #[test]
-    fn unknown_and_unused_keys_are_warned_not_refused() {
-        let l = ok("master: m\nlog_level: debug\nmastr: x\n");
-        assert_eq!(l.warnings.len(), 2);
-        assert!(l.warnings[1].message.contains("mastr"));
-        assert_eq!(l.warnings[1].at.line, 3);
-    }
-
-    #[test]
-    fn bad_values_name_line_key_and_fix() {
-        let e = err("master: m\nauth_tries: many\n");
-        assert_eq!((e.at.line, e.field.as_str()), (2, "auth_tries"));
-        assert!(e.fix.contains("whole number"));
-        let e = err("master_type: distributed\n");
-        assert_eq!(e.field, "master_type");
-        let e = err("master: [a, 'b:0']\n");
-        assert!(e.message.contains("port"), "{e}");
-        let e = err("master_type: failover\nmaster: one\n");
-        assert!(e.message.contains("list"), "{e}");
-        let e = err("master_finger: nope\n");
-        assert_eq!(e.field, "master_finger");
-        let e = err("id: a/b\n");
-        assert_eq!(e.field, "id");
-    }
-
-    #[test]
-    fn not_yaml_is_an_error_with_a_position() {
-        let e = err("master: [unclosed\n");
-        assert!(e.at.line >= 1, "{e}");
-    }
-
-    #[test]
-    fn host_port_split() {
-        assert_eq!(split_host_port("a").unwrap(), ("a".into(), None));
-        assert_eq!(split_host_port("a:1").unwrap(), ("a".into(), Some(1)));
-        assert_eq!(split_host_port("::1").unwrap(), ("::1".into(), None));
-        assert!(split_host_port("a:x").is_err());
-        assert!(split_host_port("").is_err());
-    }
-}
+#[path = "salt_minion_tests.rs"]
+mod tests;

@@ -9,12 +9,26 @@ MASTERS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 PUB_PORT, REQ_PORT, POOL_PORT = 4505, 4506, 4520
 CLUSTER_ID = "interop_cluster"
 N_MINIONS = 5
+N_SGM = 3  # saltgate-minion processes behind saltgate (issue 9's real-Salt proof), besides Salt's
+# Each minion dials from its own loopback address, so saltgate's presence (and `ss`) can tell them
+# apart: 127.0.0.2N for sg-minionN, .3N for ha-minionN, .4N for sgm-minionN (N <= 9). These
+# addresses are only ever sources: nothing listens on them.
+SOURCE_BASE = {"sg": 20, "ha": 30, "sgm": 40}
 PRE_S = 5  # jobs published before the fault
 GRACE_S = 5  # a job younger than this may still be answered (live recovery check)
 SETTLE_S = 10  # publishers keep listening this long after the last job, then read the job cache
 
 INTEROP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SALTJOB = os.path.join(INTEROP_DIR, "saltjob.py")
+
+
+def minion_source(mid):
+    """the loopback address minion MID ('sg-minion3') dials from: '127.0.0.23'"""
+    group, _, rest = mid.partition("-minion")
+    n = int(rest)
+    if group not in SOURCE_BASE or not 1 <= n <= 9:
+        raise Failure(f"no source address for minion id {mid!r}")
+    return f"127.0.0.{SOURCE_BASE[group] + n}"
 
 
 def now():

@@ -25,17 +25,19 @@ class Jobs:
     def _saltjob(self, *args):
         return [self.py, SALTJOB, *args]
 
-    def _once_argv(self, ip, fun, args, timeout):
-        return self._saltjob("once", self.cluster.mconf(ip), ",".join(self.minions), fun, *args,
-                             "--timeout", str(timeout))
+    def _once_argv(self, ip, fun, args, timeout, expect=None, glob=None):
+        return self._saltjob("once", self.cluster.mconf(ip), ",".join(expect or self.minions), fun, *args,
+                             "--timeout", str(timeout), *(("--glob", glob) if glob else ()))
 
     @staticmethod
     def _last_json(out):
         return json.loads(out.strip().splitlines()[-1])
 
     # -- single jobs --------------------------------------------------------------------------
-    def job_once(self, ip, fun, *args, timeout=20):
-        r = subprocess.run(self._once_argv(ip, fun, args, timeout), capture_output=True, text=True,
+    def job_once(self, ip, fun, *args, timeout=20, expect=None, glob=None):
+        """one job through master IP; EXPECT: the minions that must answer (default: Salt's);
+        GLOB: publish to this glob (`salt 'GLOB' FUN`) instead of the list EXPECT"""
+        r = subprocess.run(self._once_argv(ip, fun, args, timeout, expect, glob), capture_output=True, text=True,
                            timeout=timeout + 60)
         try:
             return self._last_json(r.stdout)
@@ -151,7 +153,7 @@ class Jobs:
     def group(self, key):
         return [m for m in self.minions if group_of(m) == key]
 
-    def analyse(self, jobs, group, t0, t_end=None, live_only=False):
+    def analyse(self, jobs, group, t0, t_end=None, live_only=False, mins=None):
         """per-group numbers of a job stream, per ROUND: every second one test.ping is published through
         each surviving master. A minion MISSED a round if it answered none of that round's jobs (its return
         is neither live on the publishing master's event bus nor in the shared job cache after the stream
@@ -159,7 +161,7 @@ class Jobs:
         the number: one job of each round reaches the minion straight from the master holding its publish
         session, so a round is only lost when the minion's own publish path (the load balancer) is broken.
         Latency: per round and minion, the fastest return."""
-        mins = self.group(group)
+        mins = self.group(group) if mins is None else mins
         rounds = [(tk, js) for tk, js in self.rounds(jobs) if t_end is None or tk <= t_end]
         missed = {m: 0 for m in mins}
         lats = []

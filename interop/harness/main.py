@@ -9,7 +9,7 @@ import sys
 from . import report, scenarios, timing
 from .cluster import Cluster
 from .fanout import FanoutLB
-from .common import MASTERS, Failure, log, now, wait_for
+from .common import MASTERS, N_SGM, Failure, log, now, wait_for
 from .jobs import Jobs
 from .lb import LB, fixture_names, spread
 from .processes import Procs
@@ -39,7 +39,9 @@ class Suite:
         if a.sg_bin and a.fanout:
             self.fo = FanoutLB(a.sg_config, os.path.join(self.run, "fo"), self.procs, names, a.sg_bin)
             self.lbs.append(self.fo)
-        self.minions = [m for lb in self.lbs for m in lb.minions]
+        self.minions = [m for lb in self.lbs for m in lb.minions]  # Salt's minions: the job streams
+        # saltgate-minion processes behind saltgate: scenario 1 (smoke) and presence only
+        self.sgm_minions = [f"sgm-minion{i}" for i in range(1, N_SGM + 1)] if a.sgm_bin else []
         self.jobs = Jobs(self.run, self.cluster, self.procs, self.minions)
         self.results = []  # dicts, one per scenario
         self.killed = None  # victim of scenario 2, restarted by scenario 4
@@ -69,7 +71,9 @@ class Suite:
         if not wait_for(lambda: all(lb.all_up() for lb in self.lbs), 30, 0.5):
             log("warning: HAProxy does not show every server UP after 30 s")
         self.cluster.start_minions(self.lbs)
-        self.cluster.accept_keys(self.minions)
+        if self.sgm_minions:
+            self.cluster.start_sgm_minions(self.sg, self.sgm_minions, self.a.sgm_bin)
+        self.cluster.accept_keys(self.minions + self.sgm_minions)
 
     def main(self):
         self.t_start = now()
@@ -90,7 +94,7 @@ class Suite:
             self.results.sort(key=lambda r: r["id"])
             if self.results:
                 t = report.table(self.results, self.lbs, self.t_start, self.a.spread_wait,
-                                 extra=timing.suite_lines(self))
+                                 extra=timing.suite_lines(self), n_sgm=len(self.sgm_minions))
                 with open(self.a.results, "w") as f:
                     f.write(t)
                 print("\n" + t, flush=True)
@@ -113,6 +117,7 @@ def main():
     p.add_argument("--sg-bin")
     p.add_argument("--sg-config")
     p.add_argument("--sg-haproxy")
+    p.add_argument("--sgm-bin", help="saltgate-minion binary: N_SGM of them behind saltgate (smoke, presence)")
     p.add_argument("--scenarios", default="1 5 6 2 4 3")
     p.add_argument("--hang", type=float, default=30, help="seconds the hung master stays SIGSTOPped")
     p.add_argument("--after-cont", type=float, default=45, help="max seconds to wait for recovery after SIGCONT")

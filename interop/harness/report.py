@@ -36,15 +36,16 @@ def _missed_txt(missed):
     return txt
 
 
-def table(results, lbs, t_start, spread_wait, extra=()):
+def table(results, lbs, t_start, spread_wait, extra=(), n_sgm=0):
     L = []
     sg_label = lbs[0].label
     L.append(f"Latest run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Salt 3008.5, "
              f"3 masters (127.0.0.2-4), {sg_label} on 127.0.0.1 and HAProxy on 127.0.0.10 "
              f"(both from `examples/haproxy/salt-master-cluster-loopback.cfg`)"
              + ("" if len(lbs) < 3 else f", {lbs[2].label} on {lbs[2].addr} (saltgate's config, publish "
-                                        "listener in `mode: fanout`)") + ", "
-             f"{N_MINIONS} minions behind each. Suite wall time: {now() - t_start:.0f} s.")
+                                        "listener in `mode: fanout`, request `on_master_down: migrate`)") + ", "
+             f"{N_MINIONS} minions behind each" + (f" and {n_sgm} saltgate-minions behind {sg_label}" if n_sgm else "") +
+             f", each minion from its own 127.0.0.x. Suite wall time: {now() - t_start:.0f} s.")
     L.append("")
     L.append("| scenario | load balancer | rounds (jobs) | rounds missed per minion | detection | recovery "
              "| minions reconnected | latency p50 | latency p95 | result |")
@@ -81,6 +82,10 @@ def table(results, lbs, t_start, spread_wait, extra=()):
                 line(f"end of scenario {r['id']}", r["spread_after"])
             else:
                 line(f"{r['victim']} restarted, +{spread_wait:.0f} s", r["spread_back"])
+                reb = r.get("rebalance") or {}
+                if reb.get("samples"):
+                    el, sg, ha = reb["samples"][-1]
+                    line(f"{r['victim']} UP, +{el:.0f} s (saltgate rebalancing)", {"sg": sg, "ha": ha})
         L.append("")
     for res in results:
         for n in res.get("notes") or []:

@@ -7,7 +7,7 @@
 //! `crypted_transfer_decode_dictentry`). A clear `"bad load"` reply means our session is stale:
 //! the caller re-authenticates.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -69,6 +69,8 @@ pub struct ReqChannel {
     keep_open: bool,
     /// Salt's per-process random minion token, proven back by the master in `_auth`.
     token: String,
+    /// Local address every connection of this channel is dialled from (`source_address`).
+    source: Option<IpAddr>,
 }
 
 fn now_secs() -> i64 {
@@ -86,6 +88,20 @@ impl ReqChannel {
             req: None,
             keep_open,
             token: CrypticleKey::generate().to_key_string(),
+            source: None,
+        }
+    }
+
+    /// Dials every connection from `source` (Salt's `source_address`) when given.
+    pub fn with_source(mut self, source: Option<IpAddr>) -> Self {
+        self.source = source;
+        self
+    }
+
+    fn options(&self) -> ReqOptions {
+        ReqOptions {
+            source: self.source,
+            ..ReqOptions::default()
         }
     }
 
@@ -98,9 +114,10 @@ impl ReqChannel {
     }
 
     async fn request(&mut self, env: Vec<u8>, timeout: Duration) -> Result<Reply, ChannelError> {
+        let opts = self.options();
         let sock = self
             .req
-            .get_or_insert_with(|| ReqSocket::new(self.addr, ReqOptions::default()));
+            .get_or_insert_with(|| ReqSocket::new(self.addr, opts));
         let res = sock.request(vec![Bytes::from(env)], timeout).await;
         if !self.keep_open || res.is_err() {
             self.req = None;
@@ -123,7 +140,7 @@ impl ReqChannel {
             master_pub.as_deref(),
             self.token.as_bytes(),
         );
-        let mut sock = ReqSocket::new(self.addr, ReqOptions::default());
+        let mut sock = ReqSocket::new(self.addr, self.options());
         let frames = sock
             .request(vec![Bytes::from(env.encode())], timeout)
             .await?;

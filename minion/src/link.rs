@@ -67,6 +67,8 @@ pub struct LinkConfig {
     pub return_tries: u32,
     /// Ask for pillar after each authentication (Salt always does).
     pub pillar: bool,
+    /// Local address both connections are dialled from (`source_address`).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl LinkConfig {
@@ -84,6 +86,7 @@ impl LinkConfig {
             request_timeout: Duration::from_secs(60),
             return_tries: 3,
             pillar: true,
+            source: None,
         }
     }
 }
@@ -145,7 +148,7 @@ impl Link {
         jids: Arc<Mutex<JidQueue>>,
         stats: Arc<Stats>,
     ) -> Self {
-        let chan = ReqChannel::new(ident, cfg.req_addr, cfg.keep_req_open);
+        let chan = ReqChannel::new(ident, cfg.req_addr, cfg.keep_req_open).with_source(cfg.source);
         Link {
             cfg,
             chan,
@@ -271,6 +274,7 @@ impl Link {
         let mut opts = SubOptions {
             reconnect: self.cfg.recon,
             queue: 64,
+            source: self.cfg.source,
             ..SubOptions::default()
         };
         if !alive.is_zero() {

@@ -45,6 +45,7 @@ pub fn link_config(cfg: &MinionConfig, req_addr: SocketAddr) -> LinkConfig {
         recon_max: cfg.recon_max,
         recon_randomize: cfg.recon_randomize,
     };
+    l.source = cfg.source_address;
     l
 }
 
@@ -170,7 +171,7 @@ async fn failover(
                 let fb = first.unwrap_or(addr);
                 tokio::select! {
                     end = link.serve(est, stop, true) => Some(end),
-                    _ = failback_ready(ident.clone(), fb, cfg.master_failback_interval) => None,
+                    _ = failback_ready(ident.clone(), fb, cfg) => None,
                 }
             } else {
                 Some(link.serve(est, stop, true).await)
@@ -204,8 +205,9 @@ async fn failover(
 
 /// Resolves once `master` answers a clear `ping` (checked every `interval`), as Salt's
 /// `status.ping_master` failback job.
-async fn failback_ready(ident: Identity, master: SocketAddr, interval: Duration) {
-    let mut chan = ReqChannel::new(ident, master, false);
+async fn failback_ready(ident: Identity, master: SocketAddr, cfg: &MinionConfig) {
+    let interval = cfg.master_failback_interval;
+    let mut chan = ReqChannel::new(ident, master, false).with_source(cfg.source_address);
     loop {
         tokio::time::sleep(interval).await;
         if chan.ping(interval.max(Duration::from_secs(1))).await {

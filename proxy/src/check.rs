@@ -123,6 +123,37 @@ impl Prober for SaltProbes {
     }
 }
 
+/// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
+/// checks give up on it and send a fresh one (see [`run_port_checks`]).
+pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Whether a check of this port keeps its ping outstanding past `timeout`: only Salt's `ping` on
+/// a DOWN request port. Its connect and handshake stage stays bounded by the handshake deadline
+/// (a stopped master still fails at once); only the wait for the answer is extended.
+fn keeps_ping(role: Role, settings: &HealthSettings, state: &HealthState) -> bool {
+    role == Role::Request && settings.probe == Probe::Salt && state.state == PortState::Down
+}
+
+/// The settings a kept ping is sent with: the same handshake deadline, [`KEPT_PING_LIMIT`] for
+/// the answer.
+fn kept_ping_settings(settings: &HealthSettings) -> HealthSettings {
+    HealthSettings {
+        handshake_timeout: settings.handshake_timeout.min(settings.timeout),
+        timeout: KEPT_PING_LIMIT.max(settings.timeout),
+        ..*settings
+    }
+}
+
+/// Resolves with the kept ping's answer, or never when there is none.
+async fn kept_answer(kept: &mut Option<ProbeFuture<'_>>) -> Result<(), String> {
+    match kept {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A master changed state.
 #[derive(Debug, Clone)]
 pub struct MasterEvent {
@@ -150,14 +181,43 @@ pub async fn run_port_checks(
     let local = metrics.local_resource_errors.with_label_values(&["check"]);
     let stop = master.checks_stop.clone();
     let mut state = HealthState::default();
+    // On a DOWN request port, a ping whose handshake came but whose answer did not within
+    // `timeout` is kept outstanding instead of abandoned: a starting master queues every ping
+    // it gets before its workers serve, and answers them in order, so a fresh ping per check
+    // only lines up behind the stale ones. The kept ping's answer passes a check as soon as it
+    // comes, between checks too (`early`).
+    let mut kept: Option<ProbeFuture<'_>> = None;
+    let mut early: Option<Result<(), String>> = None;
     loop {
         let settings = master.cfg().health;
         let t0 = Instant::now();
         let started = tokio::time::Instant::now();
         master.upstream.check_begins(role);
-        let result = tokio::select! {
-            r = prober.probe(addr, role, settings) => r,
-            _ = stop.cancelled() => return,
+        let result = if let Some(r) = early.take() {
+            r
+        } else if kept.is_some() || keeps_ping(role, &settings, &state) {
+            let mut fut = match kept.take() {
+                Some(f) => f,
+                None => prober.probe(addr, role, kept_ping_settings(&settings)),
+            };
+            tokio::select! {
+                r = tokio::time::timeout(settings.timeout, &mut fut) => match r {
+                    Ok(r) => r,
+                    Err(_) => {
+                        kept = Some(fut);
+                        Err(format!(
+                            "salt ping: ZMTP handshake done, no answer within {:?} (the ping is kept outstanding: its answer passes the next check)",
+                            settings.timeout
+                        ))
+                    }
+                },
+                _ = stop.cancelled() => return,
+            }
+        } else {
+            tokio::select! {
+                r = prober.probe(addr, role, settings) => r,
+                _ = stop.cancelled() => return,
+            }
         };
         match &result {
             Err(e) if e.starts_with(LOCAL_RESOURCE) => {
@@ -235,6 +295,7 @@ pub async fn run_port_checks(
         let soon = started + settings.fastinter;
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
+            r = kept_answer(&mut kept) => early = Some(r),
             _ = master.upstream.nudged(role), if soon < next => {
                 tracing::debug!(master = %name, port = %role, "check brought forward: a session saw the master reset or refuse");
                 tokio::select! {
@@ -243,6 +304,10 @@ pub async fn run_port_checks(
                 }
             }
             _ = stop.cancelled() => return,
+        }
+        if early.is_some() {
+            // The kept ping is done: never poll it again.
+            kept = None;
         }
     }
 }

@@ -23,11 +23,19 @@ enum Shape {
     Stopped,
     /// Not running: connection refused at once.
     Refused,
+    /// Starting: the handshake comes at once, every ping is queued, and the workers answer the
+    /// queue in order from `serves_at` on, `per_ping` each (abandoned pings included).
+    Queues {
+        serves_at: Instant,
+        per_ping: Duration,
+    },
 }
 
 struct FakeProber {
     shape: Mutex<Shape>,
     probes: std::sync::atomic::AtomicU64,
+    /// When the last queued ping is answered (for [`Shape::Queues`]).
+    last_answer: Mutex<Option<Instant>>,
 }
 
 impl FakeProber {
@@ -35,6 +43,7 @@ impl FakeProber {
         Arc::new(Self {
             shape: Mutex::new(shape),
             probes: Default::default(),
+            last_answer: Mutex::new(None),
         })
     }
     fn count(&self) -> u64 {
@@ -55,8 +64,30 @@ impl Prober for FakeProber {
         let shape = *self.shape.lock().unwrap();
         self.probes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answer_at = match shape {
+            Shape::Queues {
+                serves_at,
+                per_ping,
+            } => {
+                let mut last = self.last_answer.lock().unwrap();
+                let at = last.unwrap_or(serves_at).max(serves_at).max(Instant::now()) + per_ping;
+                *last = Some(at);
+                Some(at)
+            }
+            _ => None,
+        };
         Box::pin(async move {
             match shape {
+                Shape::Queues { .. } => {
+                    let at = answer_at.expect("queued");
+                    let deadline = Instant::now() + h.timeout;
+                    tokio::time::sleep_until(at.min(deadline)).await;
+                    if at <= deadline {
+                        Ok(())
+                    } else {
+                        Err("no answer".into())
+                    }
+                }
                 Shape::Answers(d) if d <= h.timeout => {
                     tokio::time::sleep(d).await;
                     Ok(())
@@ -271,5 +302,82 @@ async fn a_sessions_nudge_brings_the_next_check_forward_to_fastinter() {
     assert_eq!(prober.count(), n + 1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(prober.count(), n + 2);
+    m.checks_stop.cancel();
+}
+
+/// A restarted master whose workers start long after its ports: one ping is kept outstanding on
+/// the DOWN port (not one per check, each lining up behind the stale ones), and its answer passes
+/// the check as soon as it comes: UP within `(rise - 1) x fastinter` (plus the answers' own time)
+/// of the workers' start, well inside the interop suite's bound `rise x downinter + 2 s`.
+#[tokio::test(start_paused = true)]
+async fn a_down_ports_ping_is_kept_outstanding_and_its_first_answer_passes_the_check() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let per_ping = Duration::from_millis(300);
+    for wait_s in [7u64, 23, 40] {
+        let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+        let m = master(h);
+        let mut flips = checks(&m, prober.clone());
+        settle_up(&mut flips, &m).await;
+        prober.set(Shape::Refused);
+        assert_eq!(flips.recv().await.unwrap().1, Flip::Down);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let serves_at = Instant::now() + Duration::from_secs(wait_s);
+        prober.set(Shape::Queues {
+            serves_at,
+            per_ping,
+        });
+        let before = prober.count();
+        tokio::time::sleep_until(serves_at - Duration::from_millis(1)).await;
+        assert_eq!(
+            prober.count() - before,
+            1,
+            "wait {wait_s} s: one ping outstanding while the workers are not up, not one per check"
+        );
+        let (at, flip) = flips.recv().await.unwrap();
+        assert_eq!(flip, Flip::Up);
+        let bound = h.fastinter * (h.rise - 1) + per_ping * 2 + Duration::from_millis(50);
+        assert!(
+            at - serves_at <= bound,
+            "wait {wait_s} s: UP {:?} after the workers started, bound {bound:?}",
+            at - serves_at
+        );
+        assert!(at - serves_at <= h.downinter * h.rise + Duration::from_secs(2));
+        m.checks_stop.cancel();
+    }
+}
+
+/// A kept ping that is never answered is replaced after [`KEPT_PING_LIMIT`]; a stopped master
+/// (no handshake) keeps nothing, so its checks go on every `downinter`.
+#[tokio::test(start_paused = true)]
+async fn a_kept_ping_is_replaced_after_its_limit_and_a_stopped_master_keeps_none() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut flips = checks(&m, prober.clone());
+    settle_up(&mut flips, &m).await;
+    prober.set(Shape::Refused);
+    assert_eq!(flips.recv().await.unwrap().1, Flip::Down);
+    prober.set(Shape::Queues {
+        serves_at: Instant::now() + Duration::from_secs(100_000),
+        per_ping: Duration::from_millis(1),
+    });
+    let before = prober.count();
+    tokio::time::sleep(KEPT_PING_LIMIT * 3 + Duration::from_secs(2)).await;
+    let sent = prober.count() - before;
+    assert!((3..=4).contains(&sent), "{sent} pings in 3 limits");
+    prober.set(Shape::Stopped);
+    tokio::time::sleep(KEPT_PING_LIMIT + Duration::from_secs(1)).await;
+    let before = prober.count();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sent = prober.count() - before;
+    // downinter 1 s, each check a 1 s handshake deadline: about one a second, none kept
+    assert!(sent >= 8, "{sent} checks in 10 s of a stopped master");
+    assert!(!m.is_up());
     m.checks_stop.cancel();
 }

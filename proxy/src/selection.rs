@@ -53,9 +53,7 @@ pub fn for_listener(l: &ListenerConfig, n_masters: usize) -> Box<dyn Selector> {
 pub fn eligible(masters: &[Arc<Master>], role: Role, out: &mut Vec<usize>) {
     out.clear();
     let ok = |m: &Master, c: &saltgate_config::MasterConfig| {
-        c.weight > 0
-            && c.maxconn.is_none_or(|cap| m.session_count(role) < cap)
-            && m.is_available()
+        c.weight > 0 && c.maxconn.is_none_or(|cap| m.session_count(role) < cap) && m.is_available()
     };
     let mut backups = false;
     for (i, m) in masters.iter().enumerate() {

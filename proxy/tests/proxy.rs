@@ -461,7 +461,10 @@ fn session_opts_to(peer: std::net::SocketAddr) -> Vec<(Option<Duration>, bool, O
         let b = unsafe { BorrowedFd::borrow_raw(fd) };
         let s = socket2::SockRef::from(&b);
         if s.peer_addr().ok().and_then(|a| a.as_socket()) == Some(peer) {
-            let keepalive = s.keepalive().unwrap().then(|| s.tcp_keepalive_time().unwrap());
+            let keepalive = s
+                .keepalive()
+                .unwrap()
+                .then(|| s.tcp_keepalive_time().unwrap());
             out.push((
                 s.tcp_user_timeout().unwrap(),
                 s.tcp_nodelay().unwrap(),

@@ -269,7 +269,18 @@ impl Connection<TcpStream> {
         cfg: &HandshakeConfig,
         keepalive: Option<&crate::accept::Keepalive>,
     ) -> Result<Self, ZmtpError> {
-        let stream = tokio::time::timeout(cfg.timeout, TcpStream::connect(addr))
+        Self::connect_from(addr, None, cfg, keepalive).await
+    }
+
+    /// As [`Connection::connect_with_keepalive`], dialling from the local address `source`
+    /// when given (Salt's minion `source_address`; the kernel picks the port).
+    pub async fn connect_from(
+        addr: std::net::SocketAddr,
+        source: Option<std::net::IpAddr>,
+        cfg: &HandshakeConfig,
+        keepalive: Option<&crate::accept::Keepalive>,
+    ) -> Result<Self, ZmtpError> {
+        let stream = tokio::time::timeout(cfg.timeout, dial(addr, source))
             .await
             .map_err(|_| ZmtpError::Timeout("connect"))??;
         crate::accept::tune_stream(&stream, keepalive);
@@ -280,6 +291,23 @@ impl Connection<TcpStream> {
     pub fn stream(&self) -> &TcpStream {
         &self.io
     }
+}
+
+/// A TCP connect to `addr`, bound first to `source` (port 0) when given.
+async fn dial(
+    addr: std::net::SocketAddr,
+    source: Option<std::net::IpAddr>,
+) -> std::io::Result<TcpStream> {
+    let Some(ip) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let sock = if ip.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    sock.bind(std::net::SocketAddr::new(ip, 0))?;
+    sock.connect(addr).await
 }
 
 #[cfg(test)]
@@ -318,6 +346,30 @@ mod tests {
                 body: Bytes::from_static(b"pong"),
                 more: false
             }
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_from_dials_from_the_given_source_address() {
+        use crate::zmtp::{Router, RouterOptions};
+        let router = Router::bind("127.16.0.1:0".parse().unwrap(), RouterOptions::default())
+            .await
+            .unwrap();
+        let listen = router.local_addr();
+        let source: std::net::IpAddr = "127.16.0.9".parse().unwrap();
+        let cfg = HandshakeConfig::new(SocketType::Req);
+        let c = Connection::connect_from(listen, Some(source), &cfg, None)
+            .await
+            .unwrap();
+        assert_eq!(c.stream().local_addr().unwrap().ip(), source);
+        assert_eq!(c.stream().peer_addr().unwrap(), listen);
+        let c = Connection::connect_from(listen, None, &cfg, None)
+            .await
+            .unwrap();
+        assert_ne!(
+            c.stream().local_addr().unwrap().ip(),
+            source,
+            "without a source address the kernel picks (127.0.0.1 on loopback)"
         );
     }
 

@@ -33,6 +33,8 @@ pub struct ReqOptions {
     /// TCP keepalive on the dialled socket (default: Salt's minion `tcp_keepalive*`, idle
     /// 300 s); `None` = off.
     pub keepalive: Option<Keepalive>,
+    /// Local address to dial from (Salt's minion `source_address`); `None` = the kernel's choice.
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Default for ReqOptions {
@@ -43,6 +45,7 @@ impl Default for ReqOptions {
             max_frame_size: DEFAULT_MAX_FRAME_SIZE,
             connect_timeout: Duration::from_secs(5),
             keepalive: Some(Keepalive::salt()),
+            source: None,
         }
     }
 }
@@ -155,7 +158,8 @@ impl ReqSocket {
         hs.identity = self.opts.identity.clone();
         hs.max_frame_size = self.opts.max_frame_size;
         hs.timeout = self.opts.connect_timeout;
-        let conn = Connection::connect_with_keepalive(self.addr, &hs, self.opts.keepalive.as_ref())
+        let keepalive = self.opts.keepalive.as_ref();
+        let conn = Connection::connect_from(self.addr, self.opts.source, &hs, keepalive)
             .await
             .map_err(|source| ReqError::Connect {
                 addr: self.addr,

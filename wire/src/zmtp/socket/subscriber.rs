@@ -88,6 +88,8 @@ pub struct SubOptions {
     /// counted ([`Subscriber::dropped_inbound`]) while the connection keeps reading and
     /// answering PINGs (libzmq's `ZMQ_RCVHWM`).
     pub queue: usize,
+    /// Local address to dial from (Salt's minion `source_address`); `None` = the kernel's choice.
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Default for SubOptions {
@@ -99,6 +101,7 @@ impl Default for SubOptions {
             handshake_timeout: Duration::from_secs(10),
             keepalive: Some(Keepalive::salt()),
             queue: 1000,
+            source: None,
         }
     }
 }
@@ -220,7 +223,7 @@ async fn run(
     hs.max_frame_size = opts.max_frame_size;
     hs.timeout = opts.handshake_timeout;
     loop {
-        match Connection::connect_with_keepalive(addr, &hs, opts.keepalive.as_ref()).await {
+        match Connection::connect_from(addr, opts.source, &hs, opts.keepalive.as_ref()).await {
             Ok(conn) => {
                 failures = 0;
                 state.connects.fetch_add(1, Ordering::SeqCst);

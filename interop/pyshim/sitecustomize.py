@@ -1,0 +1,31 @@
+"""Loaded by the suite's salt-minion processes only (run.sh puts this directory on their
+PYTHONPATH through harness/cluster.py, with INTEROP_REQ_SOURCE=1).
+
+Salt 3008.5 applies the minion's `source_address` to its publish socket only: resolve_dns()
+(salt/minion.py) sets opts["master_uri"] without the source, and the request client
+(salt/transport/zeromq.py RequestClient.get_master_uri) prefers master_uri over building the URI
+with `source_ip` / `source_ret_port`. Every request connection (`_auth`, returns) therefore leaves
+from the kernel's choice (127.0.0.1 on loopback), and saltgate's presence cannot pair a minion's
+request session with its publish session by address. This applies the source to the request
+socket too, exactly as Salt builds the publish socket's URI (zeromq._get_master_uri), and changes
+nothing else."""
+import os
+
+if os.environ.get("INTEROP_REQ_SOURCE") == "1":
+    try:
+        import salt.transport.zeromq as _zmq
+    except Exception:  # pylint: disable=broad-except
+        _zmq = None
+    if _zmq is not None:
+        _orig = _zmq.RequestClient.get_master_uri
+
+        def _get_master_uri(opts):
+            uri = _orig(opts)
+            src = opts.get("source_ip")
+            if src and uri.startswith("tcp://") and ";" not in uri:
+                host, port = uri[len("tcp://"):].rsplit(":", 1)
+                return _zmq._get_master_uri(host.strip("[]"), int(port), source_ip=src,
+                                            source_port=opts.get("source_ret_port"))
+            return uri
+
+        _zmq.RequestClient.get_master_uri = staticmethod(_get_master_uri)
