@@ -255,7 +255,7 @@ impl Relay<'_> {
                         return Stop::Close(CloseReason::ClientReset);
                     }
                     let mut buf = ctx.pool.get();
-                    let n = match crate::pump::read_some(&client, &mut buf) {
+                    let n = match crate::pump::read_some(client, &mut buf) {
                         Ok(0) => {
                             self.client_eof = true;
                             let _ = master.shutdown().await;
@@ -288,7 +288,7 @@ impl Relay<'_> {
                         return self.master_gone(CloseReason::MasterReset);
                     }
                     let mut buf = ctx.pool.get();
-                    let n = match crate::pump::read_some(&master, &mut buf) {
+                    let n = match crate::pump::read_some(master, &mut buf) {
                         Ok(0) => return self.master_gone(CloseReason::MasterEof),
                         Ok(n) => n,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
