@@ -11,9 +11,10 @@ CLUSTER_ID = "interop_cluster"
 N_MINIONS = 5
 N_SGM = 3  # saltgate-minion processes behind saltgate (issue 9's real-Salt proof), besides Salt's
 # Each minion dials from its own loopback address, so saltgate's presence (and `ss`) can tell them
-# apart: 127.0.0.2N for sg-minionN, .3N for ha-minionN, .4N for sgm-minionN (N <= 9). These
+# apart: 127.0.0.2N for sg-minionN, .3N for ha-minionN, .4N for sgm-minionN, .5N for fo-minionN
+# (the fan-out slot; N <= 9). These
 # addresses are only ever sources: nothing listens on them.
-SOURCE_BASE = {"sg": 20, "ha": 30, "sgm": 40}
+SOURCE_BASE = {"sg": 20, "ha": 30, "sgm": 40, "fo": 50}
 PRE_S = 5  # jobs published before the fault
 GRACE_S = 5  # a job younger than this may still be answered (live recovery check)
 SETTLE_S = 10  # publishers keep listening this long after the last job, then read the job cache
