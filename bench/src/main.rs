@@ -215,15 +215,7 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
     let report = runtime()?.block_on(runner::run(&ctx, &plan))?;
     let md = report::markdown(&report);
     let json = serde_json::to_string_pretty(&report).context("JSON")?;
-    if cli.json {
-        println!("{json}");
-    } else {
-        print!("{md}");
-    }
-    if let Some(dir) = &cli.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        std::fs::write(dir.join("report.md"), &md)?;
-        std::fs::write(dir.join("report.json"), &json)?;
+    if let Some(dir) = emit(cli.json, cli.out.as_deref(), "report", &md, &json)? {
         let title = format!(
             "saltgate / HAProxy, medians of {} run(s), {} CPUs ({})",
             report.meta.repeat, report.meta.cpus, report.meta.finished_utc
@@ -290,21 +282,34 @@ fn master_bench(cli: Cli, args: &[String]) -> Result<()> {
     let report = runtime()?.block_on(master::bench(&ctx, &cli.master_minions, repeat, command))?;
     let md = master::markdown(&report);
     let json = serde_json::to_string_pretty(&report).context("JSON")?;
-    if cli.json {
-        println!("{json}");
-    } else {
-        print!("{md}");
-    }
-    if let Some(dir) = &cli.out {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        std::fs::write(dir.join("master-report.md"), &md)?;
-        std::fs::write(dir.join("master-report.json"), &json)?;
+    if let Some(dir) = emit(cli.json, cli.out.as_deref(), "master-report", &md, &json)? {
         eprintln!(
             "saltgate-bench: wrote {}/master-report.{{md,json}}",
             dir.display()
         );
     }
     Ok(())
+}
+
+/// Prints the report (JSON with `--json`, else Markdown) and, with `--out DIR`, writes
+/// `DIR/STEM.md` and `DIR/STEM.json`; returns the directory written to.
+fn emit<'a>(
+    as_json: bool,
+    out: Option<&'a Path>,
+    stem: &str,
+    md: &str,
+    json: &str,
+) -> Result<Option<&'a Path>> {
+    if as_json {
+        println!("{json}");
+    } else {
+        print!("{md}");
+    }
+    let Some(dir) = out else { return Ok(None) };
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::write(dir.join(format!("{stem}.md")), md)?;
+    std::fs::write(dir.join(format!("{stem}.json")), json)?;
+    Ok(Some(dir))
 }
 
 /// The workspace root (this crate's parent).
