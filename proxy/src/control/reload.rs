@@ -235,6 +235,8 @@ impl Control {
             match wanted.iter().find(|(_, a)| h.serves(*a)) {
                 Some(&(role, _)) => {
                     tracing::info!(from = %h.role, to = %role, addr = %h.local, "listener changes role (or kind of serve): a new accept loop takes its socket");
+                    // Fresh sockets got the session options at bind; this one had the old ones.
+                    listener::tune_listener(&h.sock, cfg.global.tcp_user_timeout);
                     handed_over.push((role, h.bind, h.sock.clone()));
                 }
                 None => tracing::info!(listener = %h.role, addr = %h.local, "listener removed by reload"),
@@ -254,7 +256,6 @@ impl Control {
             .map(|(role, bind, sock)| (role, bind, Arc::new(sock)))
             .chain(handed_over);
         for (role, bind, sock) in socks {
-            listener::tune_listener(&sock, cfg.global.tcp_user_timeout);
             let local = sock.local_addr().unwrap_or(bind);
             let stop = self.accept_stop.child_token();
             let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
