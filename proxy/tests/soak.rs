@@ -255,7 +255,7 @@ async fn a_flood_under_a_small_descriptor_limit_costs_the_fleet_nothing() {
             flood(to, 15, true, &mut held).await;
         }
         wait_log(&log, "out of local resources", wave).await;
-        wait_log(&log, "check not counted", 6 * wave).await;
+        wait_log(&log, "met the local resource shortage", 6 * wave).await;
         let before = fleet_progress(&masters, &ids);
         wait_for("the fleet streaming through the flood", || {
             let text = log_text(&log);
