@@ -15,6 +15,9 @@ use saltgate_wire::probe;
 use tokio::sync::mpsc;
 
 use crate::health::{HealthState, PortState};
+
+#[path = "check_reserve.rs"]
+mod reserve;
 use crate::master::{CheckReport, Flip, Master};
 use crate::metrics::Metrics;
 
@@ -189,6 +192,7 @@ pub async fn run_port_checks(
     let mut kept: Option<ProbeFuture<'_>> = None;
     let mut early: Option<Result<(), String>> = None;
     loop {
+        reserve::refill();
         let settings = master.cfg().health;
         let t0 = Instant::now();
         let started = tokio::time::Instant::now();
@@ -219,18 +223,36 @@ pub async fn run_port_checks(
                 _ = stop.cancelled() => return,
             }
         };
+        // Out of descriptors: the check runs again on one of the reserve's (check_reserve.rs). The
+        // shortage is logged (once per episode) and counted either way.
+        let mut result = result;
+        let mut reserved = false;
+        if let Err(e) = &result {
+            if e.starts_with(LOCAL_RESOURCE) && reserve::release_one() {
+                reserved = true;
+                local_resource_episode(&format!("{name} {role} check: {e}"));
+                tracing::debug!(master = %name, port = %role, "check met the local resource shortage; run again on a reserved descriptor");
+                result = tokio::select! {
+                    r = prober.probe(addr, role, settings) => r,
+                    _ = stop.cancelled() => return,
+                };
+                reserve::refill();
+            }
+        }
         match &result {
             Err(e) if e.starts_with(LOCAL_RESOURCE) => {
                 // Not a check of the master: neither a failure nor a success; try again soon.
                 local.inc();
                 local_resource_episode(&format!("{name} {role} check: {e}"));
-                tracing::debug!(master = %name, port = %role, error = %e, "check not counted: local resource exhausted");
+                tracing::debug!(master = %name, port = %role, error = %e, "check not counted: it met the local resource shortage");
                 tokio::select! {
                     _ = tokio::time::sleep(settings.fastinter) => {}
                     _ = stop.cancelled() => return,
                 }
                 continue;
             }
+            // Run on a reserved descriptor: the shortage goes on.
+            _ if reserved => local.inc(),
             _ => local_resource_recovered(),
         }
         let took = t0.elapsed();

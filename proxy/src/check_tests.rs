@@ -23,6 +23,8 @@ enum Shape {
     Stopped,
     /// Not running: connection refused at once.
     Refused,
+    /// This host is out of descriptors: every probe fails with EMFILE before reaching the master.
+    NoDescriptors,
     /// Starting: the handshake comes at once, every ping is queued, and the workers answer the
     /// queue in order from `serves_at` on, `per_ping` each (abandoned pings included).
     Queues {
@@ -101,6 +103,9 @@ impl Prober for FakeProber {
                     Err("no ZMTP handshake".into())
                 }
                 Shape::Refused => Err("connect: refused".into()),
+                Shape::NoDescriptors => Err(format!(
+                    "{LOCAL_RESOURCE}: connect: Too many open files (os error 24)"
+                )),
             }
         })
     }
@@ -380,4 +385,33 @@ async fn a_kept_ping_is_replaced_after_its_limit_and_a_stopped_master_keeps_none
     assert!(sent >= 8, "{sent} checks in 10 s of a stopped master");
     assert!(!m.is_up());
     m.checks_stop.cancel();
+}
+
+/// Issue 12 item 1: probes that fail for want of a local resource (the reserve's retry too) are
+/// not checks of the master: a healthy master is not marked DOWN however long it lasts; the
+/// reserve is tried on each such check; a real failure afterwards counts at once.
+#[tokio::test(start_paused = true)]
+async fn a_local_resource_shortage_never_marks_a_master_down() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut flips = checks(&m, prober.clone());
+    settle_up(&mut flips, &m).await;
+    prober.set(Shape::NoDescriptors);
+    let before = prober.count();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(flips.try_recv().is_err(), "a flip during the shortage");
+    assert!(m.is_up());
+    let probes = prober.count() - before;
+    // Checks at `fastinter` (500 ms), each tried again on a reserved descriptor.
+    assert!(probes >= 2 * 100, "{probes} probes in 60 s");
+    prober.set(Shape::Refused);
+    let (_, flip) = tokio::time::timeout(h.interval * (h.fall + 2), flips.recv())
+        .await
+        .expect("DOWN once the master really refuses")
+        .unwrap();
+    assert_eq!(flip, Flip::Down);
 }

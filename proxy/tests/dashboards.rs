@@ -335,3 +335,38 @@ async fn the_maxconn_gauges_are_exported_only_when_a_cap_is_set() {
         );
     }
 }
+
+/// The "Master state" timeline shows every state saltgate reports (a master in a state the panel
+/// does not map would vanish from the timeline): its query selects each state by name and its
+/// value mappings give each one a distinct value and a label.
+#[test]
+fn the_state_timeline_shows_every_master_state() {
+    let dash: serde_json::Value =
+        serde_json::from_str(&repo_file("examples/grafana/saltgate.json")).expect("valid JSON");
+    let panel = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "state-timeline")
+        .expect("a state timeline panel");
+    let expr = panel["targets"][0]["expr"].as_str().unwrap();
+    let options = &panel["fieldConfig"]["defaults"]["mappings"][0]["options"];
+    let mut values = BTreeSet::new();
+    for s in saltgate_proxy::master::MasterState::ALL {
+        let name = s.as_str();
+        let sel = format!("state=\"{name}\"}} * ");
+        let at = expr
+            .find(&sel)
+            .unwrap_or_else(|| panic!("the timeline does not select state {name}: {expr}"));
+        let value: String = expr[at + sel.len()..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        assert!(values.insert(value.clone()), "{name}: value {value} reused");
+        assert_eq!(
+            options[&value]["text"].as_str(),
+            Some(name.to_uppercase().as_str()),
+            "state {name} (value {value}) has no label in the mappings"
+        );
+    }
+}

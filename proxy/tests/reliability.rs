@@ -270,7 +270,7 @@ async fn descriptor_exhaustion_does_not_mark_healthy_masters_down() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.matches("check not counted").count() >= 6 {
+        if text.matches("met the local resource shortage").count() >= 6 {
             break;
         }
         assert!(

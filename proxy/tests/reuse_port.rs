@@ -146,6 +146,8 @@ async fn two_processes_share_a_port_and_one_serves_alone_when_the_other_dies() {
         log.contains("already in use") && log.contains("reuse_port: true"),
         "{log}"
     );
+    // The OS error is printed once (issue 12 item 8: it used to come twice, through the chain).
+    assert_eq!(log.matches("already in use").count(), 1, "{log}");
 
     // One dies: the other serves every new connection.
     one.child.kill().unwrap();

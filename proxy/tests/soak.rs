@@ -255,7 +255,7 @@ async fn a_flood_under_a_small_descriptor_limit_costs_the_fleet_nothing() {
             flood(to, 15, true, &mut held).await;
         }
         wait_log(&log, "out of local resources", wave).await;
-        wait_log(&log, "check not counted", 6 * wave).await;
+        wait_log(&log, "met the local resource shortage", 6 * wave).await;
         let before = fleet_progress(&masters, &ids);
         wait_for("the fleet streaming through the flood", || {
             let text = log_text(&log);
@@ -314,6 +314,23 @@ async fn a_flood_under_a_small_descriptor_limit_costs_the_fleet_nothing() {
             &[("port", "publish"), ("reason", "master-down")]
         ),
         0.0
+    );
+    // The exhaustion is counted as the host's (checks and connects that met it), never as a
+    // master's connect error; and logged once per episode, not once per failure.
+    let local = sum(&s, "saltgate_local_resource_errors_total", &[]);
+    assert!(local > 0.0, "the exhaustion was not counted");
+    assert_eq!(
+        sum(&s, "saltgate_master_connect_errors_total", &[]),
+        0.0,
+        "a local resource error counted as a master's connect error"
+    );
+    let episodes = log_text(&log)
+        .matches("out of local resources (descriptors")
+        .count();
+    eprintln!("soak: {local} local resource errors, logged in {episodes} episode line(s)");
+    assert!(
+        episodes >= WAVES && (episodes as f64) * 5.0 <= local,
+        "{episodes} episode lines for {local} local resource errors"
     );
 
     // The end: the masters stop and close; each fleet client has every byte its master sent.

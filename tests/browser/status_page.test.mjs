@@ -2,11 +2,13 @@
 //
 // Starts three fake masters (tcp listeners, fake_master.mjs) and the `saltgate` binary with a
 // token-protected admin API, all on the test network (SALTGATE_TEST_NET, default 127.0.4), then:
-// gives the page its token (a wrong one first), reads the rendered masters, totals and events,
-// opens two client sessions, kills one fake master and waits for its DOWN flip to show, drains
-// another with its button and reads the answer, saves a screenshot, checks the minion table on a
-// stubbed /api/v1/minions, and stops saltgate to see the page say so. Every process it starts is
-// stopped by PID. Run through scripts/browser-test.sh.
+// gives the page its token (a wrong one first), reads the rendered masters (a fourth whose host
+// does not resolve shows `unresolved`), totals and events, opens client sessions on both listeners,
+// kills one fake master and waits for its DOWN flip to show, drains another with its button and
+// reads the answer, disables and enables a third with theirs, shows a `joining` master from a
+// stubbed answer, saves a screenshot, checks the minion table on a stubbed /api/v1/minions, and
+// stops saltgate to see the page say so. Every process it starts is stopped by PID. Run through
+// scripts/browser-test.sh.
 //
 // Environment: SALTGATE_BIN (default target/debug/saltgate), CHROMIUM (default /usr/bin/chromium),
 // ARTIFACT_DIR (default target/browser-test), SCREENSHOT (default ARTIFACT_DIR/status-page.png).
@@ -95,6 +97,8 @@ const masters = [
   { name: 'beta', ip: `${NET}.3`, weight: 2 },
   { name: 'gamma', ip: `${NET}.4`, weight: 3 },
 ];
+// A master whose host never resolves (RFC 6761 .invalid): saltgate starts with it `unresolved`.
+const ghost = { name: 'ghost', host: 'ghost.saltgate.invalid', weight: 1 };
 
 /** A port on `ip` that was free a moment ago (saltgate's YAML wants fixed ports, not port 0). */
 function freePort(ip) {
@@ -119,6 +123,7 @@ async function config() {
     y += `  - name: ${m.name}\n    host: ${m.ip}\n    publish_port: ${m.ports.publish}\n` +
       `    request_port: ${m.ports.request}\n    weight: ${m.weight}\n`;
   }
+  y += `  - name: ${ghost.name}\n    host: ${ghost.host}\n    weight: ${ghost.weight}\n`;
   y += `listeners:\n  publish:\n    bind: ${NET}.1:${pub}\n  request:\n    bind: ${NET}.1:${req}\n` +
     `admin:\n  bind: ${NET}.1:${adm}\n  token_file: ${tokenFile}\n`;
   const file = path.join(tmp, 'saltgate.yaml');
@@ -206,15 +211,20 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   assert.equal(stored.session, TOKEN);
   assert.equal(stored.local, 0, 'nothing in localStorage');
 
-  // Rendered: three masters UP with their weights, generation 1 from the start event.
-  const rowState = (name) => page.locator(`#masters tr[data-master="${name}"] .state`).textContent();
+  // Rendered: three masters UP with their weights, the fourth unresolved, generation 1 from the
+  // start event and when it was loaded.
+  const row = (name) => `#masters tr[data-master="${name}"]`;
+  const rowState = (name) => page.locator(`${row(name)} .state`).textContent();
   for (const m of masters) await until(`${m.name} up`, async () => (await rowState(m.name)) === 'up');
-  for (const m of masters) {
-    const w = await page.locator(`#masters tr[data-master="${m.name}"] .weight`).textContent();
+  for (const m of [...masters, ghost]) {
+    const w = await page.locator(`${row(m.name)} .weight`).textContent();
     assert.equal(w.trim(), String(m.weight));
   }
+  assert.equal(await rowState('ghost'), 'unresolved');
+  assert.match(await page.locator(`${row('ghost')} .state`).getAttribute('class'), /\bunresolved\b/);
   assert.equal(await page.locator('#generation').textContent(), '1');
-  assert.equal(await page.locator('#masters-up').textContent(), '3 / 3');
+  assert.match(await page.locator('#loaded-at').textContent(), /^\d+ s ago$/);
+  assert.equal(await page.locator('#masters-up').textContent(), '3 / 4');
   assert.match(await page.locator('#events tr[data-kind="reload"]').first().textContent(),
     /generation 1 in force \(start\)/);
   // Presence is on by default: the table is there, empty (no minion has spoken yet).
@@ -222,19 +232,26 @@ test('the status page shows masters, flips and actions in headless Chromium', as
     /^0 minion\(s\) connected/.test(await page.locator('#minions-status').textContent()));
   assert.equal(await page.locator('#ready').textContent(), 'ready');
 
-  // Two client sessions through the publish listener: the totals and the masters count them.
+  // Two client sessions through the publish listener and one through the request listener: the
+  // totals and the masters count them, per port.
   await connect(addrs.publish);
   await connect(addrs.publish);
+  await connect(addrs.request);
+  const sessionsOn = async (port) => (await page.locator(`#masters b.sessions[data-port="${port}"]`)
+    .allTextContents()).reduce((a, c) => a + (Number(c) || 0), 0);
   await until('2 publish sessions in the totals', async () =>
     (await page.locator('#sess-publish').textContent()) === '2');
-  await until('2 sessions over the masters', async () => {
-    const counts = await page.locator('#masters b.sessions[data-port="publish"]').allTextContents();
-    return counts.reduce((a, c) => a + Number(c), 0) === 2;
-  });
-  await until('an accept rate', async () =>
-    /^[0-9.]+$/.test(await page.locator('#rate-accepted').textContent()));
-  await until('a check history strip', async () =>
-    (await page.locator('#masters tr[data-master="alpha"] td[data-port="request"] .strip span').count()) >= 3);
+  await until('1 request session in the totals', async () =>
+    (await page.locator('#sess-request').textContent()) === '1');
+  await until('2 + 1 sessions over the masters', async () =>
+    (await sessionsOn('publish')) === 2 && (await sessionsOn('request')) === 1);
+  await until('accept and refuse rates', async () =>
+    /^[0-9.]+$/.test(await page.locator('#rate-accepted').textContent()) &&
+    /^[0-9.]+$/.test(await page.locator('#rate-refused').textContent()));
+  const bars = page.locator(`${row('alpha')} td[data-port="request"] .strip span`);
+  await until('a check history strip', async () => (await bars.count()) >= 3);
+  // Each bar is one check with its duration and when it ran.
+  assert.match(await bars.last().getAttribute('title'), /^ok, [0-9.]+ ms, \d+ s ago$/);
 
   // Kill beta: the page shows it DOWN, with its flip in the events and in its row.
   const beta = masters[1];
@@ -245,8 +262,9 @@ test('the status page shows masters, flips and actions in headless Chromium', as
     return rows.find((t) => /beta up → down/.test(t));
   });
   assert.match(flip, /connect/, `the flip says why: ${flip}`);
-  assert.match(await page.locator('#masters tr[data-master="beta"] .last-flip').textContent(), /up → down/);
-  assert.equal(await page.locator('#masters-up').textContent(), '2 / 3');
+  assert.match(await page.locator(`${row('beta')} .last-flip`).textContent(),
+    /^up → down \d+ s ago.*connect/);
+  assert.equal(await page.locator('#masters-up').textContent(), '2 / 4');
 
   // Drain gamma with its button: confirmed, answered, shown.
   await page.click('#masters tr[data-master="gamma"] button[data-action="drain"]');
@@ -262,6 +280,35 @@ test('the status page shows masters, flips and actions in headless Chromium', as
   await until('3 more refreshes', async () => polls.length >= n0 + 3);
   const gaps = polls.slice(n0).slice(1).map((t, i) => t - polls[n0 + i]);
   assert.ok(gaps.every((g) => g >= 1500), `refreshes ${gaps.join(', ')} ms apart`);
+
+  // Disable alpha with its button (confirmed), then enable it (no confirmation needed).
+  await page.click(`${row('alpha')} button[data-action="disable"]`);
+  await until('the disable answer', async () =>
+    /disable alpha: HTTP 200: now disabled/.test(await page.locator('#action-result').textContent()));
+  assert.equal(dialogs.length, 2, 'disable asks for confirmation');
+  assert.match(dialogs[1], /disable alpha/);
+  await until('alpha disabled on the page', async () => (await rowState('alpha')) === 'disabled');
+  await page.click(`${row('alpha')} button[data-action="enable"]`);
+  await until('the enable answer', async () =>
+    /enable alpha: HTTP 200: now up/.test(await page.locator('#action-result').textContent()));
+  assert.equal(dialogs.length, 2, 'enable asks nothing');
+  await until('alpha up again', async () => (await rowState('alpha')) === 'up');
+  const admin = await page.locator('#events tr[data-kind="admin"]').allTextContents();
+  assert.match(admin[0], /enable alpha: now up/);
+  assert.match(admin[1], /disable alpha: now disabled/);
+
+  // A discovered master not UP yet is `joining` (discovery is exercised in proxy/tests): the
+  // masters answer is stubbed with one, then let through again.
+  const joining = (url) => url.pathname.endsWith('/api/v1/masters');
+  await page.route(joining, async (route) => {
+    const real = await (await route.fetch()).json();
+    for (const m of real.masters) if (m.name === 'alpha') m.state = 'joining';
+    await route.fulfill({ status: 200, contentType: 'application/json', body: JSON.stringify(real) });
+  });
+  await until('alpha joining (stubbed)', async () => (await rowState('alpha')) === 'joining');
+  assert.match(await page.locator(`${row('alpha')} .state`).getAttribute('class'), /\bjoining\b/);
+  await page.unroute(joining);
+  await until('alpha up (real answer)', async () => (await rowState('alpha')) === 'up');
 
   // The screenshot for the docs and for CI.
   mkdirSync(path.dirname(SCREENSHOT), { recursive: true });

@@ -7,6 +7,7 @@
 //! health, registry, pump}`.
 
 pub mod discovery;
+mod readfile;
 pub mod reload;
 
 use std::future::Future;

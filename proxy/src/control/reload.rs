@@ -20,6 +20,8 @@ use crate::master::Admin;
 use crate::serve::Serve;
 use crate::snapshot::Snapshot;
 
+pub(crate) use super::readfile::{read_file, read_token};
+
 /// Where a reload reads the configuration from.
 #[derive(Debug, Clone)]
 pub struct ConfigSource {
@@ -35,6 +37,12 @@ impl Control {
         config: Config,
         first: bool,
     ) -> Result<u64, ApplyError> {
+        // The token is read before the reload lock is taken: a read stuck on a hung filesystem
+        // (up to its 10 s bound) must not hold up shutdown, which takes the lock first.
+        let token = match &config.admin.token_file {
+            None => None,
+            Some(p) => Some(read_token(p).await?),
+        };
         let _g = self.reload_lock.lock().await;
         if self.is_stopping() {
             return Err(ApplyError::Stopping);
@@ -56,10 +64,6 @@ impl Control {
         let (config, discovered) = self.with_discovered(&config);
         let old = self.data.load();
         let generation = old.generation + 1;
-        let token = match &config.admin.token_file {
-            None => None,
-            Some(p) => Some(read_token(p).await?),
-        };
         let (snap, diff) = Snapshot::build_with(
             config,
             generation,
@@ -436,63 +440,6 @@ fn reapply(
     Box::pin(async move { control.apply(config, false).await })
 }
 
-/// How long reading the configuration file may take (a hung network filesystem must not stall
-/// a runtime worker, nor reloads forever).
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Files being read right now (at most one read per path is ever in flight).
-static IN_FLIGHT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
-
-/// Reads a regular file off the runtime, bounded by [`READ_TIMEOUT`].
-///
-/// A FIFO, socket or device is refused at once (it could block forever). The read runs on a
-/// detached thread, not the runtime's blocking pool, so a read stuck in the kernel (a hung network
-/// filesystem) never holds up shutdown; and while one read of a path is stuck, later reads of the
-/// same path fail at once instead of starting another thread, so a watcher polling a hung file
-/// costs one thread, not one per poll.
-pub(crate) async fn read_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
-    {
-        let mut busy = IN_FLIGHT.lock().unwrap_or_else(|e| e.into_inner());
-        if busy.contains(&path) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::WouldBlock,
-                "an earlier read of this file has not returned yet (a hung filesystem?); \
-                 saltgate retries once it does",
-            ));
-        }
-        busy.push(path.clone());
-    }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let p = path.clone();
-    let spawned = std::thread::Builder::new()
-        .name("saltgate-read".into())
-        .spawn(move || {
-            let r = saltgate_config::read_regular_file(&p);
-            IN_FLIGHT
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|x| x != &p);
-            let _ = tx.send(r);
-        });
-    if let Err(e) = spawned {
-        IN_FLIGHT
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|x| x != &path);
-        return Err(e);
-    }
-    match tokio::time::timeout(READ_TIMEOUT, rx).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) => Err(std::io::Error::other(
-            "the reading thread ended without an answer",
-        )),
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer within {READ_TIMEOUT:?}"),
-        )),
-    }
-}
-
 async fn read_source_off_runtime(
     src: ConfigSource,
     seen: &mut Option<Vec<u8>>,
@@ -518,24 +465,6 @@ fn read_source(
     let loaded = saltgate_config::parse_bytes(&bytes, Some(&src.path), src.format);
     *seen = Some(bytes);
     loaded
-}
-
-/// Reads the admin token off the runtime, bounded by [`READ_TIMEOUT`] (a hung filesystem must
-/// not stall sessions, nor hold the reload lock forever).
-pub(crate) async fn read_token(path: &std::path::Path) -> Result<String, ApplyError> {
-    let err = |reason: String| ApplyError::Token {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let bytes = read_file(path.to_path_buf())
-        .await
-        .map_err(|e| err(e.to_string()))?;
-    let t = String::from_utf8(bytes).map_err(|_| err("the file is not UTF-8 text".into()))?;
-    let t = t.trim();
-    if t.is_empty() {
-        return Err(err("the file is empty".into()));
-    }
-    Ok(t.to_string())
 }
 
 /// What `check-config` finds beyond the file itself: the checks `run` makes before binding.
