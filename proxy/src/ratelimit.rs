@@ -24,7 +24,7 @@ impl Default for LogLimit {
 }
 
 impl LogLimit {
-    pub fn new(every: Duration) -> Self {
+    pub const fn new(every: Duration) -> Self {
         Self {
             every,
             state: Mutex::new((None, 0)),

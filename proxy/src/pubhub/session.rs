@@ -22,6 +22,11 @@ use tokio_util::sync::CancellationToken;
 use super::Hub;
 use crate::dataplane::DataPlane;
 
+/// Minion sessions closed on an error: at most one line per interval (a network blip can close
+/// thousands at once).
+static CLOSED_LOG: crate::ratelimit::LogLimit =
+    crate::ratelimit::LogLimit::new(crate::ratelimit::LOG_EVERY);
+
 /// Why a minion session ended (logged).
 #[derive(Debug)]
 enum End {
@@ -127,7 +132,11 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     let end = serve(&hub, ctx.sessions_token.clone(), stream).await;
     handles.live.dec();
     match &end {
-        End::Error(e) => tracing::info!(client = %peer, error = %e, "fanout session closed"),
+        End::Error(e) => {
+            if let Some(left_out) = CLOSED_LOG.allow() {
+                tracing::info!(client = %peer, error = %e, left_out, "fanout session closed (one line per 5 s, left_out: how many since the last)")
+            }
+        }
         other => tracing::debug!(client = %peer, reason = ?other, "fanout session closed"),
     }
 }

@@ -14,6 +14,7 @@ mod handshake;
 pub mod metrics;
 pub mod track;
 
+use crate::ratelimit::{LogLimit, LOG_EVERY};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -33,6 +34,12 @@ use crate::dataplane::DataPlane;
 use crate::pump::{sleep_until_opt, IdleLimits, Tally, Tap};
 use crate::registry::SessionCtl;
 use crate::session::{connect, Connect, Connected};
+
+// A master that dies can move thousands of request sessions at once: one line per interval each,
+// with how many were left out (the metrics count every one).
+static MOVED_LOG: LogLimit = LogLimit::new(LOG_EVERY);
+static NOT_MOVED_LOG: LogLimit = LogLimit::new(LOG_EVERY);
+static HANDSHAKE_LOG: LogLimit = LogLimit::new(LOG_EVERY);
 
 /// How a request session with continuity ended.
 pub(crate) struct Ended {
@@ -123,7 +130,9 @@ pub(crate) async fn serve(
         let (next, left, replay) = match moved {
             Ok(x) => x,
             Err(skip) => {
-                tracing::info!(client = %peer, master = %old, reason = %why, skip = skip.as_str(), "request session not moved; closing it as its master went");
+                if let Some(left_out) = NOT_MOVED_LOG.allow() {
+                    tracing::info!(client = %peer, master = %old, reason = %why, skip = skip.as_str(), left_out, "request session not moved; closing it as its master went (one line per 5 s, left_out: how many since the last)");
+                }
                 break (why, Some(skip));
             }
         };
@@ -137,7 +146,9 @@ pub(crate) async fn serve(
         migrations += 1;
         m.migrated(why).inc();
         r.down = Down::resumed();
-        tracing::info!(client = %peer, from = %old, to = %up.master.name(), reason = %why, replayed = replay.as_ref().map_or(0, |(b, _)| b.len()), "request session moved to another master");
+        if let Some(left_out) = MOVED_LOG.allow() {
+            tracing::info!(client = %peer, from = %old, to = %up.master.name(), reason = %why, replayed = replay.as_ref().map_or(0, |(b, _)| b.len()), left_out, "request session moved to another master (one line per 5 s, left_out: how many since the last)");
+        }
         if let Some((bytes, complete)) = replay {
             m.replayed(complete).inc();
             if let Err(e) = up.stream.write_all(&bytes).await {
@@ -201,10 +212,14 @@ async fn move_to(
         {
             Ok(Ok(left)) => return Ok((c, left)),
             Ok(Err(e)) => {
-                tracing::warn!(client = %peer, master = %c.master.name(), error = %e, "handshake for a moving request session failed")
+                if let Some(left_out) = HANDSHAKE_LOG.allow() {
+                    tracing::warn!(client = %peer, master = %c.master.name(), error = %e, left_out, "handshake for a moving request session failed (one line per 5 s)")
+                }
             }
             Err(_) => {
-                tracing::warn!(client = %peer, master = %c.master.name(), "handshake for a moving request session timed out")
+                if let Some(left_out) = HANDSHAKE_LOG.allow() {
+                    tracing::warn!(client = %peer, master = %c.master.name(), left_out, "handshake for a moving request session timed out (one line per 5 s)")
+                }
             }
         }
         c.handles.connect_errors[role as usize].inc();
