@@ -124,8 +124,16 @@ impl Prober for SaltProbes {
 }
 
 /// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
-/// checks give up on it (see [`run_port_checks`]).
-pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// checks give up on it (see [`run_port_checks`]). Long: a loaded master starting up has been
+/// seen to answer its queue 80-120 s after its first pings; a lost kept ping costs nothing while
+/// a fresh one is outstanding beside it.
+pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// For how long after the kept ping was sent each check also sends a fresh ping beside it. A
+/// ping is lost only when sent just before Salt opens its request gate (a few seconds after
+/// the master stops answering `cluster_retry`); pings sent later are queued and answered in
+/// order, so fresh pings past this window would only queue stale work ahead of the next check.
+pub const FRESH_PING_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Most pings outstanding at once on one DOWN request port: the kept one and one fresh.
 pub const MAX_OUTSTANDING_PINGS: usize = 2;
@@ -170,12 +178,14 @@ fn down_check_wait(settings: &HealthSettings, state: &HealthState) -> std::time:
 /// [`MAX_OUTSTANDING_PINGS`]: the kept one (the oldest: a starting master answers its queue in
 /// order, so it is answered first, if it is answered at all) and the freshest one (a ping sent
 /// in the window before Salt opens its request gate can be dropped by the master, never
-/// answered: a fresh one sent beside it each check is answered once the workers serve). When a
-/// check needs a third, the older fresh one is dropped, never the kept one; a ping that fails
-/// (its [`KEPT_PING_LIMIT`], a reset) leaves, and the next oldest becomes the kept one.
+/// answered: a fresh one sent beside it each check, for [`FRESH_PING_WINDOW`], is answered once
+/// the workers serve). When a check needs a third, the older fresh one is dropped, never the
+/// kept one; a ping that fails (its [`KEPT_PING_LIMIT`], a reset) leaves, and the next oldest
+/// becomes the kept one.
 #[derive(Default)]
 struct Outstanding<'a> {
-    pings: Vec<ProbeFuture<'a>>,
+    /// Each ping with when it was sent.
+    pings: Vec<(tokio::time::Instant, ProbeFuture<'a>)>,
 }
 
 impl<'a> Outstanding<'a> {
@@ -201,7 +211,18 @@ impl<'a> Outstanding<'a> {
 
     fn push(&mut self, ping: ProbeFuture<'a>) {
         debug_assert!(self.pings.len() < MAX_OUTSTANDING_PINGS);
-        self.pings.push(ping);
+        self.pings.push((tokio::time::Instant::now(), ping));
+    }
+
+    /// Whether a check sends a ping: when none is outstanding, beside the kept one while it is
+    /// younger than [`FRESH_PING_WINDOW`], and always once a check passed (`in_transition`: the
+    /// `rise` checks need answers of their own).
+    fn wants_ping(&self, in_transition: bool) -> bool {
+        in_transition
+            || self
+                .pings
+                .first()
+                .is_none_or(|(sent, _)| sent.elapsed() < FRESH_PING_WINDOW)
     }
 
     /// The first answer of any ping (that ping leaves; the others stay outstanding). A failed
@@ -215,7 +236,7 @@ impl<'a> Outstanding<'a> {
         let mut failed = None;
         let mut i = 0;
         while i < self.pings.len() {
-            match self.pings[i].as_mut().poll(cx) {
+            match self.pings[i].1.as_mut().poll(cx) {
                 Poll::Ready(Ok(())) => {
                     drop(self.pings.remove(i));
                     return Poll::Ready(Ok(()));
@@ -288,8 +309,10 @@ pub async fn run_port_checks(
             r
         } else if keeps_ping(role, &settings, &state) {
             let wait = down_check_wait(&settings, &state);
-            pings.make_room();
-            pings.push(prober.probe(addr, role, kept_ping_settings(&settings)));
+            if pings.wants_ping(state.successes > 0) {
+                pings.make_room();
+                pings.push(prober.probe(addr, role, kept_ping_settings(&settings)));
+            }
             tokio::select! {
                 r = tokio::time::timeout(wait, pings.answer()) => match r {
                     Ok(r) => r,

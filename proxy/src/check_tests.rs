@@ -398,10 +398,10 @@ async fn a_down_ports_ping_is_kept_outstanding_and_its_first_answer_passes_the_c
         let before = prober.count();
         tokio::time::sleep_until(serves_at - Duration::from_millis(1)).await;
         let sent = prober.count() - before;
-        let most = 2 + wait_s / (h.downinter * h.rise).as_secs();
+        let most = 2 + wait_s.min(FRESH_PING_WINDOW.as_secs()) / (h.downinter * h.rise).as_secs();
         assert!(
             sent <= most,
-            "wait {wait_s} s: {sent} pings while the workers were not up (at most {most}: one per check, each check rise x downinter)"
+            "wait {wait_s} s: {sent} pings while the workers were not up (at most {most}: one per check of rise x downinter, for FRESH_PING_WINDOW)"
         );
         assert!(
             prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
@@ -434,7 +434,9 @@ async fn a_lost_kept_ping_does_not_delay_up_a_fresh_one_beside_it_is_answered() 
         probe: Probe::Salt,
         ..HealthSettings::default()
     };
-    for serves_in_ms in [0u64, 300, 1_000, 2_500, 4_999, 5_200, 9_000, 30_000] {
+    for serves_in_ms in [
+        0u64, 300, 1_000, 2_500, 4_999, 5_200, 9_000, 29_000, 100_000,
+    ] {
         let (prober, m, mut flips) = down_master(h).await;
         tokio::time::sleep(Duration::from_millis(700)).await;
         let serves_at = Instant::now() + Duration::from_millis(serves_in_ms);
@@ -456,9 +458,10 @@ async fn a_lost_kept_ping_does_not_delay_up_a_fresh_one_beside_it_is_answered() 
     }
 }
 
-/// A master that never answers (its workers never start): one fresh ping per check beside the
-/// kept one, never more than two outstanding; the kept one leaves at [`KEPT_PING_LIMIT`]. A
-/// stopped master (no handshake) keeps nothing, so its checks go on every `downinter`.
+/// A master that never answers (its workers never start): a fresh ping per check beside the
+/// kept one for [`FRESH_PING_WINDOW`], then none until the kept one leaves at
+/// [`KEPT_PING_LIMIT`]; never more than two outstanding. A stopped master (no handshake) keeps
+/// nothing, so its checks go on every `downinter`.
 #[tokio::test(start_paused = true)]
 async fn never_more_than_two_pings_outstanding_and_a_stopped_master_keeps_none() {
     let h = HealthSettings {
@@ -470,15 +473,21 @@ async fn never_more_than_two_pings_outstanding_and_a_stopped_master_keeps_none()
         serves_at: Instant::now() + Duration::from_secs(100_000),
         per_ping: Duration::from_millis(1),
     });
+    let window = (FRESH_PING_WINDOW.as_secs_f64() / (h.downinter * h.rise).as_secs_f64()) as u64;
     let before = prober.count();
-    let span = KEPT_PING_LIMIT * 3 + Duration::from_secs(2);
-    tokio::time::sleep(span).await;
+    tokio::time::sleep(KEPT_PING_LIMIT - Duration::from_secs(5)).await;
     let sent = prober.count() - before;
-    let per_check = h.downinter * h.rise;
-    let expected = (span.as_secs_f64() / per_check.as_secs_f64()) as u64;
     assert!(
-        (expected - 3..=expected + 3).contains(&sent),
-        "{sent} pings in {span:?}: one per check of {per_check:?} after the first"
+        (window - 1..=window + 2).contains(&sent),
+        "{sent} pings before the kept one's limit: one per check of rise x downinter for FRESH_PING_WINDOW ({window})"
+    );
+    assert_eq!(prober.max_live(), MAX_OUTSTANDING_PINGS as u64);
+    // the kept one leaves at its limit: the next window begins
+    let before = prober.count();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        prober.count() > before,
+        "pings again after the kept one's limit"
     );
     assert_eq!(prober.max_live(), MAX_OUTSTANDING_PINGS as u64);
     prober.set(Shape::Stopped);
