@@ -159,10 +159,11 @@ fn kept_ping_settings(settings: &HealthSettings) -> HealthSettings {
 
 /// How long a check on a DOWN request port waits for an answer: on a port steadily DOWN,
 /// `rise x downinter` (at most `timeout`). Nothing is lost by the shorter wait: the ping stays
-/// outstanding and its answer passes a check whenever it comes. But each check sends a fresh
-/// ping beside the kept one, so if the kept one was lost, a fresh one goes out within
-/// `rise x downinter` of the master starting to answer, which keeps UP within
-/// `rise x downinter + 2 s` of its first answer. In transition (a check passed already) the
+/// outstanding and its answer passes a check whenever it comes. But each check (within
+/// [`FRESH_PING_WINDOW`] of the kept ping) sends a fresh ping beside it, so if the kept one was
+/// lost, a fresh one goes out within `rise x downinter` of the master starting to answer, which
+/// keeps UP within `rise x downinter + 2 s` of its first answer. In transition (a check passed
+/// already) the
 /// wait is `timeout`, as on an UP port, so a slow master's answers still count.
 fn down_check_wait(settings: &HealthSettings, state: &HealthState) -> std::time::Duration {
     if state.successes > 0 {
