@@ -18,8 +18,10 @@
 #   SG_IMPL=haproxy        put a second HAProxy in saltgate's slot (develops/validates the harness
 #                          without saltgate); default: saltgate
 #   SCENARIOS="1 5 6 2 4 3"  which scenarios to run (1 smoke, 2 master killed, 3 master hung,
-#                          4 master restarted, 5 reload under load, 6 drain through the API; they
-#                          always run in the order 1 5 6 2 4 3; 4 restarts the master killed in 2)
+#                          4 master restarted, 5 reload under load, 6 drain through the API, 7 a
+#                          fourth master joins the cluster (saltgate's discovery; not in the default
+#                          list); they always run in the order 1 5 6 2 4 7 3; 4 restarts the master
+#                          killed in 2)
 #   SG_DRAIN_TIMEOUT=20s   saltgate's global.drain_timeout in the imported config (scenario 6)
 #   SG_REBALANCE=true      listeners.publish.rebalance.enabled in the imported config (scenario 4
 #                          reports the restarted master's share against rebalance.tolerance)
@@ -106,6 +108,11 @@ if [ "$SG_IMPL" = saltgate ]; then
   sed -i -E "/^    rebalance:/,/^      delay:/ s/^(      enabled:).*/\1 ${SG_REBALANCE:-true}/" "$RUN/sg/saltgate.yaml"
   grep -qE "^      enabled: ${SG_REBALANCE:-true}\b" "$RUN/sg/saltgate.yaml" ||
     die "could not set listeners.publish.rebalance.enabled in $RUN/sg/saltgate.yaml"
+  # scenario 7 (a master joins the cluster): discovery on the cluster's key directory from the start,
+  # so the new master is found without any edit to this file (harness/cluster.py: shared/pki)
+  if [[ " ${SCENARIOS:-} " == *" 7 "* ]]; then
+    printf 'discovery:\n  cluster_pki_dir: %s\n' "$RUN/shared/pki" >>"$RUN/sg/saltgate.yaml"
+  fi
   "$SALTGATE_BIN" check-config "$RUN/sg/saltgate.yaml" >&2 ||
     die "saltgate check-config rejects its own import of $FIXTURE (see $RUN/sg/saltgate.yaml)"
   log "saltgate config (imported from $(basename "$FIXTURE")): $RUN/sg/saltgate.yaml"

@@ -74,7 +74,9 @@ def table(results, lbs, t_start, spread_wait, extra=(), n_sgm=0):
         L.append("|---|" + "---|" * len(lbs))
 
         def line(moment, spread):
-            L.append(f"| {moment} | " + " | ".join(spread_txt(spread[lb.key]) for lb in lbs) + " |")
+            # the rebalancing sample has the L4 slots only (the fan-out slot moves no publish session)
+            L.append(f"| {moment} | " + " | ".join(spread_txt(spread[lb.key]) if lb.key in spread else "—"
+                                                   for lb in lbs) + " |")
         for r in sp:
             if "spread_after" in r:
                 vic = f" (victim {r['victim']})" if r.get("victim") else ""

@@ -127,8 +127,19 @@ impl Prober for SaltProbes {
 }
 
 /// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
-/// checks give up on it and send a fresh one (see [`run_port_checks`]).
-pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+/// checks give up on it (see [`run_port_checks`]). Long: a loaded master starting up has been
+/// seen to answer its queue 80-120 s after its first pings; a lost kept ping costs nothing while
+/// a fresh one is outstanding beside it.
+pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// For how long after the kept ping was sent each check also sends a fresh ping beside it. A
+/// ping is lost only when sent just before Salt opens its request gate (a few seconds after
+/// the master stops answering `cluster_retry`); pings sent later are queued and answered in
+/// order, so fresh pings past this window would only queue stale work ahead of the next check.
+pub const FRESH_PING_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Most pings outstanding at once on one DOWN request port: the kept one and one fresh.
+pub const MAX_OUTSTANDING_PINGS: usize = 2;
 
 type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 
@@ -149,11 +160,106 @@ fn kept_ping_settings(settings: &HealthSettings) -> HealthSettings {
     }
 }
 
-/// Resolves with the kept ping's answer, or never when there is none.
-async fn kept_answer(kept: &mut Option<ProbeFuture<'_>>) -> Result<(), String> {
-    match kept {
-        Some(f) => f.await,
-        None => std::future::pending().await,
+/// How long a check on a DOWN request port waits for an answer: on a port steadily DOWN,
+/// `rise x downinter` (at most `timeout`). Nothing is lost by the shorter wait: the ping stays
+/// outstanding and its answer passes a check whenever it comes. But each check (within
+/// [`FRESH_PING_WINDOW`] of the kept ping) sends a fresh ping beside it, so if the kept one was
+/// lost, a fresh one goes out within `rise x downinter` of the master starting to answer, which
+/// keeps UP within `rise x downinter + 2 s` of its first answer. In transition (a check passed
+/// already) the
+/// wait is `timeout`, as on an UP port, so a slow master's answers still count.
+fn down_check_wait(settings: &HealthSettings, state: &HealthState) -> std::time::Duration {
+    if state.successes > 0 {
+        settings.timeout
+    } else {
+        settings
+            .timeout
+            .min(settings.downinter * settings.rise.max(1))
+    }
+}
+
+/// The pings outstanding on a DOWN request port, oldest first, at most
+/// [`MAX_OUTSTANDING_PINGS`]: the kept one (the oldest: a starting master answers its queue in
+/// order, so it is answered first, if it is answered at all) and the freshest one (a ping sent
+/// in the window before Salt opens its request gate can be dropped by the master, never
+/// answered: a fresh one sent beside it each check, for [`FRESH_PING_WINDOW`], is answered once
+/// the workers serve). When a check needs a third, the older fresh one is dropped, never the
+/// kept one; a ping that fails (its [`KEPT_PING_LIMIT`], a reset) leaves, and the next oldest
+/// becomes the kept one.
+#[derive(Default)]
+struct Outstanding<'a> {
+    /// Each ping with when it was sent.
+    pings: Vec<(tokio::time::Instant, ProbeFuture<'a>)>,
+}
+
+impl<'a> Outstanding<'a> {
+    fn is_empty(&self) -> bool {
+        self.pings.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.pings.len()
+    }
+
+    fn clear(&mut self) {
+        self.pings.clear();
+    }
+
+    /// Makes room for a fresh ping: the older fresh one goes when the set is full (before the
+    /// fresh one is made, so never more than [`MAX_OUTSTANDING_PINGS`] exist at once).
+    fn make_room(&mut self) {
+        if self.pings.len() >= MAX_OUTSTANDING_PINGS {
+            drop(self.pings.remove(1.min(self.pings.len() - 1)));
+        }
+    }
+
+    fn push(&mut self, ping: ProbeFuture<'a>) {
+        debug_assert!(self.pings.len() < MAX_OUTSTANDING_PINGS);
+        self.pings.push((tokio::time::Instant::now(), ping));
+    }
+
+    /// Whether a check sends a ping: when none is outstanding, beside the kept one while it is
+    /// younger than [`FRESH_PING_WINDOW`], and always once a check passed (`in_transition`: the
+    /// `rise` checks need answers of their own).
+    fn wants_ping(&self, in_transition: bool) -> bool {
+        in_transition
+            || self
+                .pings
+                .first()
+                .is_none_or(|(sent, _)| sent.elapsed() < FRESH_PING_WINDOW)
+    }
+
+    /// The first answer of any ping (that ping leaves; the others stay outstanding). A failed
+    /// ping leaves without resolving this while others remain; the last one's failure resolves
+    /// it. Pending for ever when nothing is outstanding. Cancel-safe: the pings live in `self`.
+    fn poll_answer(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), String>> {
+        use std::task::Poll;
+        let mut failed = None;
+        let mut i = 0;
+        while i < self.pings.len() {
+            match self.pings[i].1.as_mut().poll(cx) {
+                Poll::Ready(Ok(())) => {
+                    drop(self.pings.remove(i));
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Err(e)) => {
+                    drop(self.pings.remove(i));
+                    failed = Some(e);
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        match failed {
+            Some(e) if self.pings.is_empty() => Poll::Ready(Err(e)),
+            _ => Poll::Pending,
+        }
+    }
+
+    async fn answer(&mut self) -> Result<(), String> {
+        std::future::poll_fn(|cx| self.poll_answer(cx)).await
     }
 }
 
@@ -187,9 +293,11 @@ pub async fn run_port_checks(
     // On a DOWN request port, a ping whose handshake came but whose answer did not within
     // `timeout` is kept outstanding instead of abandoned: a starting master queues every ping
     // it gets before its workers serve, and answers them in order, so a fresh ping per check
-    // only lines up behind the stale ones. The kept ping's answer passes a check as soon as it
-    // comes, between checks too (`early`).
-    let mut kept: Option<ProbeFuture<'_>> = None;
+    // only lines up behind the stale ones. But a ping sent just before Salt opens its request
+    // gate can be dropped unanswered, so each later check also sends a fresh ping beside the
+    // kept one (see `Outstanding`: at most two). The first answer of any passes a check as soon
+    // as it comes, between checks too (`early`).
+    let mut pings = Outstanding::default();
     let mut early: Option<Result<(), String>> = None;
     loop {
         reserve::refill();
@@ -197,23 +305,27 @@ pub async fn run_port_checks(
         let t0 = Instant::now();
         let started = tokio::time::Instant::now();
         master.upstream.check_begins(role);
+        if !keeps_ping(role, &settings, &state) {
+            // UP or unknown (or the probe changed): nothing is kept for such a port.
+            pings.clear();
+            early = None;
+        }
         let result = if let Some(r) = early.take() {
             r
-        } else if kept.is_some() || keeps_ping(role, &settings, &state) {
-            let mut fut = match kept.take() {
-                Some(f) => f,
-                None => prober.probe(addr, role, kept_ping_settings(&settings)),
-            };
+        } else if keeps_ping(role, &settings, &state) {
+            let wait = down_check_wait(&settings, &state);
+            if pings.wants_ping(state.successes > 0) {
+                pings.make_room();
+                pings.push(prober.probe(addr, role, kept_ping_settings(&settings)));
+            }
             tokio::select! {
-                r = tokio::time::timeout(settings.timeout, &mut fut) => match r {
+                r = tokio::time::timeout(wait, pings.answer()) => match r {
                     Ok(r) => r,
-                    Err(_) => {
-                        kept = Some(fut);
-                        Err(format!(
-                            "salt ping: ZMTP handshake done, no answer within {:?} (the ping is kept outstanding: its answer passes the next check)",
-                            settings.timeout
-                        ))
-                    }
+                    Err(_) => Err(format!(
+                        "salt ping: ZMTP handshake done, no answer within {:?} ({} ping(s) kept outstanding: the first answer passes the next check)",
+                        wait,
+                        pings.len()
+                    )),
                 },
                 _ = stop.cancelled() => return,
             }
@@ -317,7 +429,7 @@ pub async fn run_port_checks(
         let soon = started + settings.fastinter;
         tokio::select! {
             _ = tokio::time::sleep_until(next) => {}
-            r = kept_answer(&mut kept) => early = Some(r),
+            r = pings.answer(), if !pings.is_empty() => early = Some(r),
             _ = master.upstream.nudged(role), if soon < next => {
                 tracing::debug!(master = %name, port = %role, "check brought forward: a session saw the master reset or refuse");
                 tokio::select! {
@@ -326,10 +438,6 @@ pub async fn run_port_checks(
                 }
             }
             _ = stop.cancelled() => return,
-        }
-        if early.is_some() {
-            // The kept ping is done: never poll it again.
-            kept = None;
         }
     }
 }

@@ -31,6 +31,9 @@ enum Shape {
         serves_at: Instant,
         per_ping: Duration,
     },
+    /// Starting, and loses the first ping it gets (sent just before Salt's request gate opened):
+    /// that one is never answered; every later one is answered from `serves_at` on.
+    SwallowsFirst { serves_at: Instant },
 }
 
 struct FakeProber {
@@ -38,6 +41,20 @@ struct FakeProber {
     probes: std::sync::atomic::AtomicU64,
     /// When the last queued ping is answered (for [`Shape::Queues`]).
     last_answer: Mutex<Option<Instant>>,
+    /// Whether [`Shape::SwallowsFirst`] has swallowed its ping.
+    swallowed: std::sync::atomic::AtomicBool,
+    /// Probes in flight (their futures not yet dropped), and the most there ever were at once.
+    live: Arc<std::sync::atomic::AtomicU64>,
+    max_live: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Counts a probe in flight until its future is dropped.
+struct Live(Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl FakeProber {
@@ -46,13 +63,25 @@ impl FakeProber {
             shape: Mutex::new(shape),
             probes: Default::default(),
             last_answer: Mutex::new(None),
+            swallowed: Default::default(),
+            live: Default::default(),
+            max_live: Default::default(),
         })
+    }
+    fn max_live(&self) -> u64 {
+        self.max_live.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn count(&self) -> u64 {
         self.probes.load(std::sync::atomic::Ordering::SeqCst)
     }
     fn set(&self, shape: Shape) {
         *self.shape.lock().unwrap() = shape;
+        self.swallowed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.max_live.store(
+            self.live.load(std::sync::atomic::Ordering::SeqCst),
+            std::sync::atomic::Ordering::SeqCst,
+        );
     }
 }
 
@@ -78,8 +107,28 @@ impl Prober for FakeProber {
             }
             _ => None,
         };
+        let swallow = matches!(shape, Shape::SwallowsFirst { .. })
+            && !self
+                .swallowed
+                .swap(true, std::sync::atomic::Ordering::SeqCst);
+        let live = self.live.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        self.max_live
+            .fetch_max(live, std::sync::atomic::Ordering::SeqCst);
+        let guard = Live(self.live.clone());
         Box::pin(async move {
+            let _guard = guard;
             match shape {
+                Shape::SwallowsFirst { serves_at } => {
+                    let deadline = Instant::now() + h.timeout;
+                    let at = serves_at.max(Instant::now()) + Duration::from_millis(20);
+                    if swallow || at > deadline {
+                        tokio::time::sleep_until(deadline).await;
+                        Err("no answer".into())
+                    } else {
+                        tokio::time::sleep_until(at).await;
+                        Ok(())
+                    }
+                }
                 Shape::Queues { .. } => {
                     let at = answer_at.expect("queued");
                     let deadline = Instant::now() + h.timeout;
@@ -310,24 +359,41 @@ async fn a_sessions_nudge_brings_the_next_check_forward_to_fastinter() {
     m.checks_stop.cancel();
 }
 
-/// A restarted master whose workers start long after its ports: one ping is kept outstanding on
-/// the DOWN port (not one per check, each lining up behind the stale ones), and its answer passes
-/// the check as soon as it comes: UP within `(rise - 1) x fastinter` (plus the answers' own time)
-/// of the workers' start, well inside the interop suite's bound `rise x downinter + 2 s`.
+/// Takes the port of a fresh master DOWN (refused at once) and returns its flips.
+async fn down_master(
+    h: HealthSettings,
+) -> (
+    Arc<FakeProber>,
+    Arc<Master>,
+    mpsc::UnboundedReceiver<(Instant, Flip)>,
+) {
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut flips = checks(&m, prober.clone());
+    settle_up(&mut flips, &m).await;
+    prober.set(Shape::Refused);
+    assert_eq!(flips.recv().await.unwrap().1, Flip::Down);
+    (prober, m, flips)
+}
+
+/// The interop suite's bound: UP within `rise x downinter + 2 s` of the master's first answer.
+fn interop_bound(h: &HealthSettings) -> Duration {
+    h.downinter * h.rise + Duration::from_secs(2)
+}
+
+/// A restarted master whose workers start long after its ports, and answer the pings queued
+/// meanwhile in order, `per_ping` each (the dropped ones too): the kept ping is the oldest, so
+/// it is answered first; a fresh ping beside it per check, never more than two outstanding; UP
+/// once the `rise` check's ping is answered behind the stale ones.
 #[tokio::test(start_paused = true)]
 async fn a_down_ports_ping_is_kept_outstanding_and_its_first_answer_passes_the_check() {
     let h = HealthSettings {
         probe: Probe::Salt,
         ..HealthSettings::default()
     };
-    let per_ping = Duration::from_millis(300);
+    let per_ping = Duration::from_millis(30);
     for wait_s in [7u64, 23, 40] {
-        let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
-        let m = master(h);
-        let mut flips = checks(&m, prober.clone());
-        settle_up(&mut flips, &m).await;
-        prober.set(Shape::Refused);
-        assert_eq!(flips.recv().await.unwrap().1, Flip::Down);
+        let (prober, m, mut flips) = down_master(h).await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let serves_at = Instant::now() + Duration::from_secs(wait_s);
         prober.set(Shape::Queues {
@@ -336,46 +402,99 @@ async fn a_down_ports_ping_is_kept_outstanding_and_its_first_answer_passes_the_c
         });
         let before = prober.count();
         tokio::time::sleep_until(serves_at - Duration::from_millis(1)).await;
-        assert_eq!(
-            prober.count() - before,
-            1,
-            "wait {wait_s} s: one ping outstanding while the workers are not up, not one per check"
+        let sent = prober.count() - before;
+        let most = 2 + wait_s.min(FRESH_PING_WINDOW.as_secs()) / (h.downinter * h.rise).as_secs();
+        assert!(
+            sent <= most,
+            "wait {wait_s} s: {sent} pings while the workers were not up (at most {most}: one per check of rise x downinter, for FRESH_PING_WINDOW)"
+        );
+        assert!(
+            prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
+            "wait {wait_s} s: {} pings outstanding at once",
+            prober.max_live()
         );
         let (at, flip) = flips.recv().await.unwrap();
         assert_eq!(flip, Flip::Up);
-        let bound = h.fastinter * (h.rise - 1) + per_ping * 2 + Duration::from_millis(50);
+        // the kept ping first, then the `rise` check's ping behind the stale ones
+        let bound =
+            per_ping * (sent as u32 + 2) + h.fastinter * (h.rise - 1) + Duration::from_millis(50);
         assert!(
             at - serves_at <= bound,
             "wait {wait_s} s: UP {:?} after the workers started, bound {bound:?}",
             at - serves_at
         );
-        assert!(at - serves_at <= h.downinter * h.rise + Duration::from_secs(2));
+        assert!(at - serves_at <= interop_bound(&h));
         m.checks_stop.cancel();
     }
 }
 
-/// A kept ping that is never answered is replaced after [`KEPT_PING_LIMIT`]; a stopped master
-/// (no handshake) keeps nothing, so its checks go on every `downinter`.
+/// Issue 10 part 3: a ping sent just before Salt opened its request gate is dropped by the
+/// master and never answered. The fresh ping sent beside it is answered once the master serves:
+/// UP within `rise x downinter + 2 s` of the master's first answer, wherever that falls in the
+/// check schedule (before the fresh pings, UP came only when the lost ping reached its 60 s
+/// limit).
 #[tokio::test(start_paused = true)]
-async fn a_kept_ping_is_replaced_after_its_limit_and_a_stopped_master_keeps_none() {
+async fn a_lost_kept_ping_does_not_delay_up_a_fresh_one_beside_it_is_answered() {
     let h = HealthSettings {
         probe: Probe::Salt,
         ..HealthSettings::default()
     };
-    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
-    let m = master(h);
-    let mut flips = checks(&m, prober.clone());
-    settle_up(&mut flips, &m).await;
-    prober.set(Shape::Refused);
-    assert_eq!(flips.recv().await.unwrap().1, Flip::Down);
+    for serves_in_ms in [
+        0u64, 300, 1_000, 2_500, 4_999, 5_200, 9_000, 29_000, 100_000,
+    ] {
+        let (prober, m, mut flips) = down_master(h).await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let serves_at = Instant::now() + Duration::from_millis(serves_in_ms);
+        prober.set(Shape::SwallowsFirst { serves_at });
+        let (at, flip) = flips.recv().await.unwrap();
+        assert_eq!(flip, Flip::Up);
+        let took = at - serves_at;
+        assert!(
+            took <= interop_bound(&h),
+            "serves {serves_in_ms} ms after the lost ping: UP {took:?} after the master first answers, bound {:?}",
+            interop_bound(&h)
+        );
+        assert!(
+            prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
+            "{} pings outstanding at once",
+            prober.max_live()
+        );
+        m.checks_stop.cancel();
+    }
+}
+
+/// A master that never answers (its workers never start): a fresh ping per check beside the
+/// kept one for [`FRESH_PING_WINDOW`], then none until the kept one leaves at
+/// [`KEPT_PING_LIMIT`]; never more than two outstanding. A stopped master (no handshake) keeps
+/// nothing, so its checks go on every `downinter`.
+#[tokio::test(start_paused = true)]
+async fn never_more_than_two_pings_outstanding_and_a_stopped_master_keeps_none() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let (prober, m, _flips) = down_master(h).await;
     prober.set(Shape::Queues {
         serves_at: Instant::now() + Duration::from_secs(100_000),
         per_ping: Duration::from_millis(1),
     });
+    let window = (FRESH_PING_WINDOW.as_secs_f64() / (h.downinter * h.rise).as_secs_f64()) as u64;
     let before = prober.count();
-    tokio::time::sleep(KEPT_PING_LIMIT * 3 + Duration::from_secs(2)).await;
+    tokio::time::sleep(KEPT_PING_LIMIT - Duration::from_secs(5)).await;
     let sent = prober.count() - before;
-    assert!((3..=4).contains(&sent), "{sent} pings in 3 limits");
+    assert!(
+        (window - 1..=window + 2).contains(&sent),
+        "{sent} pings before the kept one's limit: one per check of rise x downinter for FRESH_PING_WINDOW ({window})"
+    );
+    assert_eq!(prober.max_live(), MAX_OUTSTANDING_PINGS as u64);
+    // the kept one leaves at its limit: the next window begins
+    let before = prober.count();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        prober.count() > before,
+        "pings again after the kept one's limit"
+    );
+    assert_eq!(prober.max_live(), MAX_OUTSTANDING_PINGS as u64);
     prober.set(Shape::Stopped);
     tokio::time::sleep(KEPT_PING_LIMIT + Duration::from_secs(1)).await;
     let before = prober.count();

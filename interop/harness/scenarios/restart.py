@@ -83,11 +83,11 @@ def run(s):
         res["notes"].append(p_note)
         reb_ok = reb_ok and p_ok
     if bound_ok is False:
-        # Reported, not judged (issue 10): a ping saltgate kept outstanding from before Salt opened
-        # its request gate can be dropped unanswered, and then only its 60 s limit replaces it
-        # (docs/operations.md); the UP bound is a failure again once a fresh ping is sent beside it.
-        res["notes"].append("scenario 4: saltgate's UP came later than the bound (reported, not judged yet: "
-                            "a kept ping lost before Salt's request gate opened)")
+        # judged (issue 10 part 3): a kept ping lost before Salt's request gate opened no longer
+        # holds UP back, a fresh ping goes beside it each check (proxy/src/check.rs)
+        res["notes"].append("scenario 4: saltgate's UP came later than the bound rise x downinter + 2 s "
+                            "after the master's first clear ping answer: FAIL")
+        reb_ok = False
     res["rows"]["sg"]["ok"] = res["rows"]["sg"]["ok"] and reb_ok
     res["ok"] = res["rows"]["sg"]["ok"] and res["rows"].get("fo", {}).get("ok", True)
     s.record(res)
