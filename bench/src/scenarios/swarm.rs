@@ -358,6 +358,7 @@ async fn measure(
     ));
 
     // test.ping to all, published on member 1.
+    let receipts_before = swarm.receipts();
     let swarm_before = proctree::sample(&swarm.pids())?.ticks;
     let w = Window::start(&proxy_pids, &cluster.pids())?;
     let timeout = if ctx.quick { 30 } else { 60 + n as u64 / 100 };
@@ -409,6 +410,27 @@ async fn measure(
             ms(p),
             Some(&spent),
         ));
+    }
+    // Publish to receipt at the minions (the JID's moment to the job's arrival), once every
+    // minion's progress line counted it.
+    let receipts = swarm
+        .wait_receipts(&receipts_before, answered as u64, Duration::from_secs(5))
+        .await;
+    for (fig, p) in [
+        ("test.ping: publish to receipt p50", 50.0),
+        ("test.ping: publish to receipt p99", 99.0),
+    ] {
+        if let Some(us) = saltgate_minion::latency::percentile_us(&receipts, p) {
+            out.push(Sample::new(
+                "swarm",
+                fig,
+                &case,
+                "ms",
+                kind,
+                us / 1e3,
+                Some(&spent),
+            ));
+        }
     }
     if let Some(t) = spent.proxy_ticks {
         out.push(Sample::new(
