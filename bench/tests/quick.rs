@@ -49,6 +49,7 @@ fn quick_run_covers_every_scenario_and_writes_json_markdown_and_chart() {
     for target in ["direct", "haproxy", "saltgate"] {
         for figure in [
             "test.ping: time until every return",
+            "test.ping: publish to receipt p99",
             "masters' CPU per minion auth",
         ] {
             assert!(
@@ -66,6 +67,7 @@ fn quick_run_covers_every_scenario_and_writes_json_markdown_and_chart() {
     for figure in [
         "test.ping: time until every return",
         "masters' CPU per test.ping return",
+        "test.ping: publish to receipt p50",
         "RSS per session",
     ] {
         assert!(
