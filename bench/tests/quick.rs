@@ -49,6 +49,7 @@ fn quick_run_covers_every_scenario_and_writes_json_markdown_and_chart() {
     for target in ["direct", "haproxy", "saltgate"] {
         for figure in [
             "test.ping: time until every return",
+            "test.ping: publish to receipt p99",
             "masters' CPU per minion auth",
         ] {
             assert!(
@@ -62,6 +63,21 @@ fn quick_run_covers_every_scenario_and_writes_json_markdown_and_chart() {
     assert!(rows.iter().any(|r| r["scenario"] == "swarm"
         && r["figure"] == "RSS per session"
         && r["ratio"].is_f64()));
+    // saltgate also served the swarm in cluster fan-out mode (issue 13), every return received.
+    for figure in [
+        "test.ping: time until every return",
+        "masters' CPU per test.ping return",
+        "test.ping: publish to receipt p50",
+        "RSS per session",
+    ] {
+        assert!(
+            samples.iter().any(|s| s["scenario"] == "swarm"
+                && s["figure"] == figure
+                && s["target"] == "saltgate"
+                && s["case"].as_str().is_some_and(|c| c.ends_with("fan-out"))),
+            "swarm via saltgate in fan-out mode: no {figure:?}"
+        );
+    }
 
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(md.starts_with("| scenario | figure |"), "{md}");

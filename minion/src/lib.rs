@@ -18,6 +18,7 @@ pub mod exec;
 pub mod grains;
 pub mod job;
 pub mod keys;
+pub mod latency;
 pub mod link;
 pub mod runner;
 pub mod swarm;

@@ -38,6 +38,8 @@ pub struct Stats {
     pub publishes_received: AtomicU64,
     pub errors: AtomicU64,
     pub auth_pending: AtomicU64,
+    /// How long after its publish (its JID's moment) each job arrived.
+    pub receipt: crate::latency::Histogram,
 }
 
 impl Stats {
@@ -305,6 +307,7 @@ impl Link {
                     self.stats.publishes_received.fetch_add(1, Ordering::Relaxed);
                     // Boxed: the rare re-authentication inside must not size the idle future.
                     if let Some(job) = Box::pin(self.on_publish(&mut est, &frames)).await {
+                        self.count_receipt(&job.jid);
                         self.start_job(job, &mut jobs, &mut running);
                     }
                 }
@@ -437,6 +440,16 @@ impl Link {
                     let outcome = exec::execute(&job, &ctx).await;
                     (job, outcome)
                 });
+            }
+        }
+    }
+
+    /// Counts how long after its publish a job arrived (a JID in the future, or none, is not
+    /// counted: another machine's clock).
+    fn count_receipt(&self, jid: &str) {
+        if let Some(at) = saltgate_wire::jid::jid_time(jid) {
+            if let Ok(d) = std::time::SystemTime::now().duration_since(at) {
+                self.stats.receipt.record(d);
             }
         }
     }

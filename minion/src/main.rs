@@ -257,6 +257,8 @@ async fn multi_process(
                 .sum();
             total[key] = serde_json::json!(s);
         }
+        total["receipt_buckets"] =
+            serde_json::json!(saltgate_minion::latency::sum_lines(latest.iter().flatten()));
         let rss = total["rss_kib"].as_i64().unwrap_or(0);
         total["rss_bytes_per_minion"] = serde_json::json!(rss * 1024 / opts.count as i64);
         total["processes"] = serde_json::json!(k);

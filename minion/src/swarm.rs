@@ -146,6 +146,7 @@ pub fn snapshot(stats: &Stats, count: usize, started: Instant) -> serde_json::Va
         "publishes_received": stats.publishes_received.load(Ordering::Relaxed),
         "errors": stats.errors.load(Ordering::Relaxed),
         "auth_pending": stats.auth_pending.load(Ordering::Relaxed),
+        "receipt_buckets": stats.receipt.nonzero(),
         "rss_kib": rss,
         "rss_bytes_per_minion": if count > 0 { rss * 1024 / count as u64 } else { 0 },
     })

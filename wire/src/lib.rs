@@ -11,6 +11,7 @@
 //!   bin-typed bytes alike.
 //! * [`sniff`] — the minion id of a request connection, read passively from the client's first
 //!   bytes (`_auth`, or the envelope of an `aes` request), bounded and never panicking.
+//! * [`jid`] — Salt's job ids: the moment a job was published, and back.
 //! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
 //! * [`rsa`] and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
 //!   signatures and X9.31 private-encrypt/public-decrypt.
@@ -21,6 +22,7 @@
 pub mod accept;
 pub mod crypticle;
 pub mod envelope;
+pub mod jid;
 pub mod pem;
 pub mod probe;
 pub mod rsa;

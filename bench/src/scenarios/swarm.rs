@@ -103,12 +103,31 @@ impl Window {
     }
 }
 
+/// How saltgate's publish listener serves the swarm: an L4 tunnel per minion to one master, or
+/// the cluster fan-out (one upstream per master, every minion a session of saltgate's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishMode {
+    L4,
+    Fanout,
+}
+
+impl PublishMode {
+    /// The case label the figures carry: "1k minions" (L4) or "1k minions, fan-out".
+    fn case(self, n: usize) -> String {
+        match self {
+            PublishMode::L4 => format!("{} minions", count_label(n)),
+            PublishMode::Fanout => format!("{} minions, fan-out", count_label(n)),
+        }
+    }
+}
+
 /// The proxies in front of the cluster (none for direct), ready for Salt traffic.
 async fn start_proxies(
     ctx: &Ctx,
     kind: TargetKind,
     cluster: &Cluster,
     n: usize,
+    mode: PublishMode,
 ) -> Result<Vec<Target>, BenchError> {
     if kind == TargetKind::Direct {
         return Ok(Vec::new());
@@ -127,9 +146,12 @@ async fn start_proxies(
     let backends = cluster.as_backends();
     let text = match kind {
         TargetKind::Haproxy => haproxy_cfg(&settings, publish, request, &backends),
-        _ => with_reuse_port(
-            &saltgate_yaml(&settings, publish, request, &backends),
-            gates > 1,
+        _ => with_publish_mode(
+            &with_reuse_port(
+                &saltgate_yaml(&settings, publish, request, &backends),
+                gates > 1,
+            ),
+            mode,
         ),
     };
     let mut out = Vec::new();
@@ -173,6 +195,15 @@ pub fn with_reuse_port(yaml: &str, on: bool) -> String {
     )
 }
 
+/// saltgate's generated YAML with the publish listener in `mode` (the request listener stays
+/// L4: fan-out is a publish-side mode).
+pub fn with_publish_mode(yaml: &str, mode: PublishMode) -> String {
+    match mode {
+        PublishMode::L4 => yaml.to_string(),
+        PublishMode::Fanout => yaml.replacen("  publish:\n", "  publish:\n    mode: fanout\n", 1),
+    }
+}
+
 fn free_port(ip: std::net::IpAddr) -> Result<u16, BenchError> {
     std::net::TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
@@ -184,7 +215,17 @@ pub async fn run(ctx: &Ctx, kind: TargetKind) -> Result<Vec<Sample>, BenchError>
     let size = ctx.swarm;
     let n = size.minions.max(1);
     let cluster = Cluster::start(&ctx.bins.master, &ctx.net.masters(3)).await?;
-    let r = measure(ctx, kind, &cluster, n, size).await;
+    let mut r = measure(ctx, kind, &cluster, n, size, PublishMode::L4).await;
+    // saltgate also serves the same swarm in cluster fan-out mode (issue 13): the masters'
+    // publishers then serve three upstreams instead of every minion.
+    if kind == TargetKind::Saltgate {
+        if let Ok(out) = &mut r {
+            match measure(ctx, kind, &cluster, n, size, PublishMode::Fanout).await {
+                Ok(more) => out.extend(more),
+                Err(e) => r = Err(BenchError::Scenario(format!("fan-out: {e}"))),
+            }
+        }
+    }
     let r = r.map_err(|e| BenchError::Scenario(format!("{e}; masters: {}", cluster.stderr_tail())));
     cluster.stop().await;
     r
@@ -196,10 +237,11 @@ async fn measure(
     cluster: &Cluster,
     n: usize,
     size: SwarmSize,
+    mode: PublishMode,
 ) -> Result<Vec<Sample>, BenchError> {
-    let case = format!("{} minions", count_label(n));
+    let case = mode.case(n);
     let settle = Duration::from_millis(if ctx.quick { 200 } else { 1000 });
-    let mut proxies = start_proxies(ctx, kind, cluster, n).await?;
+    let mut proxies = start_proxies(ctx, kind, cluster, n, mode).await?;
     let proxy_pids: Vec<u32> = proxies.iter().filter_map(Target::pid).collect();
     let parts = match proxies.first() {
         Some(t) => vec![Part {
@@ -316,6 +358,7 @@ async fn measure(
     ));
 
     // test.ping to all, published on member 1.
+    let receipts_before = swarm.receipts();
     let swarm_before = proctree::sample(&swarm.pids())?.ticks;
     let w = Window::start(&proxy_pids, &cluster.pids())?;
     let timeout = if ctx.quick { 30 } else { 60 + n as u64 / 100 };
@@ -368,6 +411,27 @@ async fn measure(
             Some(&spent),
         ));
     }
+    // Publish to receipt at the minions (the JID's moment to the job's arrival), once every
+    // minion's progress line counted it.
+    let receipts = swarm
+        .wait_receipts(&receipts_before, answered as u64, Duration::from_secs(5))
+        .await;
+    for (fig, p) in [
+        ("test.ping: publish to receipt p50", 50.0),
+        ("test.ping: publish to receipt p99", 99.0),
+    ] {
+        if let Some(us) = saltgate_minion::latency::percentile_us(&receipts, p) {
+            out.push(Sample::new(
+                "swarm",
+                fig,
+                &case,
+                "ms",
+                kind,
+                us / 1e3,
+                Some(&spent),
+            ));
+        }
+    }
     if let Some(t) = spent.proxy_ticks {
         out.push(Sample::new(
             "swarm",
@@ -390,7 +454,7 @@ async fn measure(
     ));
     let t = swarm.totals();
     eprintln!(
-        "saltgate-bench: swarm via {}: {n} up in {up_secs:.2} s, {answered} returns, last at {last:.0} ms; swarm errors {}, proxies {:?}",
+        "saltgate-bench: swarm via {} ({mode:?}): {n} up in {up_secs:.2} s, {answered} returns, last at {last:.0} ms; swarm errors {}, proxies {:?}",
         kind.label(),
         t.errors,
         proxy_pids
@@ -427,5 +491,38 @@ mod tests {
         let loaded = saltgate_config::parse(&y, None, saltgate_config::Format::Yaml)
             .unwrap_or_else(|e| panic!("{e}\n{y}"));
         assert!(format!("{:?}", loaded.config).contains("reuse_port: true"));
+    }
+
+    #[test]
+    fn fanout_mode_is_set_on_the_publish_listener_only_and_the_config_still_parses() {
+        let m = vec![MasterAddrs {
+            echo: "127.19.0.2:4505".parse().unwrap(),
+            stream: "127.19.0.2:4506".parse().unwrap(),
+        }];
+        let base = saltgate_yaml(
+            &ProxySettings::default(),
+            "127.19.0.11:5000".parse().unwrap(),
+            "127.19.0.11:5001".parse().unwrap(),
+            &m,
+        );
+        assert_eq!(with_publish_mode(&base, PublishMode::L4), base);
+        let y = with_publish_mode(&with_reuse_port(&base, true), PublishMode::Fanout);
+        let loaded = saltgate_config::parse(&y, None, saltgate_config::Format::Yaml)
+            .unwrap_or_else(|e| panic!("{e}\n{y}"));
+        let modes: Vec<(String, saltgate_config::ListenerMode)> = loaded
+            .config
+            .listeners()
+            .iter()
+            .map(|l| (l.role.to_string(), l.mode))
+            .collect();
+        assert_eq!(
+            modes,
+            vec![
+                ("publish".to_string(), saltgate_config::ListenerMode::Fanout),
+                ("request".to_string(), saltgate_config::ListenerMode::L4)
+            ],
+            "{y}"
+        );
+        assert_eq!(PublishMode::Fanout.case(1000), "1k minions, fan-out");
     }
 }

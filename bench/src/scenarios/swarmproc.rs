@@ -88,6 +88,8 @@ pub fn fresh_pki(
 pub struct Swarm {
     children: Vec<Child>,
     latest: Arc<Mutex<Vec<Totals>>>,
+    /// Each invocation's latest receipt-latency counts (saltgate_minion::latency buckets).
+    receipts: Arc<Mutex<Vec<Vec<u64>>>>,
     pub started: Instant,
     pub count: usize,
 }
@@ -102,6 +104,7 @@ impl Swarm {
         parts: &[Part],
     ) -> Result<Swarm, BenchError> {
         let latest = Arc::new(Mutex::new(vec![Totals::default(); parts.len()]));
+        let receipts = Arc::new(Mutex::new(vec![Vec::new(); parts.len()]));
         let mut children = Vec::new();
         let total: usize = parts.iter().map(|p| p.count).sum();
         let started = Instant::now();
@@ -135,12 +138,16 @@ impl Swarm {
                 .take()
                 .ok_or_else(|| BenchError::Io("swarm stdout".into()))?;
             let latest = latest.clone();
+            let receipts = receipts.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(out).lines();
                 while let Ok(Some(l)) = lines.next_line().await {
                     if let Ok(v) = serde_json::from_str::<serde_json::Value>(&l) {
                         if let Ok(mut g) = latest.lock() {
                             g[i] = Totals::from_line(&v);
+                        }
+                        if let Ok(mut g) = receipts.lock() {
+                            g[i] = saltgate_minion::latency::from_line(&v);
                         }
                     }
                 }
@@ -150,6 +157,7 @@ impl Swarm {
         Ok(Swarm {
             children,
             latest,
+            receipts,
             started,
             count: total,
         })
@@ -167,6 +175,37 @@ impl Swarm {
             jobs_answered: a.jobs_answered + t.jobs_answered,
             errors: a.errors + t.errors,
         })
+    }
+
+    /// Receipt-latency counts per bucket, summed over the invocations (how long after its
+    /// publish each job reached a minion; see saltgate_minion::latency).
+    pub fn receipts(&self) -> Vec<u64> {
+        let g = self.receipts.lock().map(|g| g.clone()).unwrap_or_default();
+        let mut total = vec![0u64; saltgate_minion::latency::BUCKETS];
+        for r in g {
+            for (t, c) in total.iter_mut().zip(r) {
+                *t += c;
+            }
+        }
+        total
+    }
+
+    /// The receipt counts gained since `before`, once they add up to `want` or `limit` passed
+    /// (progress lines come every 100 ms, so the last receipts may not be printed yet).
+    pub async fn wait_receipts(&self, before: &[u64], want: u64, limit: Duration) -> Vec<u64> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let now = self.receipts();
+            let gained: Vec<u64> = now
+                .iter()
+                .zip(before.iter().chain(std::iter::repeat(&0)))
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
+            if gained.iter().sum::<u64>() >= want || Instant::now() > deadline {
+                return gained;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Waits until `done(totals)`, polling every 20 ms; the instant it was first seen. Fails
