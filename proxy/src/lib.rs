@@ -20,6 +20,7 @@ pub mod dataplane;
 pub mod error;
 pub mod events;
 pub mod failback;
+mod flow;
 pub mod health;
 pub mod listener;
 pub mod master;

@@ -246,7 +246,9 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
     let live = Live(lm.live.clone());
     live.0.inc();
 
-    let (listener, user_timeout, picked) = place(&ctx, role, peer, lm).await;
+    // Boxed: its state (selection, connect, queue wait) is needed only until connected, and an
+    // idle session's task should not keep room for it.
+    let (listener, user_timeout, picked) = Box::pin(place(&ctx, role, peer, lm)).await;
     let mut c = match picked {
         Ok(p) => p,
         Err((reason, connect_ms, attempts)) => {
@@ -256,13 +258,15 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
                 }
             }
             lm.refused(reason).inc();
-            access_log(
-                &ctx,
-                &listener,
-                peer,
-                started,
-                Outcome::refused(reason, connect_ms, attempts),
-            );
+            if listener.access_log {
+                access_log(
+                    &ctx,
+                    role,
+                    peer,
+                    started,
+                    Outcome::refused(reason, connect_ms, attempts),
+                );
+            }
             return;
         }
     };
@@ -280,19 +284,16 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         }
         _ => {}
     }
-    let limits = IdleLimits {
-        client: listener.timeout_client,
-        server: listener.timeout_server,
-        client_fin: listener.timeout_client_fin,
-        server_fin: listener.timeout_server_fin,
-    };
+    let limits = IdleLimits::of(&listener);
     let presence = ctx
         .presence
         .attach(role, ctl.id, peer, c.master.name().as_str());
     let (attempts, connect_ms) = (c.attempts, c.connect_ms);
+    let log = listener.access_log;
     let (reason, lease, master, handles, bytes, moves) =
         if role == Role::Request && listener.on_master_down == OnMasterDown::Migrate {
-            let e = crate::replay::serve(
+            // Boxed, as `place`: a plain session's task should not keep room for it.
+            let e = Box::pin(crate::replay::serve(
                 &ctx,
                 &listener,
                 user_timeout,
@@ -302,7 +303,7 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
                 ctl,
                 presence.tap,
                 limits,
-            )
+            ))
             .await;
             let Connected {
                 lease,
@@ -313,6 +314,9 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
             let moves = (e.migrations, e.skip.map(|s| s.as_str()));
             (e.reason, lease, master, handles, e.bytes, moves)
         } else {
+            // Not kept while the session lives (days, for a publish session): what is needed
+            // of it was taken above.
+            drop(listener);
             let Connected {
                 stream,
                 lease,
@@ -321,9 +325,9 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
                 ..
             } = c;
             let reason = pump::pump(
-                client,
-                stream,
-                limits,
+                &client,
+                &stream,
+                &limits,
                 &ctl,
                 &ctx.pool,
                 &lm.bytes,
@@ -343,40 +347,34 @@ pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, p
         };
     drop(lease);
     handles.closed(role, reason).inc();
-    access_log(
-        &ctx,
-        &listener,
-        peer,
-        started,
-        Outcome {
-            master: Some(&master),
-            reason,
-            bytes_in: bytes.0,
-            bytes_out: bytes.1,
-            connect_ms,
-            attempts,
-            migrations: moves.0,
-            migrate_skip: moves.1,
-        },
-    );
+    if log {
+        access_log(
+            &ctx,
+            role,
+            peer,
+            started,
+            Outcome {
+                master: Some(&master),
+                reason,
+                bytes_in: bytes.0,
+                bytes_out: bytes.1,
+                connect_ms,
+                attempts,
+                migrations: moves.0,
+                migrate_skip: moves.1,
+            },
+        );
+    }
 }
 
-/// One [`AccessRecord`] per closed session, to the data plane's access sink.
-fn access_log(
-    ctx: &DataPlane,
-    l: &ListenerConfig,
-    client: SocketAddr,
-    started: Instant,
-    o: Outcome<'_>,
-) {
-    if !l.access_log {
-        return;
-    }
+/// One [`AccessRecord`] per closed session, to the data plane's access sink (only called for a
+/// listener with `access_log: true`).
+fn access_log(ctx: &DataPlane, role: Role, client: SocketAddr, started: Instant, o: Outcome<'_>) {
     ctx.access.record(AccessRecord {
         client,
-        listener: l.role,
+        listener: role,
         master: o.master.map(|m| m.name()),
-        master_addr: o.master.map(|m| m.addr(l.role)),
+        master_addr: o.master.map(|m| m.addr(role)),
         duration_ms: started.elapsed().as_millis() as u64,
         connect_ms: o.connect_ms,
         attempts: o.attempts,
@@ -386,4 +384,29 @@ fn access_log(
         migrations: o.migrations,
         migrate_skip: o.migrate_skip,
     });
+}
+
+#[cfg(test)]
+mod size_probe {
+    use super::*;
+    fn ret_size<A, R>(_f: impl Fn(A) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+    #[test]
+    fn print_sizes() {
+        type H = (Arc<DataPlane>, Role, TcpStream, SocketAddr);
+        eprintln!("handle {}", ret_size(|a: H| handle(a.0, a.1, a.2, a.3)));
+        eprintln!(
+            "pump {}",
+            ret_size(|a: (&TcpStream, &TcpStream, &IdleLimits, &crate::registry::SessionCtl, &crate::pump::BufPool, &[prometheus::IntCounter; 2])| pump::pump(a.0, a.1, a.2, a.3, a.4, a.5, None))
+        );
+        eprintln!("place {}", ret_size(|a: (&DataPlane, Role, SocketAddr, &ListenerHandles)| place(a.0, a.1, a.2, a.3)));
+        eprintln!("ctl {}", std::mem::size_of::<crate::registry::SessionCtl>());
+        eprintln!("listenercfg {}", std::mem::size_of::<ListenerConfig>());
+        eprintln!("tcpstream {}", std::mem::size_of::<TcpStream>());
+        eprintln!("sleep {}", std::mem::size_of::<tokio::time::Sleep>());
+        eprintln!("cancelled {}", ret_size(|t: &tokio_util::sync::CancellationToken| t.cancelled()));
+        eprintln!("half {}", std::mem::size_of::<crate::flow::Half<'static>>());
+        eprintln!("limits {}", std::mem::size_of::<IdleLimits>());
+    }
 }
