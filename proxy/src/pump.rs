@@ -253,10 +253,22 @@ pub async fn pump(
             }
             let (src, dst, eof, src_reset, dst_reset) = if i == 0 {
                 let c = CloseReason::ClientReset;
-                (client, master, CloseReason::ClientEof, c, CloseReason::MasterReset)
+                (
+                    client,
+                    master,
+                    CloseReason::ClientEof,
+                    c,
+                    CloseReason::MasterReset,
+                )
             } else {
                 let m = CloseReason::MasterReset;
-                (master, client, CloseReason::MasterEof, m, CloseReason::ClientReset)
+                (
+                    master,
+                    client,
+                    CloseReason::MasterEof,
+                    m,
+                    CloseReason::ClientReset,
+                )
             };
             let Poll::Ready(end) = h.poll_move(cx, src, dst, pool, &mut moved) else {
                 continue;
