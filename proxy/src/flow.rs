@@ -17,6 +17,7 @@ use std::sync::atomic::AtomicU64;
 use tokio::net::TcpStream;
 
 use crate::pump::{read_some, BufPool, PooledBuf, Tally, Tap};
+use crate::splice::{self, Pipe};
 
 /// How one direction ended.
 #[derive(Debug)]
@@ -41,6 +42,11 @@ pub(crate) struct Half<'a> {
     tally: Tally<'a>,
     pending: Option<Pending<'a>>,
     tap: Option<Box<dyn Tap>>,
+    /// Bulk data flows: splice (see [`crate::splice`]) rather than copy.
+    bulk: bool,
+    /// While splicing: the pipe, and how many bytes are in it.
+    pipe: Option<Pipe>,
+    in_pipe: usize,
     /// The direction has ended (its [`DirEnd`] was returned).
     pub done: bool,
 }
@@ -55,6 +61,9 @@ impl<'a> Half<'a> {
             tally: Tally::new(count, metric),
             pending: None,
             tap,
+            bulk: false,
+            pipe: None,
+            in_pipe: 0,
             done: false,
         }
     }
@@ -64,7 +73,8 @@ impl<'a> Half<'a> {
     ///
     /// A read's buffer comes from `pool` once `src` is readable and goes back once its bytes are
     /// written; it is reused for the next read within the same call, so a burst costs one pool
-    /// round trip.
+    /// round trip. Bulk data is spliced instead (no buffer); the pipe goes back to the pool once
+    /// empty and `src` has nothing more.
     pub(crate) fn poll_move(
         &mut self,
         cx: &mut Context<'_>,
@@ -97,23 +107,72 @@ impl<'a> Half<'a> {
                         self.tap = None;
                     }
                 }
+                // A full buffer: a stream, not a message. Splice from now on, unless tapped.
+                self.bulk = len == buf.len() && self.tap.is_none();
                 spare = Some(buf);
             }
-            if let Err(e) = ready!(src.poll_read_ready(cx)) {
-                return Poll::Ready(DirEnd::ReadErr(e));
+            if self.in_pipe > 0 {
+                if let Err(e) = ready!(dst.poll_write_ready(cx)) {
+                    return Poll::Ready(DirEnd::WriteErr(e));
+                }
+                let pipe = self.pipe.as_ref().expect("bytes in the pipe");
+                match splice::drain(pipe, dst, self.in_pipe) {
+                    Ok(n) => {
+                        self.in_pipe -= n;
+                        self.tally.add(n as u64);
+                        *moved = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Poll::Ready(DirEnd::WriteErr(e)),
+                }
+                continue;
             }
-            let mut buf = spare.take().unwrap_or_else(|| pool.get());
-            match read_some(src, &mut buf) {
+            match src.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(DirEnd::ReadErr(e)),
+                Poll::Pending => {
+                    // Nothing to read: an idle direction holds no pipe.
+                    if let Some(p) = self.pipe.take() {
+                        pool.pipes.put(p);
+                    }
+                    return Poll::Pending;
+                }
+            }
+            if self.bulk && self.pipe.is_none() {
+                self.pipe = pool.pipes.get();
+                self.bulk = self.pipe.is_some();
+            }
+            let got = match self.pipe.as_ref().filter(|_| self.bulk) {
+                Some(pipe) => splice::fill(src, pipe),
+                None => {
+                    let mut buf = spare.take().unwrap_or_else(|| pool.get());
+                    let got = read_some(src, &mut buf);
+                    if matches!(got, Ok(n) if n > 0) {
+                        let len = *got.as_ref().expect("matched Ok");
+                        self.pending = Some(Pending { buf, at: 0, len });
+                    } else {
+                        spare = Some(buf);
+                    }
+                    got
+                }
+            };
+            match got {
                 Ok(0) => {
                     // Pass the FIN on. A failure here means the peer is gone; the other
                     // direction will see it.
                     let _ = socket2::SockRef::from(dst).shutdown(std::net::Shutdown::Write);
                     return Poll::Ready(DirEnd::Eof);
                 }
-                Ok(n) => {
-                    self.pending = Some(Pending { buf, at: 0, len: n });
+                Ok(n) if self.pending.is_none() => {
+                    self.in_pipe = n;
+                    if n < splice::SMALL {
+                        // Messages, not a stream: copy the next ones (the pipe is given back
+                        // once drained and idle).
+                        self.bulk = false;
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => spare = Some(buf),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(DirEnd::ReadErr(e)),
             }
         }

@@ -38,6 +38,7 @@ pub mod selection;
 pub mod serve;
 mod session;
 pub mod snapshot;
+mod splice;
 pub mod status_page;
 pub mod upstream;
 

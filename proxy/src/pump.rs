@@ -35,13 +35,19 @@ pub const BUF_SIZE: usize = 16 * 1024;
 pub struct BufPool {
     free: ArrayQueue<Box<[u8]>>,
     in_use: AtomicU64,
+    /// Pipes for splicing bulk data (see [`crate::splice`]).
+    pub(crate) pipes: crate::splice::Pipes,
 }
+
+/// Empty pipes kept for reuse: enough for this many directions splicing at once.
+pub const PIPES_FREE: usize = 256;
 
 impl BufPool {
     pub fn new(max_free: usize) -> Self {
         Self {
             free: ArrayQueue::new(max_free.max(1)),
             in_use: AtomicU64::new(0),
+            pipes: crate::splice::Pipes::new(PIPES_FREE),
         }
     }
     /// A buffer, returned to the pool when dropped.
