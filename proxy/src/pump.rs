@@ -12,6 +12,10 @@
 //! - A short read (fewer bytes than the buffer holds) means the socket was drained: its readiness
 //!   is cleared there, as HAProxy does, instead of reading once more to get `EAGAIN` (see
 //!   [`read_some`]). That saves one `recvfrom` per forwarded message.
+//! - Bulk data is spliced on Linux (`splice(2)` through pooled pipes, see `crate::splice`), once a
+//!   read fills a whole buffer and no tap needs the bytes.
+//! - Both directions, the idle timer and the close token are one small future (see
+//!   `crate::flow`): an idle session's task is what it costs in memory.
 
 use std::future::Future;
 use std::io;
