@@ -90,6 +90,7 @@ impl<'a> Half<'a> {
                     return Poll::Ready(DirEnd::WriteErr(e));
                 }
                 match dst.try_write(&p.buf[p.at..p.len]) {
+                    Ok(0) => return Poll::Ready(DirEnd::WriteErr(io::ErrorKind::WriteZero.into())),
                     Ok(n) => {
                         p.at += n;
                         *moved = true;
@@ -117,6 +118,7 @@ impl<'a> Half<'a> {
                 }
                 let pipe = self.pipe.as_ref().expect("bytes in the pipe");
                 match splice::drain(pipe, dst, self.in_pipe) {
+                    Ok(0) => return Poll::Ready(DirEnd::WriteErr(io::ErrorKind::WriteZero.into())),
                     Ok(n) => {
                         self.in_pipe -= n;
                         self.tally.add(n as u64);

@@ -8,7 +8,8 @@
 //!   than [`SMALL`] bytes (messages, not a stream).
 //! - Pipes are pooled ([`Pipes`]) and held only while bytes are in them or flowing: a direction
 //!   whose source has nothing to read gives its (empty) pipe back, so idle sessions hold none.
-//! - Elsewhere than Linux there is no pipe: [`Pipes::get`] returns `None` and the copy path runs.
+//! - Linux only, as the rest of the proxy (`TCP_USER_TIMEOUT`). Without a pipe (out of
+//!   descriptors) [`Pipes::get`] returns `None` and the copy path runs.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -58,12 +59,9 @@ impl Pipes {
         }
     }
 
-    /// An empty pipe: from the pool, else a new one. `None` where splicing is not available or
-    /// no pipe can be made (out of descriptors): the caller copies instead.
+    /// An empty pipe: from the pool, else a new one. `None` when no pipe can be made (out of
+    /// descriptors): the caller copies instead.
     pub fn get(&self) -> Option<Pipe> {
-        if !cfg!(target_os = "linux") {
-            return None;
-        }
         self.free.pop().or_else(|| match Pipe::new() {
             Ok(p) => Some(p),
             Err(e) => {
