@@ -20,6 +20,7 @@ pub mod dataplane;
 pub mod error;
 pub mod events;
 pub mod failback;
+mod flow;
 pub mod health;
 pub mod listener;
 pub mod master;
@@ -37,6 +38,7 @@ pub mod selection;
 pub mod serve;
 mod session;
 pub mod snapshot;
+mod splice;
 pub mod status_page;
 pub mod upstream;
 

@@ -12,19 +12,24 @@
 //! - A short read (fewer bytes than the buffer holds) means the socket was drained: its readiness
 //!   is cleared there, as HAProxy does, instead of reading once more to get `EAGAIN` (see
 //!   [`read_some`]). That saves one `recvfrom` per forwarded message.
+//! - Bulk data is spliced on Linux (`splice(2)` through pooled pipes, see `crate::splice`), once a
+//!   read fills a whole buffer and no tap needs the bytes.
+//! - Both directions, the idle timer and the close token are one small future (see
+//!   `crate::flow`): an idle session's task is what it costs in memory.
 
+use std::future::Future;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 use prometheus::IntCounter;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::close::CloseReason;
+use crate::flow::{DirEnd, Half};
 use crate::registry::SessionCtl;
 
 /// Size of one pump buffer. Salt publishes are usually under 1 KiB; returns can be large.
@@ -34,13 +39,19 @@ pub const BUF_SIZE: usize = 16 * 1024;
 pub struct BufPool {
     free: ArrayQueue<Box<[u8]>>,
     in_use: AtomicU64,
+    /// Pipes for splicing bulk data (see [`crate::splice`]).
+    pub(crate) pipes: crate::splice::Pipes,
 }
+
+/// Empty pipes kept for reuse: enough for this many directions splicing at once.
+pub const PIPES_FREE: usize = 256;
 
 impl BufPool {
     pub fn new(max_free: usize) -> Self {
         Self {
             free: ArrayQueue::new(max_free.max(1)),
             in_use: AtomicU64::new(0),
+            pipes: crate::splice::Pipes::new(PIPES_FREE),
         }
     }
     /// A buffer, returned to the pool when dropped.
@@ -103,6 +114,16 @@ pub struct IdleLimits {
 }
 
 impl IdleLimits {
+    /// A listener's limits.
+    pub fn of(l: &saltgate_config::ListenerConfig) -> Self {
+        Self {
+            client: l.timeout_client,
+            server: l.timeout_server,
+            client_fin: l.timeout_client_fin,
+            server_fin: l.timeout_server_fin,
+        }
+    }
+
     /// The idle limit that applies given which sides have half-closed. `None`: no limit.
     pub fn limit(&self, client_closed: bool, server_closed: bool) -> Option<Duration> {
         let base = match (self.client, self.server) {
@@ -129,33 +150,6 @@ impl IdleLimits {
 pub trait Tap: Send {
     /// Looks at `bytes`; returns false when it wants no more (it is then dropped).
     fn observe(&mut self, bytes: &[u8]) -> bool;
-}
-
-/// How one direction ended.
-#[derive(Debug)]
-enum DirEnd {
-    /// The reading side sent FIN; it was passed on.
-    Eof,
-    /// Reading failed.
-    ReadErr(io::Error),
-    /// Writing failed.
-    WriteErr(io::Error),
-}
-
-/// Milliseconds since `base` of the last byte moved, shared by both directions.
-struct Activity {
-    base: Instant,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let ms = self.base.elapsed().as_millis() as u64;
-        self.last_ms.fetch_max(ms, Ordering::Relaxed);
-    }
-    fn last(&self) -> Instant {
-        self.base + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
-    }
 }
 
 /// How often a busy session publishes its byte counts (to its [`SessionCtl`] and the listener's
@@ -230,104 +224,106 @@ pub(crate) fn read_some(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize>
     }
 }
 
-async fn copy_half(
-    r: OwnedReadHalf,
-    mut w: OwnedWriteHalf,
-    count: &AtomicU64,
-    metric: &IntCounter,
-    act: &Activity,
-    pool: &BufPool,
-    mut tap: Option<Box<dyn Tap>>,
-) -> DirEnd {
-    let mut tally = Tally::new(count, metric);
-    loop {
-        if let Err(e) = r.readable().await {
-            return DirEnd::ReadErr(e);
-        }
-        let mut buf = pool.get();
-        match read_some(r.as_ref(), &mut buf) {
-            Ok(0) => {
-                drop(buf);
-                // Pass the FIN on. A failure here means the peer is gone; the other direction
-                // will see it.
-                let _ = w.shutdown().await;
-                return DirEnd::Eof;
-            }
-            Ok(n) => {
-                act.touch();
-                if let Err(e) = w.write_all(&buf[..n]).await {
-                    return DirEnd::WriteErr(e);
-                }
-                tally.add(n as u64);
-                act.touch();
-                if let Some(t) = tap.as_mut() {
-                    if !t.observe(&buf[..n]) {
-                        tap = None;
-                    }
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return DirEnd::ReadErr(e),
-        }
-    }
-}
-
 /// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
 /// counters, client → master and master → client; they and the session's own counts are updated
 /// every [`FLUSH_EVERY`] and at the end, not per read. `up_tap` sees the client → master bytes
 /// once forwarded.
+///
+/// One small future drives both directions ([`crate::flow::Half`]), the idle timer and the close
+/// token. The timer is armed lazily, as HAProxy's: moving bytes only records the time; when the
+/// timer fires it is pushed to the last activity plus the limit, and only a session idle for the
+/// whole limit is closed. So a busy session costs no timer operation per message.
 pub async fn pump(
-    client: TcpStream,
-    master: TcpStream,
-    limits: IdleLimits,
+    client: &TcpStream,
+    master: &TcpStream,
+    limits: &IdleLimits,
     ctl: &SessionCtl,
     pool: &BufPool,
     bytes: &[IntCounter; 2],
     up_tap: Option<Box<dyn Tap>>,
 ) -> CloseReason {
-    let act = Activity {
-        base: Instant::now(),
-        last_ms: AtomicU64::new(0),
-    };
-    let (cr, cw) = client.into_split();
-    let (mr, mw) = master.into_split();
-    let up = copy_half(cr, mw, &ctl.bytes_in, &bytes[0], &act, pool, up_tap);
-    let down = copy_half(mr, cw, &ctl.bytes_out, &bytes[1], &act, pool, None);
-    tokio::pin!(up, down);
-    let (mut up_done, mut down_done) = (false, false);
+    let mut halves = [
+        Half::new(&ctl.bytes_in, &bytes[0], up_tap),
+        Half::new(&ctl.bytes_out, &bytes[1], None),
+    ];
+    let mut last = Instant::now();
+    let mut armed: Option<Instant> = None;
     let mut first_eof: Option<CloseReason> = None;
-    loop {
-        let deadline = limits.limit(up_done, down_done).map(|l| act.last() + l);
-        tokio::select! {
-            end = &mut up, if !up_done => {
-                up_done = true;
-                match end {
-                    DirEnd::Eof => { first_eof.get_or_insert(CloseReason::ClientEof); }
-                    DirEnd::ReadErr(e) => { tracing::debug!(error = %e, "client read failed"); return CloseReason::ClientReset; }
-                    DirEnd::WriteErr(e) => { tracing::debug!(error = %e, "master write failed"); return CloseReason::MasterReset; }
-                }
+    let timer = tokio::time::sleep_until(last);
+    let cancel = ctl.cancel.cancelled();
+    tokio::pin!(timer, cancel);
+    std::future::poll_fn(|cx| {
+        if cancel.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(ctl.close_reason().unwrap_or(CloseReason::Shutdown));
+        }
+        let mut moved = false;
+        for (i, h) in halves.iter_mut().enumerate() {
+            if h.done {
+                continue;
             }
-            end = &mut down, if !down_done => {
-                down_done = true;
-                match end {
-                    DirEnd::Eof => { first_eof.get_or_insert(CloseReason::MasterEof); }
-                    DirEnd::ReadErr(e) => { tracing::debug!(error = %e, "master read failed"); return CloseReason::MasterReset; }
-                    DirEnd::WriteErr(e) => { tracing::debug!(error = %e, "client write failed"); return CloseReason::ClientReset; }
+            let (src, dst, eof, src_reset, dst_reset) = if i == 0 {
+                let c = CloseReason::ClientReset;
+                (
+                    client,
+                    master,
+                    CloseReason::ClientEof,
+                    c,
+                    CloseReason::MasterReset,
+                )
+            } else {
+                let m = CloseReason::MasterReset;
+                (
+                    master,
+                    client,
+                    CloseReason::MasterEof,
+                    m,
+                    CloseReason::ClientReset,
+                )
+            };
+            let Poll::Ready(end) = h.poll_move(cx, src, dst, pool, &mut moved) else {
+                continue;
+            };
+            h.done = true;
+            match end {
+                DirEnd::Eof => {
+                    first_eof.get_or_insert(eof);
                 }
-            }
-            _ = sleep_until_opt(deadline) => {
-                if limits.expired(Instant::now() - act.last(), up_done, down_done) {
-                    return CloseReason::IdleTimeout;
+                DirEnd::ReadErr(e) => {
+                    tracing::debug!(error = %e, direction = i, "read failed");
+                    return Poll::Ready(src_reset);
                 }
-            }
-            _ = ctl.cancel.cancelled() => {
-                return ctl.close_reason().unwrap_or(CloseReason::Shutdown);
+                DirEnd::WriteErr(e) => {
+                    tracing::debug!(error = %e, direction = i, "write failed");
+                    return Poll::Ready(dst_reset);
+                }
             }
         }
+        let (up_done, down_done) = (halves[0].done, halves[1].done);
         if up_done && down_done {
-            return first_eof.unwrap_or(CloseReason::ClientEof);
+            return Poll::Ready(first_eof.unwrap_or(CloseReason::ClientEof));
         }
-    }
+        if moved {
+            last = Instant::now();
+        }
+        let Some(limit) = limits.limit(up_done, down_done) else {
+            return Poll::Pending;
+        };
+        // Armed at most once per limit's worth of activity; re-armed earlier only when the limit
+        // shrank (a half-close with a shorter `*_fin` timeout).
+        if armed.is_none_or(|a| last + limit < a) {
+            armed = Some(last + limit);
+            timer.as_mut().reset(last + limit);
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= last + limit {
+                return Poll::Ready(CloseReason::IdleTimeout);
+            }
+            armed = Some(last + limit);
+            timer.as_mut().reset(last + limit);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -389,12 +385,7 @@ mod tests {
         let c = saltgate_config::haproxy::parse_haproxy(text, None)
             .unwrap()
             .config;
-        let limits = |l: &saltgate_config::ListenerConfig| IdleLimits {
-            client: l.timeout_client,
-            server: l.timeout_server,
-            client_fin: l.timeout_client_fin,
-            server_fin: l.timeout_server_fin,
-        };
+        let limits = IdleLimits::of;
         assert!(!limits(&c.publish).expired(Duration::from_secs(3600), false, false));
         assert!(limits(&c.publish).expired(Duration::from_secs(86_400), false, false));
         assert!(!limits(&c.request).expired(Duration::from_secs(59), false, false));
