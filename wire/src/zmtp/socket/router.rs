@@ -173,7 +173,7 @@ impl Router {
     /// How many times a peer had to stop being read because the receive queue (`queue`) was
     /// full (nothing is dropped: it is read again when there is room).
     pub fn paused_inbound(&self) -> u64 {
-        self.shared.paused.load(Ordering::Relaxed)
+        self.sender().paused_inbound()
     }
 
     /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
@@ -219,6 +219,11 @@ impl RouterSender {
     /// not be handled: its reply could not be delivered).
     pub fn is_connected(&self, peer: &Bytes) -> bool {
         self.shared.peers().contains_key(peer)
+    }
+
+    /// See [`Router::paused_inbound`].
+    pub fn paused_inbound(&self) -> u64 {
+        self.shared.paused.load(Ordering::Relaxed)
     }
 }
 
