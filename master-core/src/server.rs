@@ -7,14 +7,14 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use saltgate_config::salt_master::SaltMasterConfig;
-use saltgate_wire::zmtp::{PubOptions, Publisher, Router, RouterOptions};
+use saltgate_wire::zmtp::{PubOptions, Publisher, Router, RouterOptions, RouterSender};
 use thiserror::Error;
-use tokio::sync::mpsc;
 
 use crate::keys::{make_dir, KeyError, MasterKey};
 use crate::state::Master;
@@ -26,13 +26,10 @@ pub const MAX_REQUEST_FRAME: usize = 64 * 1024 * 1024;
 /// Requests handled at once (each may do RSA work on the blocking pool). Beyond this the
 /// ROUTER is not read, so the backlog stays in the sockets rather than in memory.
 pub const MAX_INFLIGHT: usize = 64;
-/// Requests received and waiting for a handler. A minion's REQ socket has at most one request
-/// outstanding, so this is sized above any number of connections a master holds: a burst (every
-/// minion returning a job at once) waits here instead of being dropped at wire's default of 1,000
-/// (a dropped `_return` is only sent again after the minion's 60 s request timeout; the bench's
-/// `master` scenario lost 252 of 1,000 `test.ping` returns that way, docs/master.md). Memory is
-/// taken only by what waits (the channel allocates in blocks as it fills).
-pub const INBOUND_QUEUE: usize = 1 << 17;
+/// Requests received and waiting for a handler. Beyond it the ROUTER stops reading the peers
+/// with more to deliver (backpressure: nothing is dropped), so a burst of every minion returning
+/// at once waits in the sockets.
+pub const INBOUND_QUEUE: usize = 1000;
 
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -174,41 +171,72 @@ pub async fn run(
             tokio::spawn(crate::cluster::join_loop(master.clone(), join_peers)),
         )
     });
-    // Larger than MAX_INFLIGHT, so a finished handler never waits for the loop.
-    let (reply_tx, mut reply_rx) = mpsc::channel::<(Bytes, Vec<u8>)>(4 * MAX_INFLIGHT);
+    let counters = Arc::new(RequestCounters::default());
+    let sender = router.sender();
+    let report_task = tokio::spawn(report_loop(counters.clone(), sender.clone()));
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT));
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
+        // Only receiving waits for a free handler slot; handlers reply on their own
+        // (`RouterSender`), so a full set of handlers never waits for this loop. (It used to:
+        // replies went through a bounded channel this loop drained, and this loop waited for a
+        // permit inside the receive branch, so once that channel filled, handlers waited on the
+        // loop and the loop on them: the master stopped answering, docs/master.md.)
+        let msg = tokio::select! {
             _ = &mut shutdown => break,
-            msg = router.recv() => {
-                let Some(msg) = msg else { break };
-                // A REQ peer sends ["", request]; anything else is not a Salt request.
-                let frames = msg.frames;
-                if frames.len() != 2 || !frames[0].is_empty() {
-                    tracing::warn!(frames = frames.len(), "request without the REQ envelope ignored");
-                    continue;
-                }
-                let m = master.clone();
-                let tx = reply_tx.clone();
-                let body = frames[1].clone();
-                let Ok(permit) = permits.clone().acquire_owned().await else { break };
-                tokio::spawn(async move {
-                    let _permit = permit;
-                    let reply = tokio::task::spawn_blocking(move || crate::request::handle(&m, &body)).await;
-                    match reply {
-                        Ok(r) => { let _ = tx.send((msg.peer, r)).await; }
-                        Err(e) => tracing::error!(error = %e, "request handler failed"),
-                    }
-                });
-            }
-            Some((peer, reply)) = reply_rx.recv() => {
-                if let Err(e) = router.reply(&peer, vec![Bytes::from(reply)]).await {
-                    tracing::debug!(error = %e, "reply not delivered (peer gone)");
-                }
-            }
+            msg = router.recv() => msg,
+        };
+        let Some(msg) = msg else { break };
+        counters.received.fetch_add(1, Ordering::Relaxed);
+        // A REQ peer sends ["", request]; anything else is not a Salt request.
+        let frames = msg.frames;
+        if frames.len() != 2 || !frames[0].is_empty() {
+            counters.malformed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                frames = frames.len(),
+                "request without the REQ envelope ignored"
+            );
+            continue;
         }
+        let permit = tokio::select! {
+            _ = &mut shutdown => break,
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        // A minion that gave up waiting (its request timed out) has closed the connection and
+        // will send the request again: answering this copy would be wasted work (RSA for an
+        // `_auth`), and Salt's workers do it anyway.
+        if !sender.is_connected(&msg.peer) {
+            counters.stale.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let (m, tx, c, peer, body) = (
+            master.clone(),
+            sender.clone(),
+            counters.clone(),
+            msg.peer,
+            frames[1].clone(),
+        );
+        tokio::spawn(async move {
+            let _permit = permit;
+            let reply =
+                tokio::task::spawn_blocking(move || crate::request::handle(&m, &body)).await;
+            match reply {
+                Ok(r) => match tx.reply(&peer, vec![Bytes::from(r)]).await {
+                    Ok(()) => c.replied.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reply not delivered (peer gone)");
+                        c.undelivered.fetch_add(1, Ordering::Relaxed)
+                    }
+                },
+                Err(e) => {
+                    tracing::error!(error = %e, "request handler failed");
+                    c.failed.fetch_add(1, Ordering::Relaxed)
+                }
+            };
+        });
     }
+    report_task.abort();
+    counters.log(router.paused_inbound());
     cli_task.abort();
     prune_task.abort();
     rotate_task.abort();
@@ -219,6 +247,55 @@ pub async fn run(
     let _ = std::fs::remove_file(&sock_path);
     tracing::info!("saltgate-master stopped");
     Ok(())
+}
+
+/// What became of the requests received on the request port (logged every 10 s while they
+/// change, and at shutdown).
+#[derive(Debug, Default)]
+struct RequestCounters {
+    received: AtomicU64,
+    /// Not a REQ envelope.
+    malformed: AtomicU64,
+    /// The sender had disconnected before a handler was free (it retries on a new connection).
+    stale: AtomicU64,
+    replied: AtomicU64,
+    /// Handled, but the sender had gone by the time of the reply.
+    undelivered: AtomicU64,
+    /// The handler task failed.
+    failed: AtomicU64,
+}
+
+impl RequestCounters {
+    fn total(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    fn log(&self, paused: u64) {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        tracing::info!(
+            received = g(&self.received),
+            replied = g(&self.replied),
+            stale = g(&self.stale),
+            undelivered = g(&self.undelivered),
+            malformed = g(&self.malformed),
+            failed = g(&self.failed),
+            paused_peers = paused,
+            "request counters"
+        );
+    }
+}
+
+async fn report_loop(c: Arc<RequestCounters>, router: RouterSender) {
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    let mut last = 0;
+    loop {
+        tick.tick().await;
+        let now = c.total();
+        if now != last {
+            last = now;
+            c.log(router.paused_inbound());
+        }
+    }
 }
 
 async fn prune_loop(master: Arc<Master>) {

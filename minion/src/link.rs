@@ -34,8 +34,15 @@ pub struct Stats {
     pub connected: AtomicI64,
     /// Links holding an accepted session.
     pub authenticated: AtomicI64,
+    /// Returns the master acknowledged.
     pub jobs_answered: AtomicU64,
     pub publishes_received: AtomicU64,
+    /// Publishes that targeted this minion and started a job.
+    pub jobs_started: AtomicU64,
+    /// `_return` requests sent again after a failed try.
+    pub return_retries: AtomicU64,
+    /// Returns given up after every try.
+    pub returns_failed: AtomicU64,
     pub errors: AtomicU64,
     pub auth_pending: AtomicU64,
     /// How long after its publish (its JID's moment) each job arrived.
@@ -398,6 +405,7 @@ impl Link {
     }
 
     fn start_job(&self, job: Job, jobs: &mut JoinSet<(Job, Outcome)>, running: &mut Vec<Job>) {
+        self.stats.jobs_started.fetch_add(1, Ordering::Relaxed);
         match job.fun.as_str() {
             // Answered from the link's own state: the jobs this link is running.
             "saltutil.find_job" | "saltutil.running" => {
@@ -486,7 +494,10 @@ impl Link {
         }
         let load = envelope::map(load);
         let mut last = None;
-        for _ in 0..self.cfg.return_tries.max(1) {
+        for n in 0..self.cfg.return_tries.max(1) {
+            if n > 0 {
+                self.stats.return_retries.fetch_add(1, Ordering::Relaxed);
+            }
             match self
                 .chan
                 .send_aes(&mut est.session, load.clone(), self.cfg.request_timeout)
@@ -518,6 +529,7 @@ impl Link {
             }
         }
         self.stats.error();
+        self.stats.returns_failed.fetch_add(1, Ordering::Relaxed);
         let e = last.unwrap_or(ChannelError::BadLoad);
         tracing::warn!(master = %self.cfg.req_addr, jid = %job.jid, error = %e,
             "the minion failed to return the job information");

@@ -1,5 +1,6 @@
-//! A slow application or a slow subscriber must not make a connection stop reading: PINGs are
-//! still answered and messages beyond the high-water mark are dropped and counted. And per-role
+//! A slow application: a ROUTER stops reading the peers it cannot deliver for (libzmq's
+//! backpressure, nothing lost, other peers unaffected); a subscriber keeps reading, answers PINGs
+//! and drops and counts messages beyond its high-water mark. And per-role
 //! frame limits are enforced on the header, before the body arrives; connection caps hold new
 //! connections in the backlog.
 
@@ -56,14 +57,14 @@ async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 #[tokio::test]
-async fn router_whose_app_never_reads_keeps_answering_pings_and_drops_beyond_its_queue() {
+async fn router_whose_app_reads_late_gets_every_request_in_order_and_keeps_the_peer() {
     let queue = 4;
-    let sent = 10u64;
+    let sent = 50u64;
     let mut router = Router::bind(
         any(),
         RouterOptions {
             queue,
-            // The router drops peers silent for 300 ms: the PINGs below are its only traffic.
+            // The router drops peers silent for 300 ms; the pause below is three times that.
             heartbeat: Some(Heartbeat {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_millis(300),
@@ -80,27 +81,37 @@ async fn router_whose_app_never_reads_keeps_answering_pings_and_drops_beyond_its
             .await
             .unwrap();
     }
-    // The application is not reading. The peer keeps PINGing for well over the router's
-    // silence timeout, and every PING is answered.
-    let contexts: [&'static [u8]; 8] = [b"a", b"b", b"c", b"d", b"e", b"f", b"g", b"h"];
-    for ctx in contexts {
-        ping_pong(&mut c, ctx).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    wait_for("the drops to be counted", || {
-        router.dropped_inbound() == sent - queue as u64
-    })
-    .await;
-    assert_eq!(router.peer_count(), 1, "the peer was dropped");
-    // The queue holds the first `queue` requests, in order.
-    for i in 0..queue {
-        let m = tokio::time::timeout(T, router.recv())
+    // The application does not read: the peer is paused, not dropped, and not taken for
+    // silent (it is the router that is not reading). Replies still go out meanwhile.
+    wait_for("the peer to be paused", || router.paused_inbound() >= 1).await;
+    let first = router.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    router
+        .reply(&first.peer, vec![Bytes::from_static(b"while paused")])
+        .await
+        .unwrap();
+    loop {
+        let f = tokio::time::timeout(T, c.read_frame())
             .await
             .unwrap()
             .unwrap();
+        if let Frame::Message { body, more: false } = f {
+            assert_eq!(&body[..], b"while paused");
+            break;
+        }
+    }
+    assert_eq!(router.peer_count(), 1, "the paused peer was dropped");
+    // Every request arrives, in order: none was dropped at the queue's limit.
+    assert_eq!(first.frames[1], Bytes::from_static(b"req 0"));
+    for i in 1..sent {
+        let m = tokio::time::timeout(T, router.recv())
+            .await
+            .expect("a request was lost at the queue's limit")
+            .unwrap();
         assert_eq!(m.frames[1], Bytes::from(format!("req {i}")));
     }
-    // Room again: the next request is delivered.
+    // Reading again: PINGs are answered, the next request is delivered.
+    ping_pong(&mut c, b"after").await;
     c.send_message(&[Bytes::new(), Bytes::from_static(b"after")])
         .await
         .unwrap();
@@ -109,6 +120,51 @@ async fn router_whose_app_never_reads_keeps_answering_pings_and_drops_beyond_its
         .unwrap()
         .unwrap();
     assert_eq!(&m.frames[1][..], b"after");
+}
+
+#[tokio::test]
+async fn a_paused_router_peer_does_not_hold_up_the_others() {
+    let mut router = Router::bind(
+        any(),
+        RouterOptions {
+            queue: 2,
+            ..RouterOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut busy = raw(router.local_addr(), SocketType::Req).await;
+    for i in 0..20 {
+        busy.send_message(&[Bytes::new(), Bytes::from(format!("busy {i}"))])
+            .await
+            .unwrap();
+    }
+    wait_for("the busy peer to be paused", || {
+        router.paused_inbound() >= 1
+    })
+    .await;
+    let mut other = raw(router.local_addr(), SocketType::Req).await;
+    other
+        .send_message(&[Bytes::new(), Bytes::from_static(b"other")])
+        .await
+        .unwrap();
+    // The busy peer's 20 and the other's one all arrive.
+    let mut got = Vec::new();
+    while got.len() < 21 {
+        let m = tokio::time::timeout(T, router.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        got.push(m.frames[1].clone());
+    }
+    assert!(got.contains(&Bytes::from_static(b"other")));
+    let busy_order: Vec<_> = got
+        .iter()
+        .filter(|b| b.starts_with(b"busy"))
+        .cloned()
+        .collect();
+    let want: Vec<_> = (0..20).map(|i| Bytes::from(format!("busy {i}"))).collect();
+    assert_eq!(busy_order, want);
 }
 
 #[tokio::test]

@@ -34,7 +34,7 @@ pub use greeting::{Greeting, Mechanism};
 pub use peer::{CloseReason, Heartbeat};
 pub use socket::publisher::{PubOptions, PublishReport, Publisher};
 pub use socket::req::{ReqError, ReqOptions, ReqSocket};
-pub use socket::router::{Router, RouterError, RouterMessage, RouterOptions};
+pub use socket::router::{Router, RouterError, RouterMessage, RouterOptions, RouterSender};
 pub use socket::subscriber::{ReconnectPolicy, SubOptions, Subscriber};
 
 /// Errors on one ZMTP connection. Each says whose fault it is via [`ZmtpError::side`].

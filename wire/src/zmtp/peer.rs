@@ -6,10 +6,18 @@
 //! its PINGs), applies subscriptions (ZMTP 3.1 commands and legacy `0x01`/`0x00` frames), and
 //! writes what the role queues for it. Roles own the queues; this module owns the protocol.
 //!
-//! The driver never waits for the application: a received message goes to the role's channel
-//! with `try_send`, and when that channel is full (the application's high-water mark) the
-//! message is dropped and counted, as libzmq does at `ZMQ_RCVHWM`. So a slow application never
-//! stops the reads, and PINGs keep being answered: the peer is not dropped for silence.
+//! A received message goes to the role's channel. When that channel is full (the application's
+//! high-water mark) the role chooses ([`OnFull`]):
+//!
+//! * [`OnFull::Wait`] (ROUTER): the driver stops reading this peer's socket until the channel has
+//!   room, as libzmq's engine does (`in_event` → the pipe is full → input stopped until
+//!   `restart_input`): nothing is lost, the peer's further sends wait in TCP's buffers, other
+//!   peers are unaffected. Meanwhile the driver still writes what the role queues (replies) and
+//!   sends its own PINGs, and does not count the pause as the peer's silence. It cannot answer
+//!   the peer's PINGs until it reads again (libzmq cannot either).
+//! * [`OnFull::Drop`] (SUB, REQ): the message is dropped and counted, and reading (and answering
+//!   PINGs) goes on. A subscriber is a broadcast's receiver, so a slow one loses rather than
+//!   stalls; a REQ expects only its one reply.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -127,14 +135,22 @@ impl TopicSet {
     }
 }
 
+/// What the driver does with a message when the role's channel is full. The counter counts
+/// the messages dropped (`Drop`) or the pauses (`Wait`: how often a peer had to wait).
+#[derive(Debug, Clone)]
+pub(crate) enum OnFull {
+    Drop(Arc<AtomicU64>),
+    Wait(Arc<AtomicU64>),
+}
+
 /// Where received traffic goes.
 pub(crate) enum Inbound {
-    /// Messages go to the role's channel, tagged with `peer`; when it is full they are
-    /// dropped and counted in `dropped`.
+    /// Messages go to the role's channel, tagged with `peer`; `full` says what happens when it
+    /// is full.
     Channel {
         tx: mpsc::Sender<Delivered>,
         peer: Bytes,
-        dropped: Arc<AtomicU64>,
+        full: OnFull,
     },
     /// A PUB's subscriber: subscriptions update `topics` (and wake `changed`); data is ignored.
     Topics {
@@ -203,27 +219,62 @@ where
     let mut remote_ttl: Option<Duration> = None;
     let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
     let max_frame_size = conn.max_frame_size();
+    // A message waiting for room in the role's channel (`OnFull::Wait`): no reads meanwhile.
+    let mut held: Option<Delivered> = None;
+    // Silence is counted from the last byte received or the end of the last pause, whichever
+    // is later: a peer we did not read is not silent.
+    let mut resumed = Instant::now();
+    let wait_tx = match &inbound {
+        Inbound::Channel {
+            tx,
+            full: OnFull::Wait(_),
+            ..
+        } => Some(tx.clone()),
+        _ => None,
+    };
 
     loop {
         let silence_limit = match (hb.map(|h| h.timeout), remote_ttl) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
-        // An unrepresentable deadline (absurdly long limit) means none.
-        let deadline = silence_limit.and_then(|l| conn.last_received().checked_add(l));
+        // An unrepresentable deadline (absurdly long limit) means none; none while paused.
+        let since = conn.last_received().max(resumed);
+        let deadline = silence_limit
+            .filter(|_| held.is_none())
+            .and_then(|l| since.checked_add(l));
         // A message's frames share its size limit: the next frame's header is checked against
         // what is left of it, so a message never holds more than the limit.
         conn.set_max_frame_size(max_frame_size.min(assembler.remaining()));
         let result = tokio::select! {
-            frame = conn.read_frame() => {
+            frame = conn.read_frame(), if held.is_none() => {
                 match frame {
                     Ok(frame) => {
-                        on_frame(&mut conn, frame, &inbound, &mut assembler, &mut remote_ttl).await
+                        on_frame(&mut conn, frame, &inbound, &mut assembler, &mut remote_ttl)
+                            .await
+                            .map(|step| match step {
+                                Step::Go => true,
+                                Step::Closed => false,
+                                Step::Hold(d) => {
+                                    held = Some(d);
+                                    true
+                                }
+                            })
                     }
                     Err(ZmtpError::Eof) => return CloseReason::PeerEof,
                     Err(e) => Err(e),
                 }
             }
+            permit = reserve(wait_tx.as_ref()), if held.is_some() => match permit {
+                Some(permit) => {
+                    if let Some(d) = held.take() {
+                        permit.send(d);
+                    }
+                    resumed = Instant::now();
+                    Ok(true)
+                }
+                None => Ok(false),
+            },
             out = out_rx.recv() => match out {
                 None => {
                     conn.shutdown().await;
@@ -240,7 +291,7 @@ where
             _ = sleep_until(deadline) => {
                 // Bytes of a large frame may have arrived meanwhile: only silence counts.
                 let still_silent = silence_limit
-                    .and_then(|l| conn.last_received().checked_add(l))
+                    .and_then(|l| conn.last_received().max(resumed).checked_add(l))
                     .is_some_and(|d| d <= Instant::now());
                 if still_silent {
                     return CloseReason::HeartbeatTimeout;
@@ -256,14 +307,31 @@ where
     }
 }
 
-/// Handles one received frame. `Ok(false)` means the role went away.
+/// Room in the role's channel (`None` when the role went away, or never without a channel).
+async fn reserve(tx: Option<&mpsc::Sender<Delivered>>) -> Option<mpsc::Permit<'_, Delivered>> {
+    match tx {
+        Some(tx) => tx.reserve().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// What the driver does after a frame.
+enum Step {
+    Go,
+    /// The role went away.
+    Closed,
+    /// The role's channel is full (`OnFull::Wait`): hold this message and stop reading.
+    Hold(Delivered),
+}
+
+/// Handles one received frame.
 async fn on_frame<S>(
     conn: &mut Connection<S>,
     frame: Frame,
     inbound: &Inbound,
     assembler: &mut MessageAssembler,
     remote_ttl: &mut Option<Duration>,
-) -> Result<bool, ZmtpError>
+) -> Result<Step, ZmtpError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -285,26 +353,30 @@ where
         },
         Frame::Message { body, more } => {
             let Some(frames) = assembler.push(body, more)? else {
-                return Ok(true);
+                return Ok(Step::Go);
             };
             match inbound {
-                Inbound::Channel { tx, peer, dropped } => {
+                Inbound::Channel { tx, peer, full } => {
                     let delivered = Delivered {
                         peer: peer.clone(),
                         frames,
                     };
-                    match tx.try_send(delivered) {
-                        Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(_)) => {
+                    match (tx.try_send(delivered), full) {
+                        (Ok(()), _) => {}
+                        (Err(mpsc::error::TrySendError::Full(d)), OnFull::Wait(paused)) => {
+                            paused.fetch_add(1, Ordering::Relaxed);
+                            return Ok(Step::Hold(d));
+                        }
+                        (Err(mpsc::error::TrySendError::Full(_)), OnFull::Drop(dropped)) => {
                             let n = dropped.fetch_add(1, Ordering::Relaxed);
                             if n.is_power_of_two() || n == 0 {
-                                tracing::debug!(
+                                tracing::warn!(
                                     dropped = n + 1,
                                     "application queue full: message dropped"
                                 );
                             }
                         }
-                        Err(mpsc::error::TrySendError::Closed(_)) => return Ok(false),
+                        (Err(mpsc::error::TrySendError::Closed(_)), _) => return Ok(Step::Closed),
                     }
                 }
                 Inbound::Topics { .. } => {
@@ -320,7 +392,7 @@ where
             }
         }
     }
-    Ok(true)
+    Ok(Step::Go)
 }
 
 fn apply_subscription(inbound: &Inbound, subscribe: bool, topic: Bytes) {

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use crate::accept::Keepalive;
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
-use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
+use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound};
 use crate::zmtp::{SocketType, ZmtpError};
 
 /// REQ settings.
@@ -175,7 +175,7 @@ impl ReqSocket {
                 tx,
                 peer: Bytes::new(),
                 // Only the reply is expected; anything unsolicited beyond it is dropped.
-                dropped: Default::default(),
+                full: OnFull::Drop(Default::default()),
             };
             let reason = drive(conn, out_rx, inbound, cfg).await;
             tracing::debug!(%addr, ?reason, "req connection closed");

@@ -4,6 +4,11 @@
 //! generated 5-byte id (`0x00` + 32-bit counter, libzmq's form). A second peer claiming an id in
 //! use takes it over (Salt sets `ROUTER_HANDOVER=1`). [`Router::send`] to an unknown id is an
 //! error (`ROUTER_MANDATORY` semantics) rather than a silent drop, so callers can count it.
+//!
+//! Inbound flow control is libzmq's: when the receive queue is full, each peer with a message to
+//! deliver stops being read until there is room (its further requests wait in TCP's buffers);
+//! nothing received is dropped. [`Router::sender`] gives handles that reply from any task, so
+//! replying never waits for the task that receives.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -21,7 +26,7 @@ use tokio::task::JoinHandle;
 use crate::accept::{AcceptOptions, AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
-use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
+use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound};
 use crate::zmtp::SocketType;
 
 /// ROUTER settings.
@@ -41,10 +46,9 @@ pub struct RouterOptions {
     pub keepalive: Option<Keepalive>,
     /// Per-peer outgoing queue.
     pub hwm: usize,
-    /// Received messages (from all peers) buffered for [`Router::recv`]; beyond it messages are
-    /// dropped and counted ([`Router::dropped_inbound`]) while every connection keeps reading
-    /// and answering PINGs (libzmq's `ZMQ_RCVHWM`). A dropped request is retried by Salt's
-    /// minions after their request timeout.
+    /// Received messages (from all peers) buffered for [`Router::recv`]; when it is full, a peer
+    /// with another message stops being read until there is room (libzmq's `ZMQ_RCVHWM`:
+    /// backpressure, no loss; counted in [`Router::paused_inbound`]).
     pub queue: usize,
 }
 
@@ -89,7 +93,7 @@ struct Shared {
     peers: Mutex<HashMap<Bytes, PeerSlot>>,
     next_id: AtomicU32,
     next_conn: AtomicU64,
-    dropped: Arc<AtomicU64>,
+    paused: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -124,7 +128,7 @@ impl Router {
             peers: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(rand::random()),
             next_conn: AtomicU64::new(0),
-            dropped: Arc::default(),
+            paused: Arc::default(),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, Arc::new(opts)));
@@ -149,6 +153,47 @@ impl Router {
         })
     }
 
+    /// A handle that sends to this ROUTER's peers from any task.
+    pub fn sender(&self) -> RouterSender {
+        RouterSender {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Sends `frames` to the peer with routing id `peer`; waits if its queue is full.
+    pub async fn send(&self, peer: &Bytes, frames: Vec<Bytes>) -> Result<(), RouterError> {
+        self.sender().send(peer, frames).await
+    }
+
+    /// Answers a REQ peer: `["", parts...]` to `peer`.
+    pub async fn reply(&self, peer: &Bytes, parts: Vec<Bytes>) -> Result<(), RouterError> {
+        self.sender().reply(peer, parts).await
+    }
+
+    /// How many times a peer had to stop being read because the receive queue (`queue`) was
+    /// full (nothing is dropped: it is read again when there is room).
+    pub fn paused_inbound(&self) -> u64 {
+        self.sender().paused_inbound()
+    }
+
+    /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
+    /// `Arc` to export them.
+    pub fn accept_stats(&self) -> Arc<AcceptStats> {
+        self.accept_stats.clone()
+    }
+
+    pub fn peer_count(&self) -> usize {
+        self.shared.peers().len()
+    }
+}
+
+/// Sends to a [`Router`]'s peers; cheap to clone, usable while another task receives.
+#[derive(Clone)]
+pub struct RouterSender {
+    shared: Arc<Shared>,
+}
+
+impl RouterSender {
     /// Sends `frames` to the peer with routing id `peer`; waits if its queue is full.
     pub async fn send(&self, peer: &Bytes, frames: Vec<Bytes>) -> Result<(), RouterError> {
         let tx = self
@@ -170,19 +215,15 @@ impl Router {
         self.send(peer, frames).await
     }
 
-    /// Messages received but dropped because the receive queue (`queue`) was full.
-    pub fn dropped_inbound(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
+    /// Whether a peer with this routing id is connected (a request whose sender has gone need
+    /// not be handled: its reply could not be delivered).
+    pub fn is_connected(&self, peer: &Bytes) -> bool {
+        self.shared.peers().contains_key(peer)
     }
 
-    /// The accept loop's counters (accepted, exhaustion errors and episodes), shared: keep the
-    /// `Arc` to export them.
-    pub fn accept_stats(&self) -> Arc<AcceptStats> {
-        self.accept_stats.clone()
-    }
-
-    pub fn peer_count(&self) -> usize {
-        self.shared.peers().len()
+    /// See [`Router::paused_inbound`].
+    pub fn paused_inbound(&self) -> u64 {
+        self.shared.paused.load(Ordering::Relaxed)
     }
 }
 
@@ -256,7 +297,7 @@ async fn serve(
     let inbound = Inbound::Channel {
         tx,
         peer: id.clone(),
-        dropped: shared.dropped.clone(),
+        full: OnFull::Wait(shared.paused.clone()),
     };
     let reason = drive(
         conn,

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::accept::Keepalive;
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::DEFAULT_MAX_FRAME_SIZE;
-use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, Outbound};
+use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound};
 use crate::zmtp::SocketType;
 
 /// Salt's minion reconnect options (`recon_default`, `recon_max`, `recon_randomize`).
@@ -236,7 +236,7 @@ async fn run(
                 let inbound = Inbound::Channel {
                     tx: tx.clone(),
                     peer: Bytes::new(),
-                    dropped: state.dropped.clone(),
+                    full: OnFull::Drop(state.dropped.clone()),
                 };
                 let cfg = DriverConfig::new(opts.heartbeat, opts.max_frame_size);
                 let driver = drive(conn, out_rx, inbound, cfg);
