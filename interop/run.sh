@@ -32,6 +32,8 @@
 #                          Salt moves sock_dir into the shared cachedir when the path is long)
 #   FANOUT=1               add a third slot: saltgate with the publish listener in `mode: fanout` on
 #                          127.0.0.11 (saltgate's config, binds moved), five more minions; FANOUT=0: none
+#   MINION_MULTIPROCESSING=0  Salt minions run jobs in threads (`multiprocessing: False`); 1: Salt's
+#                          default, a forked process per job (much more CPU: see harness/common.py)
 #   KEEP=1                 keep the run directory (logs, configs) even when everything passed
 #   SALTGATE_VENV, SALT_VERSION   passed to interop/setup.sh (venv cache location / Salt version)
 set -euo pipefail

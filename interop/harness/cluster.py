@@ -9,8 +9,8 @@ import shutil
 import subprocess
 import time
 
-from .common import CLUSTER_ID, INTEROP_DIR, MASTERS, POOL_PORT, PUB_PORT, REQ_PORT, Failure, file_size, log, \
-    minion_source, now, port_open, read_from, wait_for
+from .common import CLUSTER_ID, INTEROP_DIR, MASTERS, MINION_MULTIPROCESSING, POOL_PORT, PUB_PORT, REQ_PORT, Failure, \
+    file_size, log, minion_source, now, port_open, read_from, wait_for
 from .processes import Command
 
 
@@ -226,6 +226,7 @@ user: root
 log_level_logfile: info
 enable_fqdns_grains: False
 acceptance_wait_time: 5
+multiprocessing: {MINION_MULTIPROCESSING}
 source_address: {minion_source(mid)}
 """)
                 self.procs.start_command("minion", mid, self.minion_cmd, os.path.join(d, "conf"),
