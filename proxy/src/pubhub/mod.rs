@@ -391,7 +391,10 @@ mod tests {
             let (h, mut rx) = hub_with(d.path()).await;
             let copies: Vec<Bytes> = (0..3).map(|_| job(&k, "20261123020000000001")).collect();
             assert!(copies[0] != copies[1], "each master's copy has its own IV");
-            let r: Vec<FanReport> = copies.iter().map(|c| h.publish(&[c.clone()])).collect();
+            let r: Vec<FanReport> = copies
+                .iter()
+                .map(|c| h.publish(std::slice::from_ref(c)))
+                .collect();
             assert_eq!((r[0].queued, r[0].duplicate), (1, false));
             assert!(r[1].duplicate && r[2].duplicate && r[1].queued == 0);
             assert!(!h.publish(&[job(&k, "20261123020000000002")]).duplicate);
