@@ -12,8 +12,9 @@
 //! can craft a collision), kept for [`WINDOW`] and at most [`MAX_REMEMBERED`] of them. The
 //! masters' copies of a job arrive milliseconds apart (seconds on a loaded cluster); five minutes
 //! covers any cluster forwarding delay, and the cap bounds memory at high publish rates (65,536
-//! identities, about 3 MiB). A copy arriving after its identity was forgotten is forwarded, and
-//! the minion's own jid check (`minion_jid_queue_hwm`) drops it as it would without saltgate.
+//! identities, at most ~6 MiB: the hash set plus the arrival-ordered queue). A copy arriving
+//! after its identity was forgotten is forwarded, and the minion's own jid check
+//! (`minion_jid_queue_hwm`) drops it as it would without saltgate.
 
 use std::collections::{HashSet, VecDeque};
 use std::hash::{BuildHasher, RandomState};
