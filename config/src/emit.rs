@@ -162,6 +162,13 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             l.mode.as_str()
         )?;
     }
+    if let Some(d) = &l.dedup_cluster_pki_dir {
+        writeln!(
+            o,
+            "    dedup_cluster_pki_dir: \"{}\"   # forward the first copy of each job (reads <dir>/.aes)",
+            d.display()
+        )?;
+    }
     writeln!(o, "    balance: {}", l.balance.as_str())?;
     if l.balance == crate::model::Balance::First {
         match l.failback {

@@ -17,6 +17,7 @@ pub mod presence;
 pub mod salt_master;
 pub mod salt_minion;
 pub mod yaml;
+mod yaml_fanout;
 mod yaml_health;
 mod yaml_policy;
 mod yaml_queue;

@@ -369,6 +369,10 @@ pub struct ListenerConfig {
     pub bind: Vec<SocketAddr>,
     /// `l4` (default) or `fanout` (publish listener only).
     pub mode: ListenerMode,
+    /// `mode: fanout` only: the Salt cluster's `cluster_pki_dir`, whose `.aes` (the cluster's
+    /// publish key) lets the hub read each job's `jid` and forward only the first copy of a job
+    /// that every master publishes. `None` (default): every copy is forwarded. See docs/fanout.md.
+    pub dedup_cluster_pki_dir: Option<std::path::PathBuf>,
     pub balance: Balance,
     /// Idle timeout on the client side (HAProxy `timeout client`). `None`: never.
     pub timeout_client: Option<Duration>,
@@ -464,6 +468,7 @@ impl ListenerConfig {
             role,
             bind: vec![SocketAddr::from(([0, 0, 0, 0], role.default_port()))],
             mode: ListenerMode::L4,
+            dedup_cluster_pki_dir: None,
             balance: Balance::RoundRobin,
             timeout_client: Some(idle),
             timeout_server: Some(idle),

@@ -47,6 +47,7 @@ const LISTENERS_KEYS: &[&str] = &["publish", "request"];
 const LISTENER_KEYS: &[&str] = &[
     "bind",
     "mode",
+    "dedup_cluster_pki_dir",
     "balance",
     "timeout_client",
     "timeout_server",
@@ -142,6 +143,7 @@ impl Checker<'_> {
                 }
             }
         }
+        self.dedup_dir(f.get("dedup_cluster_pki_dir"), &p, &mut l);
         if let Some(b) = f.get("balance") {
             let field = join(&p, "balance");
             if let Some(t) = self.text(b, &field, "roundrobin, leastconn, source or first") {

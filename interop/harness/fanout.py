@@ -1,9 +1,11 @@
 """The third load balancer slot: saltgate in its continuity configuration on 127.0.0.11, with its own
-five minions (fo-minion1-5): the publish listener in `mode: fanout` (docs/fanout.md) and the request
+five minions (fo-minion1-5): the publish listener in `mode: fanout` (docs/fanout.md), forwarding the first copy of each job (the shared
+cluster_pki_dir's .aes; FANOUT_DEDUP=0 turns it off) and the request
 listener L4 with `on_master_down: migrate` (docs/request-continuity.md). Its configuration is the
 saltgate slot's imported one with the binds moved to 127.0.0.11, `mode: fanout` added to the publish
-listener and the request listener's `on_master_down: close` turned into `migrate`: those two keys are
-the only difference between the two saltgate rows.
+listener (with `dedup_cluster_pki_dir` unless FANOUT_DEDUP=0) and the request listener's
+`on_master_down: close` turned into `migrate`: those keys are the only difference between the two
+saltgate rows.
 
 The slot runs through the same scenarios as the others (its row appears next to saltgate L4 and
 HAProxy). What only a fan-out slot has is read here: its metrics (upstream connects per master,
@@ -26,11 +28,13 @@ FO_ADMIN = "127.0.0.11:9505"
 FO_LABEL = "saltgate fan-out"
 
 
-def fanout_config(text):
+def fanout_config(text, pki=None):
     """the saltgate slot's config TEXT, with every 127.0.0.1 bind on 127.0.0.11 and the publish
-    listener in fan-out mode"""
+    listener in fan-out mode; with PKI (the cluster's cluster_pki_dir) forwarding the first copy of
+    each job (listeners.publish.dedup_cluster_pki_dir, docs/fanout.md)"""
     out, n = re.subn(r'(bind:\s*\[?"?)127\.0\.0\.1:', r"\g<1>" + FO_ADDR + ":", text)
-    out, m = re.subn(r"(\n  publish:\n)", r"\1    mode: fanout\n", out, count=1)
+    dedup = f"    dedup_cluster_pki_dir: \"{pki}\"\n" if pki else ""
+    out, m = re.subn(r"(\n  publish:\n)", lambda g: g.group(1) + "    mode: fanout\n" + dedup, out, count=1)
     # request continuity (docs/request-continuity.md): a request session whose master dies or hangs
     # moves to another master, its unanswered request re-sent
     out, k = re.subn(r"(\n  request:\n(?:    .*\n)*?    on_master_down:) close", r"\1 migrate", out, count=1)
@@ -45,8 +49,12 @@ class FanoutLB(lbmod.LB):
     def __init__(self, sg_cfg, rundir, procs, names, sg_bin):
         os.makedirs(rundir, exist_ok=True)
         cfg = os.path.join(rundir, "saltgate.yaml")
+        # the suite's shared cluster_pki_dir (cluster.py: RUN/shared/pki; this slot's dir is RUN/fo):
+        # its .aes is written by the masters when they start, the hub reads it within a second
+        self.dedup = os.environ.get("FANOUT_DEDUP", "1") != "0"
+        pki = os.path.join(os.path.dirname(rundir), "shared", "pki") if self.dedup else None
         with open(cfg, "w") as f:
-            f.write(fanout_config(open(sg_cfg).read()))
+            f.write(fanout_config(open(sg_cfg).read(), pki))
         super().__init__("fo", FO_LABEL, FO_ADDR, "fanout", "saltgate", cfg, rundir, procs, names,
                          sg_bin=sg_bin)
         self.admin_addr = FO_ADMIN
@@ -66,7 +74,8 @@ class FanoutLB(lbmod.LB):
             if not m:
                 continue
             labels = m.group(2) or ""
-            lab = re.search(r'master="([^"]*)"', labels) or re.search(r'listener="([^"]*)"', labels)
+            lab = (re.search(r'master="([^"]*)"', labels) or re.search(r'listener="([^"]*)"', labels)
+                   or re.search(r'reason="([^"]*)"', labels))
             res[(m.group(1), lab.group(1) if lab else "")] = float(m.group(3))
         return res
 
@@ -119,20 +128,33 @@ def runs_once_check(s, res):
     fo = getattr(s, "fo", None)
     if fo is None:
         return 0
+    before = fo.metrics()
     jid, via = same_job_through_every_master(s, fo)
 
     # copies received vs starts, per minion (a minion that is behind on its publish socket logs them
-    # late: wait until every minion logged as many copies as masters took the job, or 30 s, then 3 s
-    # more for a second start that must not come)
+    # late: wait until every minion logged as many copies as expected -- one with the dedup, else one
+    # per master that took the job -- or 30 s, then 3 s more for a copy or a second start that must
+    # not come)
     def same_now():
         return {m: copies_and_runs(s.cluster.minion_log(m), [jid])[jid] for m in fo.minions}
-    wait_for(lambda: all(c >= len(via) for c, _ in same_now().values()), 30, 0.5)
+    expect = 1 if fo.dedup else len(via)
+    wait_for(lambda: all(c >= expect for c, _ in same_now().values()), 30, 0.5)
     time.sleep(3)
     same = same_now()
+    after = fo.metrics()
+
+    def grew(name):
+        return sum(v - before.get(k, 0) for k, v in after.items() if k[0] == name)
     txt = ", ".join(f"{m}: {c} cop{'y' if c == 1 else 'ies'}, {r} start{'' if r == 1 else 's'}"
                     for m, (c, r) in sorted(same.items()))
     res["notes"].append(f"{FO_LABEL}: one job (jid {jid}) published through each of {', '.join(via)}: {txt}")
-    if not any(c > 1 for c, _ in same.values()):
+    if fo.dedup:
+        dups, unread = grew("saltgate_fanout_duplicates_total"), grew("saltgate_fanout_dedup_unreadable_total")
+        res["notes"].append(f"{FO_LABEL}: dedup on (listeners.publish.dedup_cluster_pki_dir): copies dropped by "
+                            f"saltgate meanwhile {dups:.0f}, unreadable {unread:.0f}; each minion must log 1 copy")
+        if len(via) > 1 and any(c != 1 for c, _ in same.values()) and "fo" in res["rows"]:
+            res["rows"]["fo"]["ok"] = False  # with the dedup a job published by every master reaches a minion once
+    elif not any(c > 1 for c, _ in same.values()):
         res["notes"].append(f"{FO_LABEL}: no minion logged more than one copy of that job: 'runs once' not shown")
     log(f"  {FO_LABEL}: same-jid job through {len(via)} masters: {txt}")
     return max((r for _, r in same.values()), default=0)

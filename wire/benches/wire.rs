@@ -1,5 +1,5 @@
-//! Criterion benchmarks: ZMTP frame encode/decode, Crypticle throughput, and the presence
-//! sniffer on a real `_auth` stream.
+//! Criterion benchmarks: ZMTP frame encode/decode, Crypticle throughput, a publish's jid read
+//! (fan-out dedup), and the presence sniffer on a real `_auth` stream.
 //!
 //! Run with `cargo bench -p saltgate-wire --bench wire`.
 
@@ -89,6 +89,39 @@ fn crypticle(c: &mut Criterion) {
     g.finish();
 }
 
+/// What the fan-out's dedup costs per upstream message (`publish_job::publish_jid`: envelope
+/// decode, one MAC check + decryption, borrowed decode of the job): a `test.ping` job, and jobs
+/// whose `arg` carries 4 KiB and 64 KiB.
+fn publish_jid(c: &mut Criterion) {
+    use saltgate_wire::envelope::PublishEnvelope;
+    use saltgate_wire::publish_job::publish_jid;
+    let crypticle = Crypticle::new(CrypticleKey::generate());
+    let mut g = c.benchmark_group("publish_jid");
+    for arg in [0usize, 4 * 1024, 64 * 1024] {
+        let job = map(vec![
+            ("fun", text("test.ping")),
+            ("arg", rmpv::Value::Array(vec![text(&"x".repeat(arg))])),
+            ("tgt", text("*")),
+            ("jid", text("20261122033708835052")),
+            ("ret", text("")),
+            ("tgt_type", text("glob")),
+            ("user", text("root")),
+        ]);
+        let payload = PublishEnvelope {
+            enc: "aes".into(),
+            load: crypticle.dumps(&job, None),
+            sig: None,
+            sig_algo: None,
+        }
+        .encode();
+        g.throughput(Throughput::Bytes(payload.len() as u64));
+        g.bench_with_input(BenchmarkId::new("current_key", arg), &payload, |b, p| {
+            b.iter(|| black_box(publish_jid(black_box(p), &[&crypticle]).expect("jid")))
+        });
+    }
+    g.finish();
+}
+
 /// What presence costs a request connection: the sniffer over the bytes a libzmq REQ sent for
 /// Salt's `_auth` (captured, see `fuzz/seeds/presence_sniffer/`), in one read and in 64-byte reads.
 fn sniff(c: &mut Criterion) {
@@ -110,5 +143,5 @@ fn sniff(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, frames, crypticle, sniff);
+criterion_group!(benches, frames, crypticle, publish_jid, sniff);
 criterion_main!(benches);

@@ -13,6 +13,7 @@
 //!   bytes (`_auth`, or the envelope of an `aes` request), bounded and never panicking.
 //! * [`jid`] — Salt's job ids: the moment a job was published, and back.
 //! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
+//! * [`publish_job`] — a publish's `jid`, read with the cluster's AES key (fan-out dedup).
 //! * [`rsa`] and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
 //!   signatures and X9.31 private-encrypt/public-decrypt.
 //!
@@ -25,6 +26,7 @@ pub mod envelope;
 pub mod jid;
 pub mod pem;
 pub mod probe;
+pub mod publish_job;
 pub mod rsa;
 pub mod sniff;
 pub mod zmtp;

@@ -205,3 +205,33 @@ fn msgpack_from_salt_payload_decodes_and_ours_loads_in_salt() {
         &json!({"enc": "aes", "load": {"__bytes__": "ff0001"}, "version": 3})
     );
 }
+
+#[test]
+fn a_cluster_masters_publish_yields_its_jid_with_the_key_from_the_aes_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().to_str().expect("utf8 path");
+    let job = json!({"fun": "test.ping", "arg": [], "tgt": "*", "tgt_type": "glob",
+                     "jid": "20261123020000123456", "ret": "", "user": "root"});
+    let r = py(json!([
+        {"op": "cluster_aes_write", "dir": d},
+        {"op": "wrap_publish", "dir": d, "load": job},
+        {"op": "wrap_publish", "dir": d, "load": job},
+    ]));
+    ok(&r[0]);
+    let (a, b) = (ok_hex(&r[1]), ok_hex(&r[2]));
+    assert_ne!(a, b, "each copy has its own IV");
+    let text = std::fs::read_to_string(dir.path().join(".aes")).expect("the .aes file");
+    assert_eq!(text.len(), 76, "base64 of 56 bytes, no newline");
+    let c = Crypticle::new(CrypticleKey::from_key_string(&text).expect("a key string"));
+    for payload in [a, b] {
+        assert_eq!(
+            saltgate_wire::publish_job::publish_jid(&payload, &[&c]).expect("jid"),
+            b"20261123020000123456"
+        );
+    }
+    let other = Crypticle::new(CrypticleKey::generate());
+    assert_eq!(
+        saltgate_wire::publish_job::publish_jid(&ok_hex(&r[1]), &[&other]),
+        Err(saltgate_wire::publish_job::JobIdError::BadMac)
+    );
+}

@@ -2,6 +2,7 @@
 //! global one). Names are listed in docs/fanout.md.
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use saltgate_wire::publish_job::JobIdError;
 
 /// Handles for `saltgate_fanout_*`.
 pub struct FanoutMetrics {
@@ -19,19 +20,31 @@ pub struct FanoutMetrics {
     pub fanned: IntCounter,
     /// `saltgate_fanout_messages_dropped_total`: copies dropped at a session's high-water mark.
     pub dropped: IntCounter,
-    /// `saltgate_fanout_duplicates_total`: byte-identical messages suppressed by the optional dedup.
-    pub duplicates: IntCounter,
+    /// `saltgate_fanout_duplicates_total{master}`: later copies of a job dropped by the dedup,
+    /// labelled with the master whose copy it was.
+    pub duplicates: IntCounterVec,
+    /// `saltgate_fanout_dedup_unreadable_total{reason}`: messages whose jid could not be read
+    /// (forwarded as is), one handle per [`JobIdError::ALL`], in order.
+    pub unreadable: [IntCounter; 5],
+    /// `saltgate_fanout_dedup_key_loads_total`: cluster keys loaded (the first and each change).
+    pub key_loads: IntCounter,
 }
 
 impl FanoutMetrics {
     /// Creates and registers the handles. A name already registered (a second hub on the same
     /// registry) is not an error: the handles then simply are not exported twice.
     pub fn new(r: &Registry) -> Self {
-        let counter_vec = |name: &str, help: &str| {
-            let c = IntCounterVec::new(Opts::new(name, help), &["master"]).expect("valid metric");
+        let counter_vec_by = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric");
             let _ = r.register(Box::new(c.clone()));
             c
         };
+        let counter_vec = |name: &str, help: &str| counter_vec_by(name, help, "master");
+        let reasons = counter_vec_by(
+            "saltgate_fanout_dedup_unreadable_total",
+            "Messages whose job id the fan-out dedup could not read; forwarded as is.",
+            "reason",
+        );
         let counter = |name: &str, help: &str| {
             let c = IntCounter::new(name, help).expect("valid metric");
             let _ = r.register(Box::new(c.clone()));
@@ -71,10 +84,23 @@ impl FanoutMetrics {
                 "saltgate_fanout_messages_dropped_total",
                 "Message copies dropped because a minion session's queue was at its high-water mark.",
             ),
-            duplicates: counter(
+            duplicates: counter_vec(
                 "saltgate_fanout_duplicates_total",
-                "Byte-identical messages suppressed by the optional dedup window.",
+                "Later copies of a job dropped by the fan-out dedup, by the master that sent the copy.",
+            ),
+            unreadable: JobIdError::ALL.map(|e| reasons.with_label_values(&[e.label()])),
+            key_loads: counter(
+                "saltgate_fanout_dedup_key_loads_total",
+                "Cluster keys loaded by the fan-out dedup (the first one and each change).",
             ),
         }
+    }
+}
+
+impl FanoutMetrics {
+    /// The `saltgate_fanout_dedup_unreadable_total` handle for `e`.
+    pub fn unreadable(&self, e: JobIdError) -> &IntCounter {
+        let i = JobIdError::ALL.iter().position(|x| *x == e).unwrap_or(0);
+        &self.unreadable[i]
     }
 }

@@ -12,13 +12,12 @@
 //! and stop when the hub is dropped (a reload to `mode: l4`) or at shutdown.
 
 pub mod cluster_check;
+mod clusterkey;
+mod dedup;
 pub mod metrics;
 mod session;
 mod upstream;
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,11 +25,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
+use saltgate_wire::publish_job::JobIdError;
 use saltgate_wire::zmtp::frame::encode_message;
 use saltgate_wire::zmtp::Heartbeat;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::dataplane::DataPlane;
@@ -45,9 +44,6 @@ pub struct HubOptions {
     /// PINGs to minions and the silence limit (a Salt 3008 master: 10 s / 30 s). Also used on
     /// the upstream connections, so a master that hangs is dropped after the timeout.
     pub heartbeat: Option<Heartbeat>,
-    /// Suppress a message byte-identical to one relayed within this window (off by default:
-    /// the masters' copies of a job differ, see docs/fanout.md).
-    pub dedup_window: Option<Duration>,
     /// How often the set of UP masters is compared with the upstreams.
     pub watch_interval: Duration,
     /// Wait before re-dialling a master whose upstream failed; doubles per failure up to 2 s.
@@ -61,7 +57,6 @@ impl Default for HubOptions {
         HubOptions {
             hwm: 1000,
             heartbeat: Some(Heartbeat::salt_master()),
-            dedup_window: None,
             watch_interval: Duration::from_millis(250),
             reconnect: Duration::from_millis(100),
             handshake_timeout: Duration::from_secs(10),
@@ -115,8 +110,10 @@ impl Slot {
 pub struct FanReport {
     pub queued: usize,
     pub dropped: usize,
-    /// The message was a duplicate within the dedup window and went nowhere.
+    /// A later copy of a job already forwarded: it went nowhere.
     pub duplicate: bool,
+    /// Dedup is on but the job id could not be read: forwarded as is.
+    pub unreadable: Option<JobIdError>,
 }
 
 /// The state shared by the hub's minion sessions and upstreams.
@@ -128,13 +125,11 @@ pub(crate) struct Hub {
     /// Cancelled when the [`PubHub`] is dropped: upstreams stop, sessions close.
     stop: CancellationToken,
     started: OnceLock<Arc<FanoutMetrics>>,
-    recent: Mutex<VecDeque<(Instant, u64, Bytes)>>,
+    /// Forwarding the first copy of each job (`listeners.publish.dedup_cluster_pki_dir`).
+    dedup: dedup::Dedup,
     /// The number of upstreams connected now (for tests and the docs' "what it trusts").
     connected: AtomicU64,
 }
-
-/// Entries kept for the dedup window at most.
-const DEDUP_MAX: usize = 4096;
 
 impl Hub {
     fn new(opts: HubOptions) -> Self {
@@ -144,7 +139,7 @@ impl Hub {
             next_id: AtomicU64::new(1),
             stop: CancellationToken::new(),
             started: OnceLock::new(),
-            recent: Mutex::new(VecDeque::new()),
+            dedup: dedup::Dedup::new(),
             connected: AtomicU64::new(0),
         }
     }
@@ -164,9 +159,11 @@ impl Hub {
             let stop = self.stop.clone();
             let shutdown = ctx.sessions_token.clone();
             let (hub, snapshot) = (self.clone(), ctx.snapshot.clone());
+            let loads = ctx.fanout.key_loads.clone();
             tokio::spawn(async move {
                 tokio::select! {
-                    _ = upstream::manage(hub, snapshot) => {}
+                    _ = upstream::manage(hub.clone(), snapshot.clone()) => {}
+                    _ = clusterkey::watch(&hub.dedup.key, snapshot, Some(loads)) => {}
                     _ = stop.cancelled() => {}
                     _ = shutdown.cancelled() => {}
                 }
@@ -202,22 +199,41 @@ impl Hub {
         }
     }
 
-    /// Encodes `frames` once and queues it for every session whose subscriptions match the
-    /// first frame. Never waits: a full queue drops that session's copy and counts it.
+    /// [`Hub::publish_from`] without a master's duplicate counter.
+    #[cfg(test)]
     pub(crate) fn publish(&self, frames: &[Bytes]) -> FanReport {
-        let mut buf = BytesMut::new();
-        encode_message(&mut buf, frames);
-        let encoded = buf.freeze();
+        self.publish_from(frames, None)
+    }
+
+    /// Drops a later copy of a job already forwarded (dedup on, counted in `duplicates`, the
+    /// sending master's handle); otherwise encodes `frames` once and queues it for every session
+    /// whose subscriptions match the first frame. Never waits: a full queue drops that
+    /// session's copy and counts it.
+    pub(crate) fn publish_from(
+        &self,
+        frames: &[Bytes],
+        duplicates: Option<&prometheus::IntCounter>,
+    ) -> FanReport {
         let mut report = FanReport::default();
-        if let Some(window) = self.opts.dedup_window {
-            if self.seen_recently(&encoded, window) {
+        match self.dedup.check(frames) {
+            dedup::Verdict::Duplicate => {
                 report.duplicate = true;
-                if let Some(m) = self.metrics() {
-                    m.duplicates.inc();
+                if let Some(c) = duplicates {
+                    c.inc();
                 }
                 return report;
             }
+            dedup::Verdict::Unreadable(e) => {
+                report.unreadable = Some(e);
+                if let Some(m) = self.metrics() {
+                    m.unreadable(e).inc();
+                }
+            }
+            dedup::Verdict::Off | dedup::Verdict::First => {}
         }
+        let mut buf = BytesMut::new();
+        encode_message(&mut buf, frames);
+        let encoded = buf.freeze();
         let first: &[u8] = frames.first().map(|b| &b[..]).unwrap_or_default();
         let sessions = self.sessions.load();
         for s in sessions.iter() {
@@ -238,29 +254,6 @@ impl Hub {
             m.dropped.inc_by(report.dropped as u64);
         }
         report
-    }
-
-    /// Whether `encoded` was relayed within `window`; remembers it otherwise.
-    fn seen_recently(&self, encoded: &Bytes, window: Duration) -> bool {
-        let mut h = DefaultHasher::new();
-        encoded.hash(&mut h);
-        let hash = h.finish();
-        let now = Instant::now();
-        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        while recent
-            .front()
-            .is_some_and(|(t, _, _)| now.duration_since(*t) > window)
-        {
-            recent.pop_front();
-        }
-        if recent.iter().any(|(_, x, b)| *x == hash && b == encoded) {
-            return true;
-        }
-        if recent.len() >= DEDUP_MAX {
-            recent.pop_front();
-        }
-        recent.push_back((now, hash, encoded.clone()));
-        false
     }
 }
 
@@ -303,10 +296,9 @@ impl Serve for PubHub {
 mod tests {
     use super::*;
 
-    fn hub(hwm: usize, dedup: Option<Duration>) -> Hub {
+    fn hub(hwm: usize) -> Hub {
         Hub::new(HubOptions {
             hwm,
-            dedup_window: dedup,
             ..HubOptions::default()
         })
     }
@@ -332,7 +324,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_drops_for_that_session_only() {
-        let h = hub(2, None);
+        let h = hub(2);
         let (slow, _slow_rx) = h.attach();
         let (fast, mut fast_rx) = h.attach();
         slow.topics().subscribe(Bytes::new());
@@ -352,7 +344,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_matching_subscriptions_get_a_copy_encoded_once() {
-        let h = hub(10, None);
+        let h = hub(10);
         let (a, mut a_rx) = h.attach();
         let (c, mut c_rx) = h.attach();
         a.topics().subscribe(b("minion-a"));
@@ -368,23 +360,111 @@ mod tests {
         assert_eq!(h.sessions.load().len(), 1);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn dedup_suppresses_identical_bytes_within_the_window_only() {
-        let h = hub(10, Some(Duration::from_secs(5)));
-        let (s, mut rx) = h.attach();
-        s.topics().subscribe(Bytes::new());
-        assert!(!h.publish(&[b("job")]).duplicate);
-        assert!(h.publish(&[b("job")]).duplicate);
-        assert!(!h.publish(&[b("other job")]).duplicate);
-        tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(!h.publish(&[b("job")]).duplicate);
-        let mut n = 0;
-        while rx.try_recv().is_ok() {
-            n += 1;
+    mod dedup {
+        use super::*;
+        use crate::pubhub::dedup::tests::publish as job;
+        use saltgate_wire::crypticle::CrypticleKey;
+
+        fn aes(dir: &std::path::Path, k: &CrypticleKey) {
+            let tmp = dir.join("aes.tmp");
+            std::fs::write(&tmp, k.to_key_string()).unwrap();
+            std::fs::rename(&tmp, dir.join(".aes")).unwrap();
         }
-        assert_eq!(n, 3);
-        // Off by default: every copy goes through.
-        let h = hub(10, None);
-        assert!(!h.publish(&[b("job")]).duplicate && !h.publish(&[b("job")]).duplicate);
+
+        async fn hub_with(dir: &std::path::Path) -> (Hub, mpsc::Receiver<Bytes>) {
+            let h = hub(100);
+            h.dedup.key.sync(Some(dir), false, None).await;
+            let (s, rx) = h.attach();
+            s.topics().subscribe(Bytes::new());
+            (h, rx)
+        }
+
+        fn delivered(rx: &mut mpsc::Receiver<Bytes>) -> usize {
+            std::iter::from_fn(|| rx.try_recv().ok()).count()
+        }
+
+        #[tokio::test]
+        async fn copies_of_one_job_from_three_masters_are_delivered_once() {
+            let d = tempfile::tempdir().unwrap();
+            let k = CrypticleKey::generate();
+            aes(d.path(), &k);
+            let (h, mut rx) = hub_with(d.path()).await;
+            let copies: Vec<Bytes> = (0..3).map(|_| job(&k, "20261123020000000001")).collect();
+            assert!(copies[0] != copies[1], "each master's copy has its own IV");
+            let r: Vec<FanReport> = copies
+                .iter()
+                .map(|c| h.publish(std::slice::from_ref(c)))
+                .collect();
+            assert_eq!((r[0].queued, r[0].duplicate), (1, false));
+            assert!(r[1].duplicate && r[2].duplicate && r[1].queued == 0);
+            assert!(!h.publish(&[job(&k, "20261123020000000002")]).duplicate);
+            assert_eq!(delivered(&mut rx), 2, "one copy of each job");
+        }
+
+        #[tokio::test]
+        async fn one_jid_under_different_topics_passes_once_per_topic() {
+            // zmq_filtering: one message per target minion (hashed id), same jid.
+            let d = tempfile::tempdir().unwrap();
+            let k = CrypticleKey::generate();
+            aes(d.path(), &k);
+            let (h, mut rx) = hub_with(d.path()).await;
+            for _master in 0..2 {
+                for topic in ["aaaa", "bbbb", "broadcast"] {
+                    h.publish(&[Bytes::from_static(topic.as_bytes()), job(&k, "j")]);
+                }
+            }
+            assert_eq!(
+                delivered(&mut rx),
+                3,
+                "each topic once, the second master's copies dropped"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_wrong_key_or_no_key_forwards_every_copy_and_counts_it() {
+            let d = tempfile::tempdir().unwrap();
+            let (k, wrong) = (CrypticleKey::generate(), CrypticleKey::generate());
+            let (h, mut rx) = hub_with(d.path()).await;
+            let r = h.publish(&[job(&k, "j")]);
+            assert_eq!(r.unreadable, Some(JobIdError::NoKey));
+            aes(d.path(), &wrong);
+            h.dedup.key.sync(Some(d.path()), false, None).await;
+            for _ in 0..2 {
+                let r = h.publish(&[job(&k, "j")]);
+                assert_eq!((r.queued, r.unreadable), (1, Some(JobIdError::BadMac)));
+            }
+            let r = h.publish(&[Bytes::from_static(b"not msgpack \xc1")]);
+            assert_eq!((r.queued, r.unreadable), (1, Some(JobIdError::NotAes)));
+            assert_eq!(delivered(&mut rx), 4, "fail open: everything forwarded");
+            // Off (no directory configured): nothing is read or counted.
+            let off = hub(10);
+            let r = off.publish(&[job(&k, "j")]);
+            assert!(r.unreadable.is_none() && !r.duplicate);
+        }
+
+        #[tokio::test]
+        async fn after_a_rotation_the_new_key_is_used_and_the_old_one_still_matches_copies() {
+            let d = tempfile::tempdir().unwrap();
+            let (k1, k2) = (CrypticleKey::generate(), CrypticleKey::generate());
+            aes(d.path(), &k1);
+            let (h, mut rx) = hub_with(d.path()).await;
+            assert!(!h.publish(&[job(&k1, "j1")]).duplicate);
+            aes(d.path(), &k2);
+            assert!(
+                h.dedup.key.sync(Some(d.path()), false, None).await,
+                "the change is seen"
+            );
+            assert!(!h.publish(&[job(&k2, "j2")]).duplicate);
+            assert!(
+                h.publish(&[job(&k2, "j2")]).duplicate,
+                "new key reads the copies"
+            );
+            assert!(
+                h.publish(&[job(&k1, "j2")]).duplicate,
+                "a slower master's old-key copy"
+            );
+            assert!(h.publish(&[job(&k1, "j1")]).duplicate);
+            assert_eq!(delivered(&mut rx), 2);
+        }
     }
 }

@@ -128,6 +128,9 @@ async fn relay(hub: &Hub, name: &str, mut conn: Connection) -> ZmtpError {
     let received = hub
         .metrics()
         .map(|m| m.upstream_messages.with_label_values(&[name]));
+    let duplicates = hub
+        .metrics()
+        .map(|m| m.duplicates.with_label_values(&[name]));
     let hb = hub
         .opts
         .heartbeat
@@ -161,7 +164,7 @@ async fn relay(hub: &Hub, name: &str, mut conn: Connection) -> ZmtpError {
                         if let Some(c) = &received {
                             c.inc();
                         }
-                        hub.publish(&frames);
+                        hub.publish_from(&frames, duplicates.as_ref());
                     }
                     Ok(None) => {}
                     Err(e) => return e.into(),

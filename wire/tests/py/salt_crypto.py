@@ -4,8 +4,11 @@ Reads a JSON list of operations on stdin, writes a JSON list of results on stdou
 Bytes travel as hex. Uses salt.crypt itself (Salt 3008.5), not a re-implementation.
 """
 import json
+import os
 import sys
+import types
 
+import salt.channel.server
 import salt.crypt
 import salt.payload
 from cryptography.hazmat.primitives import serialization
@@ -83,6 +86,24 @@ def run(op):
             format=serialization.PublicFormat.SubjectPublicKeyInfo,
         ).decode()
         return {"priv": priv_pem, "pub": pub_pem, "clean_pub": salt.crypt.clean_key(pub_pem)}
+    if kind == "cluster_aes_write":
+        # The cluster key file as a 3008 master writes it (`read_or_generate_key`).
+        salt.crypt.Crypticle.write_key(os.path.join(op["dir"], ".aes"))
+        return True
+    if kind == "wrap_publish":
+        # A cluster master's publish payload: PubServerChannel.wrap_payload itself, with the key
+        # read from the .aes file as the master reads it.
+        class NoTopics:
+            def topic_support(self):
+                return False
+
+        key = salt.crypt.Crypticle.read_key(os.path.join(op["dir"], ".aes"))
+        fake = types.SimpleNamespace(
+            opts={"cluster_id": "c1", "sign_pub_messages": False},
+            aes_key=key,
+            transport=NoTopics(),
+        )
+        return h(salt.channel.server.PubServerChannel.wrap_payload(fake, op["load"])["payload"])
     if kind == "payload_dumps":
         return h(salt.payload.dumps(op["obj"]))
     if kind == "payload_loads":
