@@ -472,43 +472,39 @@ mod tests {
     use crate::backend::MasterAddrs;
     use crate::targets::ProxySettings;
 
-    #[test]
-    fn reuse_port_is_set_on_both_listeners_and_the_config_still_parses() {
+    /// The bench's generated saltgate YAML for one master, and its parse.
+    fn base_yaml() -> String {
         let m = vec![MasterAddrs {
             echo: "127.19.0.2:4505".parse().unwrap(),
             stream: "127.19.0.2:4506".parse().unwrap(),
         }];
-        let y = with_reuse_port(
-            &saltgate_yaml(
-                &ProxySettings::default(),
-                "127.19.0.11:5000".parse().unwrap(),
-                "127.19.0.11:5001".parse().unwrap(),
-                &m,
-            ),
-            true,
-        );
+        saltgate_yaml(
+            &ProxySettings::default(),
+            "127.19.0.11:5000".parse().unwrap(),
+            "127.19.0.11:5001".parse().unwrap(),
+            &m,
+        )
+    }
+
+    fn parse(y: &str) -> saltgate_config::Loaded {
+        saltgate_config::parse(y, None, saltgate_config::Format::Yaml)
+            .unwrap_or_else(|e| panic!("{e}\n{y}"))
+    }
+
+    #[test]
+    fn reuse_port_is_set_on_both_listeners_and_the_config_still_parses() {
+        let y = with_reuse_port(&base_yaml(), true);
         assert_eq!(y.matches("reuse_port: true").count(), 2, "{y}");
-        let loaded = saltgate_config::parse(&y, None, saltgate_config::Format::Yaml)
-            .unwrap_or_else(|e| panic!("{e}\n{y}"));
+        let loaded = parse(&y);
         assert!(format!("{:?}", loaded.config).contains("reuse_port: true"));
     }
 
     #[test]
     fn fanout_mode_is_set_on_the_publish_listener_only_and_the_config_still_parses() {
-        let m = vec![MasterAddrs {
-            echo: "127.19.0.2:4505".parse().unwrap(),
-            stream: "127.19.0.2:4506".parse().unwrap(),
-        }];
-        let base = saltgate_yaml(
-            &ProxySettings::default(),
-            "127.19.0.11:5000".parse().unwrap(),
-            "127.19.0.11:5001".parse().unwrap(),
-            &m,
-        );
+        let base = base_yaml();
         assert_eq!(with_publish_mode(&base, PublishMode::L4), base);
         let y = with_publish_mode(&with_reuse_port(&base, true), PublishMode::Fanout);
-        let loaded = saltgate_config::parse(&y, None, saltgate_config::Format::Yaml)
-            .unwrap_or_else(|e| panic!("{e}\n{y}"));
+        let loaded = parse(&y);
         let modes: Vec<(String, saltgate_config::ListenerMode)> = loaded
             .config
             .listeners()
