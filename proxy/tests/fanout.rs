@@ -3,6 +3,8 @@
 //! wire `Subscriber`s (or a raw ZMTP connection where the test needs to see frames), all on
 //! 127.0.5.x.
 
+mod common;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,8 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use saltgate_config::{
-    AdminConfig, Config, Format, Global, HealthSettings, ListenerConfig, ListenerMode,
-    MasterConfig, Role,
+    AdminConfig, Config, Format, Global, HealthSettings, ListenerConfig, ListenerMode, Role,
 };
 use saltgate_proxy::{start, Options, Running};
 use saltgate_wire::zmtp::{
@@ -36,23 +37,10 @@ async fn fake_master(i: usize, port: u16) -> Publisher {
 }
 
 fn config(masters: &[&Publisher]) -> Config {
-    let masters = masters
-        .iter()
-        .enumerate()
-        .map(|(i, p)| MasterConfig {
-            name: format!("m{i}"),
-            host: p.local_addr().ip().to_string(),
-            publish_port: p.local_addr().port(),
-            // Not used in fanout mode on the publish side; the request listener stays L4.
-            request_port: p.local_addr().port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: false,
-            health: HealthSettings::default(),
-        })
-        .collect();
+    // The request port is not used on the publish side in fanout mode (the request listener
+    // stays L4).
+    let addrs: Vec<SocketAddr> = masters.iter().map(|p| p.local_addr()).collect();
+    let masters = common::masters_at(&addrs);
     let bind = SocketAddr::from((PROXY_IP, 0));
     Config {
         global: Global {

@@ -12,8 +12,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 use common::api::{run, wait_for_metric};
-use common::{config_on, T};
-use saltgate_config::{HealthSettings, ListenerMode, MasterConfig, Role};
+use common::{config_on, masters_at, T};
+use saltgate_config::{HealthSettings, ListenerMode, Role};
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{map, text, PublishEnvelope};
 use saltgate_wire::publish_job::publish_jid;
@@ -116,22 +116,8 @@ async fn the_first_copy_of_each_job_reaches_the_minion_once_through_rotation_and
         let addr: SocketAddr = format!("127.25.0.{i}:0").parse().unwrap();
         masters.push(Publisher::bind(addr, PubOptions::default()).await.unwrap());
     }
-    let configs: Vec<MasterConfig> = masters
-        .iter()
-        .enumerate()
-        .map(|(i, p)| MasterConfig {
-            name: format!("m{i}"),
-            host: p.local_addr().ip().to_string(),
-            publish_port: p.local_addr().port(),
-            request_port: p.local_addr().port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: false,
-            health: HealthSettings::default(),
-        })
-        .collect();
+    let addrs: Vec<SocketAddr> = masters.iter().map(Publisher::local_addr).collect();
+    let configs = masters_at(&addrs);
     let mut cfg = config_on(IP, configs, HealthSettings::default());
     cfg.publish.mode = ListenerMode::Fanout;
     cfg.publish.dedup_cluster_pki_dir = Some(dir.path().to_path_buf());

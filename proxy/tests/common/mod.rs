@@ -246,6 +246,27 @@ impl FakeCluster {
     }
 }
 
+/// Masters `m0`, `m1`, ... at `addrs` (publish and request port both the address's port, as fake
+/// publishers have one), unchecked, weight 1: the fan-out tests' upstreams.
+pub fn masters_at(addrs: &[SocketAddr]) -> Vec<MasterConfig> {
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| MasterConfig {
+            name: format!("m{i}"),
+            host: a.ip().to_string(),
+            publish_port: a.port(),
+            request_port: a.port(),
+            weight: 1,
+            maxconn: None,
+            backup: false,
+            disabled: false,
+            check: false,
+            health: HealthSettings::default(),
+        })
+        .collect()
+}
+
 /// A saltgate config over `masters`: listeners and admin API on `ip`, port 0; 2 s connects; a DOWN
 /// master's sessions closed at once; 5 s shutdown grace.
 pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -> Config {
