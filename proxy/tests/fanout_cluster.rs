@@ -3,12 +3,14 @@
 //! signed refusal whose signature depends on their key, as Salt's do (docs/fanout.md). Addresses:
 //! 127.17.0.0/16.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
 use saltgate_config::{
-    AdminConfig, Config, Global, HealthSettings, ListenerConfig, ListenerMode, MasterConfig, Role,
+    AdminConfig, Config, Global, HealthSettings, ListenerConfig, ListenerMode, Role,
 };
 use saltgate_proxy::{start, Options, Running};
 use saltgate_wire::envelope::{self, as_str, bin, get, map, text, RequestEnvelope, Value};
@@ -72,21 +74,6 @@ impl FakeMaster {
     }
 }
 
-fn master_cfg(i: usize, publish: SocketAddr, request: SocketAddr) -> MasterConfig {
-    MasterConfig {
-        name: format!("m{i}"),
-        host: publish.ip().to_string(),
-        publish_port: publish.port(),
-        request_port: request.port(),
-        weight: 1,
-        maxconn: None,
-        backup: false,
-        disabled: false,
-        check: false,
-        health: HealthSettings::default(),
-    }
-}
-
 fn config(masters: &[&FakeMaster], mode: ListenerMode, proxy_ip: &str) -> Config {
     let bind = SocketAddr::from((proxy_ip.parse::<std::net::IpAddr>().unwrap(), 0));
     Config {
@@ -103,7 +90,7 @@ fn config(masters: &[&FakeMaster], mode: ListenerMode, proxy_ip: &str) -> Config
         masters: masters
             .iter()
             .enumerate()
-            .map(|(i, m)| master_cfg(i, m.publish, m.request))
+            .map(|(i, m)| common::master_at(i, m.publish, m.request))
             .collect(),
         publish: ListenerConfig {
             bind: vec![bind],
@@ -192,7 +179,7 @@ async fn a_master_that_cannot_be_asked_is_not_a_reason_to_refuse() {
     let dead = std::net::TcpListener::bind("127.17.3.3:0").unwrap();
     let dead_addr = dead.local_addr().unwrap();
     drop(dead);
-    cfg.masters.push(master_cfg(2, dead_addr, dead_addr));
+    cfg.masters.push(common::master_at(2, dead_addr, dead_addr));
     let (_r, _stop) = run(cfg)
         .await
         .expect("the answering masters agree: fan-out starts");

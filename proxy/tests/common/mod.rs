@@ -246,24 +246,29 @@ impl FakeCluster {
     }
 }
 
+/// Master `m<i>` with its publish and request ports, unchecked, weight 1.
+pub fn master_at(i: usize, publish: SocketAddr, request: SocketAddr) -> MasterConfig {
+    MasterConfig {
+        name: format!("m{i}"),
+        host: publish.ip().to_string(),
+        publish_port: publish.port(),
+        request_port: request.port(),
+        weight: 1,
+        maxconn: None,
+        backup: false,
+        disabled: false,
+        check: false,
+        health: HealthSettings::default(),
+    }
+}
+
 /// Masters `m0`, `m1`, ... at `addrs` (publish and request port both the address's port, as fake
-/// publishers have one), unchecked, weight 1: the fan-out tests' upstreams.
+/// publishers have one): the fan-out tests' upstreams.
 pub fn masters_at(addrs: &[SocketAddr]) -> Vec<MasterConfig> {
     addrs
         .iter()
         .enumerate()
-        .map(|(i, a)| MasterConfig {
-            name: format!("m{i}"),
-            host: a.ip().to_string(),
-            publish_port: a.port(),
-            request_port: a.port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: false,
-            health: HealthSettings::default(),
-        })
+        .map(|(i, a)| master_at(i, *a, *a))
         .collect()
 }
 
