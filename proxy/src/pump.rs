@@ -207,11 +207,24 @@ impl Drop for Tally<'_> {
 /// seen by the next read).
 pub(crate) fn read_some(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
     use std::io::Read;
+    let cap = buf.len();
+    read_clearing(stream, cap, || (&*socket2::SockRef::from(stream)).read(buf))
+}
+
+/// Runs `read` (which takes at most `cap` bytes from `stream`) under tokio's readiness: a short
+/// read means the socket is drained, so it is reported to tokio as `WouldBlock` (clearing the
+/// readiness, no extra `read` to find out) while the bytes read are returned. Shared by the copy
+/// path ([`read_some`]) and the splice path (`splice::fill`).
+pub(crate) fn read_clearing(
+    stream: &TcpStream,
+    cap: usize,
+    mut read: impl FnMut() -> io::Result<usize>,
+) -> io::Result<usize> {
     let mut got = None;
     let res = stream.try_io(tokio::io::Interest::READABLE, || {
-        let n = (&*socket2::SockRef::from(stream)).read(buf)?;
+        let n = read()?;
         got = Some(n);
-        if n > 0 && n < buf.len() {
+        if n > 0 && n < cap {
             // Drained: report WouldBlock so that tokio clears the readiness; `got` has the bytes.
             Err(io::ErrorKind::WouldBlock.into())
         } else {

@@ -99,20 +99,9 @@ fn splice(from: i32, to: i32, len: usize) -> io::Result<usize> {
 /// Splices what `src` holds (at most [`PIPE_SIZE`]) into the empty `pipe`. `Ok(0)`: FIN. As
 /// [`crate::pump::read_some`], a short splice clears the socket's read readiness.
 pub fn fill(src: &TcpStream, pipe: &Pipe) -> io::Result<usize> {
-    let mut got = None;
-    let res = src.try_io(Interest::READABLE, || {
-        let n = splice(src.as_raw_fd(), pipe.w.as_raw_fd(), PIPE_SIZE)?;
-        got = Some(n);
-        if n > 0 && n < PIPE_SIZE {
-            Err(io::ErrorKind::WouldBlock.into())
-        } else {
-            Ok(n)
-        }
-    });
-    match (res, got) {
-        (Err(e), Some(n)) if e.kind() == io::ErrorKind::WouldBlock => Ok(n),
-        (res, _) => res,
-    }
+    crate::pump::read_clearing(src, PIPE_SIZE, || {
+        splice(src.as_raw_fd(), pipe.w.as_raw_fd(), PIPE_SIZE)
+    })
 }
 
 /// Splices up to `len` bytes from `pipe` into `dst`.
