@@ -7,9 +7,10 @@
 //! channel; once the channel filled (after some 800 requests in a burst), the master stopped
 //! answering for good (docs/master.md, "1,000 minions").
 //!
-//! Ignored for now: it still fails after that fix, differently. One of the three concurrent jobs
-//! loses (almost) all its returns: `(1, 300, 299)` with the old loop, `(300, 0, 300)` with the
-//! new one (2026-11-23, loadavg 8-24). A second bug, with concurrent jobs, not found yet.
+//! Then it failed differently: one of the three concurrent jobs lost (almost) all its returns,
+//! `(300, 0, 300)`. The master took each job's `serial` (the minion's replay guard) in one order
+//! and queued the jobs in another, so a minion dropped the job whose serial came late as a
+//! replay. Serials and queue order are now one step (`security::concurrent_publishes_*`).
 
 use std::path::Path;
 use std::process::Command;
@@ -49,7 +50,6 @@ async fn ping_all(socket: &Path, timeout_secs: u64) -> usize {
 }
 
 #[test]
-#[ignore = "one of three concurrent jobs loses its returns: a second bug, docs/master.md"]
 fn a_burst_of_900_returns_from_300_minions_all_arrive() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

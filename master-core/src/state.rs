@@ -164,6 +164,10 @@ pub struct Master {
     /// Cluster membership (`cluster_id` set): the master key and `aes` above are the cluster's.
     pub cluster: Option<crate::cluster::ClusterState>,
     serial: AtomicI64,
+    /// Held from a publish's serial to its place in the publisher's queues, so serials reach
+    /// every minion in increasing order (a minion drops a serial lower than the last it saw as
+    /// a replay: two concurrent publishes cost one of them every return without this).
+    publish_order: Mutex<()>,
     waiters: Mutex<HashMap<String, mpsc::UnboundedSender<ReturnEvent>>>,
 }
 
@@ -200,6 +204,7 @@ impl Master {
             cluster: None,
             // Start from the clock so a restart with the same key never reuses a serial.
             serial: AtomicI64::new(i64::try_from(unix_now()).unwrap_or(0) * 1000),
+            publish_order: Mutex::new(()),
             waiters: Mutex::new(HashMap::new()),
             config,
         }
@@ -268,9 +273,24 @@ impl Master {
         ])
     }
 
+    /// Seals `job` and queues it on the publish port; `None` without a publisher. Serial
+    /// order and queue order are the same (see `publish_order`).
+    fn seal_and_publish(
+        &self,
+        job: &Value,
+    ) -> Result<Option<saltgate_wire::zmtp::PublishReport>, saltgate_wire::rsa::RsaError> {
+        let _order = lock(&self.publish_order);
+        let frame = self.seal_publish(job)?;
+        Ok(self
+            .publisher
+            .as_ref()
+            .map(|p| p.publish(vec![bytes::Bytes::from(frame)])))
+    }
+
     /// Encrypts and signs a job for the publish port (`{"enc":"aes","load","sig_algo","sig"}`);
     /// `serial` is added for the minion's replay guard, as a non-cluster Salt master does.
-    pub fn seal_publish(&self, job: &Value) -> Result<Vec<u8>, saltgate_wire::rsa::RsaError> {
+    /// Publish through [`Master::seal_and_publish`], which keeps serials in order.
+    fn seal_publish(&self, job: &Value) -> Result<Vec<u8>, saltgate_wire::rsa::RsaError> {
         let mut job = job.clone();
         // No serial in a cluster: members cannot share a counter (Salt omits it too).
         if let (Value::Map(m), None) = (&mut job, &self.cluster) {
@@ -304,11 +324,10 @@ impl Master {
         if let Err(e) = self.jobs.save_load(jid, &record) {
             tracing::error!(%jid, error = %e, "job load not saved; returns will not be cached");
         }
-        let frame = self
-            .seal_publish(&job)
+        let report = self
+            .seal_and_publish(&job)
             .map_err(|e| format!("cannot sign the publish: {e}"))?;
-        if let Some(p) = &self.publisher {
-            let r = p.publish(vec![bytes::Bytes::from(frame)]);
+        if let Some(r) = report {
             tracing::info!(%jid, fun = %req.fun, tgt = %req.tgt, expected = expected.len(),
                 queued = r.queued, dropped = r.dropped, "published");
         }
@@ -337,13 +356,11 @@ impl Master {
                 tracing::warn!(%jid, error = %e, "peer job not recorded; its returns will be dropped");
             }
         }
-        match self.seal_publish(job) {
-            Ok(frame) => {
-                if let Some(p) = &self.publisher {
-                    let r = p.publish(vec![bytes::Bytes::from(frame)]);
-                    tracing::info!(%jid, %origin, queued = r.queued, "published for a cluster peer");
-                }
+        match self.seal_and_publish(job) {
+            Ok(Some(r)) => {
+                tracing::info!(%jid, %origin, queued = r.queued, "published for a cluster peer");
             }
+            Ok(None) => {}
             Err(e) => tracing::error!(%jid, error = %e, "cannot sign a peer publish"),
         }
     }
