@@ -150,17 +150,21 @@ impl JobCache {
         Ok(out)
     }
 
-    /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`.
-    pub fn show(&self, jid: &str) -> Result<Json, JobError> {
+    /// A job's load as saved (without its returns).
+    pub fn load(&self, jid: &str) -> Result<Json, JobError> {
         check_jid(jid)?;
-        let job = self.dir.join(jid);
-        let load_path = job.join("load.json");
-        let load = read_json(&load_path).map_err(|e| match e {
+        read_json(&self.dir.join(jid).join("load.json")).map_err(|e| match e {
             JobError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 JobError::NotFound(jid.to_string())
             }
             other => other,
-        })?;
+        })
+    }
+
+    /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`.
+    pub fn show(&self, jid: &str) -> Result<Json, JobError> {
+        let load = self.load(jid)?;
+        let job = self.dir.join(jid);
         let mut returns = serde_json::Map::new();
         if let Ok(entries) = std::fs::read_dir(job.join("returns")) {
             for e in entries.flatten() {

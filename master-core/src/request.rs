@@ -9,6 +9,8 @@
 //! be fresh. Every refusal is logged with its reason and answered as Salt would (`"bad load"`
 //! in most cases).
 
+use std::time::Duration;
+
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, as_bytes, as_str, get, raw_str, salt_compat, text, Value};
 use saltgate_wire::rsa::{EncAlgo, PublicKey, SigAlgo};
@@ -118,7 +120,30 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
 
 /// Handles one request frame and returns the encoded reply.
 pub fn handle(master: &Master, frame: &[u8]) -> Vec<u8> {
-    let reply = match decode_request(frame) {
+    handle_aged(master, frame, Duration::ZERO).unwrap_or_default()
+}
+
+/// Longest an `_auth` may have waited in this process before it is handled: Salt's minion
+/// gives up after `auth_timeout` (5 s by default) and asks again on a new connection, so an
+/// older one is RSA work for nobody. Skipping it keeps an overloaded master answering the
+/// requests still waited for, instead of answering each one just after its minion gave up.
+pub const AUTH_MAX_WAIT: Duration = Duration::from_secs(5);
+/// The same for every other request (Salt's minion waits 60 s for a `_return` or `_pillar`).
+pub const REQUEST_MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// [`handle`], for a request that has waited `waited` since it was read: `None` (no reply,
+/// the minion has given up and retries) when that is over [`AUTH_MAX_WAIT`] for an `_auth` or
+/// over [`REQUEST_MAX_WAIT`] for any other request.
+pub fn handle_aged(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>> {
+    let request = decode_request(frame);
+    let limit = match &request {
+        Ok(Request::Clear { cmd, .. }) if cmd != "ping" => AUTH_MAX_WAIT,
+        _ => REQUEST_MAX_WAIT,
+    };
+    if waited > limit {
+        return None;
+    }
+    let reply = match request {
         Err(r) => {
             tracing::warn!(reason = %r.reason, "request refused");
             r.reply
@@ -141,7 +166,7 @@ pub fn handle(master: &Master, frame: &[u8]) -> Vec<u8> {
             }
         },
     };
-    envelope::encode(&salt_compat(reply))
+    Some(envelope::encode(&salt_compat(reply)))
 }
 
 /// Salt's signed clear reply: `{"enc":"clear","load":msgpack(inner),"sig":PKCS1v15(load)}`.
@@ -494,5 +519,50 @@ fn store_return(master: &Master, id: &str, load: &Value) {
             );
         }
         Err(e) => tracing::warn!(minion = %id, %jid, error = %e, "return refused"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::MasterKey;
+    use saltgate_config::salt_master::parse_salt_master;
+    use saltgate_wire::envelope::{map, RequestEnvelope};
+
+    fn master(dir: &std::path::Path) -> Master {
+        let pem = std::process::Command::new("openssl")
+            .args(["genrsa", "-traditional", "2048"])
+            .output()
+            .expect("openssl genrsa");
+        std::fs::create_dir_all(dir.join("pki")).unwrap();
+        std::fs::write(dir.join("pki/master.pem"), pem.stdout).unwrap();
+        let d = dir.display();
+        let text = format!("id: aged\npki_dir: {d}/pki\ncachedir: {d}/cache\nsock_dir: {d}/sock\n");
+        let config = parse_salt_master(&text, None).unwrap().config;
+        let key = MasterKey::load_or_create(&dir.join("pki"), "master").unwrap();
+        Master::new(config, key, 4505, None)
+    }
+
+    fn clear(cmd: &str) -> Vec<u8> {
+        RequestEnvelope::clear(map(vec![("cmd", text(cmd)), ("id", text("m1"))])).encode()
+    }
+
+    #[test]
+    fn an_auth_older_than_the_minions_timeout_is_skipped_other_requests_wait_longer() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = master(dir.path());
+        let just_over = AUTH_MAX_WAIT + Duration::from_millis(1);
+        assert!(handle_aged(&m, &clear("_auth"), AUTH_MAX_WAIT).is_some());
+        assert_eq!(handle_aged(&m, &clear("_auth"), just_over), None);
+        // A clear ping is cheap and a health check: answered up to the general limit.
+        assert!(handle_aged(&m, &clear("ping"), just_over).is_some());
+        let aes = RequestEnvelope::aes("m1", b"not really encrypted").encode();
+        assert!(handle_aged(&m, &aes, just_over).is_some());
+        assert_eq!(
+            handle_aged(&m, &aes, REQUEST_MAX_WAIT + Duration::from_millis(1)),
+            None
+        );
+        // Undecodable bytes get Salt's error reply at any age below the general limit.
+        assert!(handle_aged(&m, b"\xc1", just_over).is_some());
     }
 }

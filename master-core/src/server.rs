@@ -209,19 +209,24 @@ pub async fn run(
             counters.stale.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let (m, tx, c, peer, body) = (
+        let (m, tx, c, peer, body, received) = (
             master.clone(),
             sender.clone(),
             counters.clone(),
             msg.peer,
             frames[1].clone(),
+            msg.received,
         );
         tokio::spawn(async move {
             let _permit = permit;
-            let reply =
-                tokio::task::spawn_blocking(move || crate::request::handle(&m, &body)).await;
+            // Its age is taken when a blocking thread runs it: the last moment before the work.
+            let reply = tokio::task::spawn_blocking(move || {
+                crate::request::handle_aged(&m, &body, received.elapsed())
+            })
+            .await;
             match reply {
-                Ok(r) => match tx.reply(&peer, vec![Bytes::from(r)]).await {
+                Ok(None) => c.expired.fetch_add(1, Ordering::Relaxed),
+                Ok(Some(r)) => match tx.reply(&peer, vec![Bytes::from(r)]).await {
                     Ok(()) => c.replied.fetch_add(1, Ordering::Relaxed),
                     Err(e) => {
                         tracing::debug!(error = %e, "reply not delivered (peer gone)");
@@ -259,6 +264,9 @@ struct RequestCounters {
     /// The sender had disconnected before a handler was free (it retries on a new connection).
     stale: AtomicU64,
     replied: AtomicU64,
+    /// Waited longer than its sender waits for it (`request::AUTH_MAX_WAIT`,
+    /// `REQUEST_MAX_WAIT`): skipped, not answered.
+    expired: AtomicU64,
     /// Handled, but the sender had gone by the time of the reply.
     undelivered: AtomicU64,
     /// The handler task failed.
@@ -276,6 +284,7 @@ impl RequestCounters {
             received = g(&self.received),
             replied = g(&self.replied),
             stale = g(&self.stale),
+            expired = g(&self.expired),
             undelivered = g(&self.undelivered),
             malformed = g(&self.malformed),
             failed = g(&self.failed),

@@ -169,6 +169,35 @@ pub struct Master {
     /// a replay: two concurrent publishes cost one of them every return without this).
     publish_order: Mutex<()>,
     waiters: Mutex<HashMap<String, mpsc::UnboundedSender<ReturnEvent>>>,
+    /// The origin master of recent jobs: a cluster member looks it up for every return, and
+    /// reading it from the job cache each time cost a file read and parse per return.
+    origins: Mutex<RecentOrigins>,
+}
+
+/// Jobs' origin masters, the most recent [`RecentOrigins::CAP`] jobs.
+#[derive(Debug, Default)]
+struct RecentOrigins {
+    by_jid: HashMap<String, String>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl RecentOrigins {
+    const CAP: usize = 4096;
+
+    fn insert(&mut self, jid: &str, origin: &str) {
+        if self
+            .by_jid
+            .insert(jid.to_string(), origin.to_string())
+            .is_none()
+        {
+            self.order.push_back(jid.to_string());
+            while self.order.len() > Self::CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_jid.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Master {
@@ -206,6 +235,7 @@ impl Master {
             serial: AtomicI64::new(i64::try_from(unix_now()).unwrap_or(0) * 1000),
             publish_order: Mutex::new(()),
             waiters: Mutex::new(HashMap::new()),
+            origins: Mutex::default(),
             config,
         }
     }
@@ -324,6 +354,7 @@ impl Master {
         if let Err(e) = self.jobs.save_load(jid, &record) {
             tracing::error!(%jid, error = %e, "job load not saved; returns will not be cached");
         }
+        lock(&self.origins).insert(jid, &self.config.id);
         let report = self
             .seal_and_publish(&job)
             .map_err(|e| format!("cannot sign the publish: {e}"))?;
@@ -349,6 +380,7 @@ impl Master {
     /// A job a cluster peer published: recorded (unless the shared cache has it) and sent to
     /// our own minions.
     pub fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) {
+        lock(&self.origins).insert(jid, origin);
         if !self.jobs.exists(jid) {
             let mut record = convert::to_json(job);
             record["master_id"] = json!(origin);
@@ -365,9 +397,37 @@ impl Master {
         }
     }
 
-    /// The master whose publish created `jid`, from the job cache.
+    /// The master whose publish created `jid`: remembered for recent jobs, else read from the
+    /// job cache (the job's load only).
     pub fn job_origin(&self, jid: &str) -> Option<String> {
-        let job = self.jobs.show(jid).ok()?;
-        job["load"]["master_id"].as_str().map(str::to_string)
+        if let Some(o) = lock(&self.origins).by_jid.get(jid) {
+            return Some(o.clone());
+        }
+        let load = self.jobs.load(jid).ok()?;
+        let origin = load["master_id"].as_str()?.to_string();
+        lock(&self.origins).insert(jid, &origin);
+        Some(origin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_origins_keep_the_newest_jobs_up_to_the_cap() {
+        let mut o = RecentOrigins::default();
+        for n in 0..RecentOrigins::CAP + 10 {
+            o.insert(&format!("{n:020}"), if n % 2 == 0 { "m1" } else { "m2" });
+        }
+        // Inserting a known job again changes nothing.
+        o.insert(&format!("{:020}", RecentOrigins::CAP + 9), "m2");
+        assert_eq!(o.by_jid.len(), RecentOrigins::CAP);
+        assert_eq!(o.order.len(), RecentOrigins::CAP);
+        assert_eq!(o.by_jid.get(&format!("{:020}", 9)), None);
+        assert_eq!(
+            o.by_jid.get(&format!("{:020}", 10)).map(String::as_str),
+            Some("m1")
+        );
     }
 }

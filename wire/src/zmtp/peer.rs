@@ -95,6 +95,8 @@ pub(crate) enum Outbound {
 pub(crate) struct Delivered {
     pub peer: Bytes,
     pub frames: Vec<Bytes>,
+    /// When the last frame was read off the connection.
+    pub received: Instant,
 }
 
 /// A subscription multiset with prefix matching, as libzmq keeps it per subscriber.
@@ -360,6 +362,7 @@ where
                     let delivered = Delivered {
                         peer: peer.clone(),
                         frames,
+                        received: Instant::now(),
                     };
                     match (tx.try_send(delivered), full) {
                         (Ok(()), _) => {}

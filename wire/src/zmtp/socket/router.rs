@@ -73,6 +73,9 @@ pub struct RouterMessage {
     pub peer: Bytes,
     /// The frames as sent (for a REQ peer: `""`, then the request parts).
     pub frames: Vec<Bytes>,
+    /// When it was read off the peer's connection: how long it has waited since is its age in
+    /// this process (a server under overload can skip what its sender has given up on).
+    pub received: tokio::time::Instant,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -150,6 +153,7 @@ impl Router {
         self.rx.recv().await.map(|d| RouterMessage {
             peer: d.peer,
             frames: d.frames,
+            received: d.received,
         })
     }
 
