@@ -14,7 +14,6 @@ use std::time::Duration;
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, as_bytes, as_str, get, raw_str, salt_compat, text, Value};
 use saltgate_wire::rsa::{EncAlgo, PublicKey, SigAlgo};
-use sha2::{Digest, Sha256};
 
 use crate::auth::{autosign_file_matches, decide, AuthDecision};
 use crate::convert;
@@ -319,19 +318,7 @@ fn accept_reply(
         "session",
         raw_str(minion_pub.encrypt(enc_algo, session.as_bytes())?),
     ));
-    let digest: String = Sha256::digest(aes.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    m.push((
-        "sig",
-        raw_str(
-            master
-                .master_key
-                .private
-                .private_encrypt_x931(digest.as_bytes())?,
-        ),
-    ));
+    m.push(("sig", raw_str(master.aes_key_sig(&aes)?)));
     m.push(("nonce", get(load, "nonce").cloned().unwrap_or(Value::Nil)));
     Ok(envelope::map(m))
 }

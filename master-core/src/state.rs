@@ -172,6 +172,10 @@ pub struct Master {
     /// The origin master of recent jobs: a cluster member looks it up for every return, and
     /// reading it from the job cache each time cost a file read and parse per return.
     origins: Mutex<RecentOrigins>,
+    /// The `sig` of an `_auth` reply (X9.31 over the publish key's SHA-256) for the current
+    /// publish key: one of the three RSA private operations of every `_auth`, the same for
+    /// every minion until the key rotates.
+    aes_sig: Mutex<Option<(String, Vec<u8>)>>,
 }
 
 /// Jobs' origin masters, the most recent [`RecentOrigins::CAP`] jobs.
@@ -236,6 +240,7 @@ impl Master {
             publish_order: Mutex::new(()),
             waiters: Mutex::new(HashMap::new()),
             origins: Mutex::default(),
+            aes_sig: Mutex::default(),
             config,
         }
     }
@@ -395,6 +400,27 @@ impl Master {
             Ok(None) => {}
             Err(e) => tracing::error!(%jid, error = %e, "cannot sign a peer publish"),
         }
+    }
+
+    /// The master's X9.31 signature of the publish key `aes` (a key string) as an `_auth` reply
+    /// carries it (`sig`), made once per key.
+    pub fn aes_key_sig(&self, aes: &str) -> Result<Vec<u8>, saltgate_wire::rsa::RsaError> {
+        if let Some((k, sig)) = lock(&self.aes_sig).as_ref() {
+            if k == aes {
+                return Ok(sig.clone());
+            }
+        }
+        use sha2::Digest;
+        let digest: String = sha2::Sha256::digest(aes.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let sig = self
+            .master_key
+            .private
+            .private_encrypt_x931(digest.as_bytes())?;
+        *lock(&self.aes_sig) = Some((aes.to_string(), sig.clone()));
+        Ok(sig)
     }
 
     /// The master whose publish created `jid`: remembered for recent jobs, else read from the
