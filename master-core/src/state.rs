@@ -176,6 +176,41 @@ pub struct Master {
     /// publish key: one of the three RSA private operations of every `_auth`, the same for
     /// every minion until the key rotates.
     aes_sig: Mutex<Option<(String, Vec<u8>)>>,
+    /// `tok`s that verified, per minion and accepted key.
+    pub toks: VerifiedToks,
+}
+
+/// For each minion, a digest of (accepted key, `tok`) that verified: the same pair needs no
+/// second RSA operation. Bounded: past [`VerifiedToks::CAP`] minions it starts over.
+#[derive(Debug, Default)]
+pub struct VerifiedToks(Mutex<HashMap<String, [u8; 32]>>);
+
+impl VerifiedToks {
+    const CAP: usize = 200_000;
+
+    fn digest(key_pem: &str, tok: &[u8]) -> [u8; 32] {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update((key_pem.len() as u64).to_be_bytes());
+        h.update(key_pem.as_bytes());
+        h.update(tok);
+        h.finalize().into()
+    }
+
+    /// True when `tok` verified against exactly this `key_pem` for `id` before.
+    pub fn known_good(&self, id: &str, key_pem: &str, tok: &[u8]) -> bool {
+        let d = Self::digest(key_pem, tok);
+        lock(&self.0).get(id).is_some_and(|known| *known == d)
+    }
+
+    pub fn remember(&self, id: &str, key_pem: &str, tok: &[u8]) {
+        let d = Self::digest(key_pem, tok);
+        let mut m = lock(&self.0);
+        if m.len() >= Self::CAP && !m.contains_key(id) {
+            m.clear();
+        }
+        m.insert(id.to_string(), d);
+    }
 }
 
 /// Jobs' origin masters, the most recent [`RecentOrigins::CAP`] jobs.
@@ -241,6 +276,7 @@ impl Master {
             waiters: Mutex::new(HashMap::new()),
             origins: Mutex::default(),
             aes_sig: Mutex::default(),
+            toks: VerifiedToks::default(),
             config,
         }
     }
@@ -439,6 +475,19 @@ impl Master {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tok_is_known_good_only_with_the_key_it_verified_against() {
+        let t = VerifiedToks::default();
+        assert!(!t.known_good("m1", "KEY A", b"tok"));
+        t.remember("m1", "KEY A", b"tok");
+        assert!(t.known_good("m1", "KEY A", b"tok"));
+        assert!(!t.known_good("m1", "KEY B", b"tok"), "changed key");
+        assert!(!t.known_good("m1", "KEY A", b"other"), "other tok");
+        assert!(!t.known_good("m2", "KEY A", b"tok"), "other minion");
+        // Length-prefixed: moving bytes between key and tok is a different pair.
+        assert!(!t.known_good("m1", "KEY At", b"ok"));
+    }
 
     #[test]
     fn recent_origins_keep_the_newest_jobs_up_to_the_cap() {
