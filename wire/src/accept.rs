@@ -246,6 +246,26 @@ impl Acceptor {
         Self::new_shared(Arc::new(listener), opts)
     }
 
+    /// A ZMTP socket's acceptor: `addr` bound with Salt's backlog, TCP keepalive as given and a
+    /// private cap of `max_connections`. Returns the bound address too.
+    pub fn bind_salt(
+        addr: SocketAddr,
+        keepalive: Option<Keepalive>,
+        max_connections: Option<usize>,
+    ) -> io::Result<(SocketAddr, Self)> {
+        let listener = bind_listener(addr, SALT_BACKLOG)?;
+        let local_addr = listener.local_addr()?;
+        let acceptor = Acceptor::new(
+            listener,
+            AcceptOptions {
+                keepalive,
+                ..AcceptOptions::default()
+            },
+        )
+        .with_max_connections(max_connections);
+        Ok((local_addr, acceptor))
+    }
+
     /// As [`Acceptor::new`], for a listener shared with other code (e.g. kept across a reload).
     pub fn new_shared(listener: Arc<TcpListener>, opts: AcceptOptions) -> Self {
         Acceptor {

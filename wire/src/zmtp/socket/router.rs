@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::accept::{AcceptOptions, AcceptStats, Acceptor, ConnectionPermit, Keepalive};
+use crate::accept::{AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound};
@@ -116,16 +116,8 @@ pub struct Router {
 
 impl Router {
     pub async fn bind(addr: SocketAddr, opts: RouterOptions) -> std::io::Result<Self> {
-        let listener = crate::accept::bind_listener(addr, crate::accept::SALT_BACKLOG)?;
-        let local_addr = listener.local_addr()?;
-        let acceptor = Acceptor::new(
-            listener,
-            AcceptOptions {
-                keepalive: opts.keepalive,
-                ..AcceptOptions::default()
-            },
-        )
-        .with_max_connections(opts.max_connections);
+        let (local_addr, acceptor) =
+            Acceptor::bind_salt(addr, opts.keepalive, opts.max_connections)?;
         let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
             peers: Mutex::new(HashMap::new()),
