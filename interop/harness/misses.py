@@ -38,6 +38,7 @@ Plus the cluster's own evidence over the same window (the masters' logs): events
 not forward to the victim peer, the AES-key re-announcements those failures schedule, and Raft
 errors. docs/fanout.md ("Where the misses come from") explains what they show."""
 import datetime
+import json
 import os
 import re
 import time
@@ -199,7 +200,7 @@ def breakdown(run_jobs, analysis, minion_logs, t_from, t_to, master_logs=None, t
     stored = stored_returns(master_logs, logs) if master_logs else {}
     queues = {m: return_queue(stored.get(m, {}), logs[m][0]) for m in logs}
     total = {c: 0 for c in CAUSES}
-    per = {}
+    per, each = {}, []
     for tick, _masters, miss in analysis["bad"]:
         js = by_tick.get(tick, [])
         for m in miss:
@@ -207,7 +208,8 @@ def breakdown(run_jobs, analysis, minion_logs, t_from, t_to, master_logs=None, t
             c = classify([j for j in js if targets(j, m)], mlog, conn, stored.get(m), queues.get(m), t_judged)
             total[c] += 1
             per.setdefault(m, {c2: 0 for c2 in CAUSES})[c] += 1
-    return total, per, queues
+            each.append({"tick": tick, "minion": m, "cause": c})
+    return total, per, queues, each
 
 
 def fmt_queues(queues, t_judged=None):
@@ -266,11 +268,14 @@ def note_causes(s, res, jobs, analyses, t0, t_end, victim, pre_s=PRE_S, what="th
     cluster's own evidence; the totals also go in each row ('causes'); returns {lb key: return queues}"""
     ml = {ip: s.cluster.master_log(ip) for ip in MASTERS}
     t_judged, queues = time.time(), {}
+    out = os.path.join(s.run, "jobs", f"s{res['id']}", "misses.jsonl")  # one line per missed (minion, round)
     for lb in s.lbs:
         a = analyses[lb.key]
-        total, per, queues[lb.key] = breakdown(jobs, a, minion_log_paths(s.cluster, lb.minions), t0 - pre_s, t_end,
-                                               ml, t_judged)
+        total, per, queues[lb.key], each = breakdown(jobs, a, minion_log_paths(s.cluster, lb.minions), t0 - pre_s,
+                                                     t_end, ml, t_judged)
         res["rows"][lb.key]["causes"] = total
+        res["rows"][lb.key]["miss_causes"] = {(round(e["tick"]), e["minion"]): e["cause"] for e in each}
+        _write_misses(out, lb.key, each, t0)
         if not any(total.values()):
             continue
         mins = "; ".join(f"{m}: {fmt_causes(c)}" for m, c in sorted(per.items()))
@@ -283,6 +288,15 @@ def note_causes(s, res, jobs, analyses, t0, t_end, victim, pre_s=PRE_S, what="th
     res["cluster_evidence"] = ev
     res["notes"].append(f"cluster logs (survivors) during {what}: {fmt_evidence(ev, t0, t0 - pre_s, t_end)}")
     return queues
+
+
+def _write_misses(path, key, each, t0):
+    try:
+        with open(path, "a") as f:
+            for e in each:
+                f.write(json.dumps(dict(e, lb=key, t0_rel=round(e["tick"] - t0, 1)), sort_keys=True) + "\n")
+    except OSError:
+        pass  # the notes carry the totals
 
 
 def main(argv=None):
@@ -310,7 +324,7 @@ def main(argv=None):
     for g in sorted({group_of(m) for m in mins if m in streamed}):
         a = jb.analyse(jobs, g, t0, t_end=t_end)
         # judged now: every return a master stored since counts as queued, not lost
-        total, per, q = breakdown(jobs, a, minion_log_paths(_C, jb.group(g)), t0 - PRE_S, t_end, ml, t_end)
+        total, per, q, _each = breakdown(jobs, a, minion_log_paths(_C, jb.group(g)), t0 - PRE_S, t_end, ml, t_end)
         print(f"{g}: missed {sum(a['missed'].values())}: {fmt_causes(total)}")
         for m, c in sorted(per.items()):
             print(f"   {m}: {fmt_causes(c)}")
