@@ -17,12 +17,15 @@ reads once more after it stops.
       the list; TGT_LIST is still what must answer. "targeted": the minions the master said
       the job went to.
 
-  saltjob.py stream MASTER_CONF TGT_LIST OUT_JSONL STOP_FILE [--interval S] [--settle S]
+  saltjob.py stream MASTER_CONF TGT_LIST OUT_JSONL STOP_FILE [--interval S] [--settle S] [--rotate P:K:N]
       publishes test.ping every S seconds WITHOUT waiting for returns (a dead
       minion cannot stall the loop) until STOP_FILE exists. Publishes are aligned to
       multiples of S on the wall clock, so streams through several masters publish in the
       same "round" ("tick": the aligned time). Then it keeps listening
       --settle seconds more, then reads the job cache for every job.
+      --rotate P:K:N targets the minions whose id starts with P only in the rounds where
+      (tick / S) mod N == K: N streams given K = 0..N-1 send those minions one job per round,
+      through each master in turn (the others get every stream's job).
       Writes JSON lines as things happen:
         {"ev": "pub",   "jid", "t", "tick", "dt", "master", "expected": [...]}   (dt: publish call time)
         {"ev": "perr",  "t", "master", "error"}                           (publish failed)
@@ -129,6 +132,16 @@ def cmd_once(a):
     print(json.dumps(out, sort_keys=True, default=str), flush=True)
 
 
+def targets(tgt, rotate, n_round):
+    """TGT, less the minions ROTATE ('P:K:N') leaves out of round N_ROUND (see --rotate)"""
+    if not rotate:
+        return tgt
+    prefix, k, n = rotate.split(":")
+    if n_round % int(n) == int(k):
+        return tgt
+    return [m for m in tgt if not m.startswith(prefix)]
+
+
 def cmd_stream(a):
     opts = salt.config.client_config(a.conf)
     tgt = a.tgt.split(",")
@@ -161,7 +174,8 @@ def cmd_stream(a):
             tick = nxt
             t0 = time.time()
             try:
-                pub = lc.run_job(tgt, "test.ping", tgt_type="list", timeout=5, listen=False)
+                pub = lc.run_job(targets(tgt, a.rotate, round(tick / a.interval)), "test.ping", tgt_type="list",
+                                 timeout=5, listen=False)
             except Exception as exc:  # pylint: disable=broad-except
                 pub = None
                 err = f"{type(exc).__name__}: {exc}"
@@ -215,6 +229,7 @@ def main():
     s.add_argument("stop")
     s.add_argument("--interval", type=float, default=1.0)
     s.add_argument("--settle", type=float, default=10.0)
+    s.add_argument("--rotate", default="", help="P:K:N: minions named P* only in rounds where round mod N == K")
     a = p.parse_args()
     {"once": cmd_once, "stream": cmd_stream}[a.cmd](a)
     # salt leaves non-daemon threads/loops behind now and then; do not hang on them

@@ -22,6 +22,7 @@ import time
 
 from . import lb as lbmod
 from .common import Failure, log, wait_for
+from .jobs import targets
 
 FO_ADDR = "127.0.0.11"
 FO_ADMIN = "127.0.0.11:9505"
@@ -185,11 +186,14 @@ def restart_checks(s, res, before, t_from, jobs):
     late = sorted(j for j, v in jobs.items() if v["t"] >= t_from)
     worst_runs, copies = 0, {}
     for m in fo.minions:
-        for _j, (c, r) in copies_and_runs(s.cluster.minion_log(m), late).items():
+        sent = [j for j in late if targets(jobs[j], m)]  # FO_ROTATE: one job of each round
+        for _j, (c, r) in copies_and_runs(s.cluster.minion_log(m), sent).items():
             worst_runs = max(worst_runs, r)
             copies[c] = copies.get(c, 0) + 1
     dist = ", ".join(f"{n} x {c} cop{'y' if c == 1 else 'ies'}" for c, n in sorted(copies.items()))
-    res["notes"].append(f"{FO_LABEL}: the {len(late)} stream jobs after the restart, per (fan-out minion, job): "
+    res["notes"].append(f"{FO_LABEL}: the {len(late)} stream jobs after the restart"
+                        f"{' (one a round to each fan-out minion, FO_ROTATE)' if s.jobs.rotate else ''}, "
+                        "per (fan-out minion, job sent to it): "
                         f"{dist}; most starts of one job on one minion: {worst_runs} (a job must run once)")
     res["notes"].append(f"{FO_LABEL}: {row['recovery']}")
     if worst_runs > 1:

@@ -17,10 +17,24 @@ def group_of(minion):
     return minion.split("-", 1)[0]
 
 
+# FO_ROTATE=1 (default): the fan-out slot's minions get one stream job per round, through each
+# publishing master in turn (saltjob.py stream --rotate), instead of every master's job. A Salt minion
+# returns one job at a time, so three jobs a second were more than it could return through a loaded
+# cluster: its return queue grew for minutes (docs/interop.md, "The fan-out slot's minions").
+FO_ROTATE = os.environ.get("FO_ROTATE", "1") != "0"
+ROTATED = "fo-"
+
+
+def targets(j, m):
+    """whether stream job J was published to minion M (the master's own list of targeted minions)"""
+    return not j.get("expected") or m in j["expected"]
+
+
 class Jobs:
     def __init__(self, run, cluster, procs, minions):
         self.run, self.cluster, self.procs, self.minions = run, cluster, procs, minions
         self.py = cluster.py
+        self.rotate = ROTATED if FO_ROTATE and any(m.startswith(ROTATED) for m in minions) else ""
 
     def _saltjob(self, *args):
         return [self.py, SALTJOB, *args]
@@ -81,12 +95,13 @@ class Jobs:
         os.makedirs(d, exist_ok=True)
         stop = os.path.join(d, "STOP")
         files = {}
-        for ip in ips:
+        for k, ip in enumerate(ips):
             out = os.path.join(d, f"{ip}.jsonl")
             files[ip] = out
+            rot = ("--rotate", f"{self.rotate}:{k}:{len(ips)}") if self.rotate else ()
             self.procs.start(f"pub-{tag}-{ip}",
                              self._saltjob("stream", self.cluster.mconf(ip), ",".join(self.minions), out, stop,
-                                           "--interval", str(interval), "--settle", str(settle)),
+                                           "--interval", str(interval), "--settle", str(settle), *rot),
                              os.path.join(d, f"{ip}.err"))
         # every publisher has published, or reported a failed publish (a master that has just come back
         # may time out for a while under load: that is a result, recorded as a publish error)
@@ -134,7 +149,8 @@ class Jobs:
                     continue
                 j = jobs.setdefault(r["jid"], {"live": {}, "cache": set()})
                 if ev == "pub":
-                    j.update(t=r["t"], master=r["master"], tick=r.get("tick", round(r["t"])))
+                    j.update(t=r["t"], master=r["master"], tick=r.get("tick", round(r["t"])),
+                             expected=r.get("expected", ()))
                 elif ev == "ret":
                     j["live"][r["id"]] = r["lat"]
                 else:
@@ -169,16 +185,18 @@ class Jobs:
         late_jobs = 0  # single jobs some minion missed although it answered that round (forwarding)
         for tk, js in rounds:
             got = {}  # minion -> fastest live latency of the round (None: only in the job cache)
-            for j in js:
-                for m in mins:
+            sent = {m: [j for j in js if targets(j, m)] for m in mins}  # a rotated minion: one job a round
+            for m in mins:
+                for j in sent[m]:
                     if m in j["live"]:
                         prev = got.get(m)
                         got[m] = j["live"][m] if prev is None else min(prev, j["live"][m])
                     elif not live_only and m in j["cache"]:
                         got.setdefault(m, None)
-                late_jobs += sum(1 for m in mins if m not in j["live"] and m not in j["cache"])
-            miss = [m for m in mins if m not in got]
-            late_jobs -= len(miss) * len(js)
+                    else:
+                        late_jobs += 1
+            miss = [m for m in mins if m not in got and sent[m]]
+            late_jobs -= sum(len(sent[m]) for m in miss)
             for m in miss:
                 missed[m] += 1
             if miss:
@@ -203,7 +221,7 @@ class Jobs:
         tail = 0
         for tk, js in reversed([(tk, js) for tk, js in self.rounds(jobs) if t0 - PRE_S <= tk <= cut]):
             got = set().union(*(set(j["live"]) for j in js))
-            if any(m not in got for m in mins):
+            if any(m not in got for m in mins if any(targets(j, m) for j in js)):
                 break
             tail += 1
         return tail >= min_rounds

@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import threading
+import time
 
 from .common import MASTERS, N_MINIONS, PUB_PORT, REQ_PORT, Failure, file_size, log, now, port_open, read_from, \
     wait_for
@@ -323,6 +324,17 @@ def conn_set(ports=(PUB_PORT,), peer_ip=None, master=None):
     """ESTABLISHED connections on the masters' PORTS as a set of 'master:port<-peer:port' (one per session)"""
     return {f"{local}<-{peer}" for local, peer, lip, pip in _established(ports)
             if (peer_ip is None or pip == peer_ip) and (master is None or lip == master)}
+
+
+def session_sets(lbs, ports=(PUB_PORT,), gap=1.5):
+    """{lb key: conn_set} of the connections ESTABLISHED in two snapshots GAP seconds apart: a
+    session stays, a health-check connection (saltgate's own checks dial the masters from
+    127.0.0.1 too, every second per port, and close within a check's time) does not. One snapshot
+    caught the L4 saltgate's three publish checks in flight at a loaded moment and counted them as
+    three new sessions (scenario 5, 2026-11-23 04:51)."""
+    first = {lb.key: conn_set(ports, lb.src) for lb in lbs}
+    time.sleep(gap)
+    return {lb.key: first[lb.key] & conn_set(ports, lb.src) for lb in lbs}
 
 
 def spread(lbs):

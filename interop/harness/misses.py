@@ -18,27 +18,41 @@ that did not happen:
                   publish time, so its 'Executing command' lines tell how far it got)
   not-started     the minion received the job ('Executing command') but its job process never
                   started within the window ('Starting a new job'): the minion's job backlog
-  return-failed   the job ran, the return was sent, and Salt's minion gave up on it ('failed to
-                  return the job information': the request to its master timed out return_retry
-                  times, e.g. its request session sat on the dead or hung master, or the master was
-                  too busy to answer)
+  late            the minion started the job more than LATE_S after the publish (its job backlog:
+                  the return came after the publisher stopped listening)
+  return-queued   the job ran in time and its return was handed to the minion's request channel,
+                  but it reached a master only after the harness stopped counting: a master logged
+                  'Got return' for it later, or the minion's returns were still reaching the masters
+                  that far behind when the round was judged. A Salt minion sends one request at a
+                  time (salt/channel/client.py AsyncReqChannel._crypted_transfer holds _req_lock
+                  around each send and reply), so its returns queue behind each other; the job
+                  thread's 60 s wait gives up first ('failed to return the job information') while
+                  the main process still holds the return and sends it later, which is why this
+                  comes before return-failed
+  return-failed   the job ran, the return was sent, Salt's minion gave up on it ('failed to return
+                  the job information'), and no master has it (nor is it plausibly still queued)
   return-lost     the job ran and the return was sent without an error on the minion, yet no master
-                  reported it to the publisher and it is not in the job cache (cluster side)
-  late            everything happened, but the minion started the job more than LATE_S after the
-                  publish (backlog: the return came after the publisher stopped listening)
+                  reported it to the publisher, it is not in the job cache, and no master logged it
 
 Plus the cluster's own evidence over the same window (the masters' logs): events a survivor could
 not forward to the victim peer, the AES-key re-announcements those failures schedule, and Raft
 errors. docs/fanout.md ("Where the misses come from") explains what they show."""
 import datetime
+import json
 import os
 import re
+import time
 
 from .common import MASTERS, PRE_S
+from .jobs import targets
 
 STALL_S = 10.0  # a pause this long in a minion's receipts after a publish: its publish path stalled
 LATE_S = 30.0  # a job started this long after its publish is counted as late (the window is ~60 s)
-CAUSES = ("publish-gap", "publish-stalled", "not-delivered", "recv-backlog", "not-started", "return-failed", "return-lost", "late")
+CAUSES = ("publish-gap", "publish-stalled", "not-delivered", "recv-backlog", "not-started", "late", "return-queued",
+          "return-failed", "return-lost")
+# the causes that are the Salt minion's own backlog (its publish handling, its job threads, its one-at-a-time
+# request channel), not a path the load balancer carries
+MINION_BACKLOG = ("recv-backlog", "not-started", "late", "return-queued")
 
 _TS_LEN = 23  # '2026-11-22 19:35:35,187'
 _JOB_PATTERNS = (
@@ -56,6 +70,7 @@ _MASTER_PATTERNS = (
     ("raft-role-change", re.compile(r"BECOMING (FOLLOWER|CANDIDATE|LEADER)")),
     ("returns-stored", re.compile(r"Got return from")),
 )
+_STORED = re.compile(r"Got return from (\S+) for job (\d{20})")
 
 
 def _ts(line):
@@ -98,8 +113,44 @@ def _connected_at(conn, t):
     return state
 
 
-def classify(jobs_of_round, mlog, conn):
-    """the cause of one missed round for one minion (see the module doc); MLOG: read_minion_log's jobs"""
+def stored_returns(master_logs, minions):
+    """{minion: {jid: time}}: when a master first logged 'Got return from MINION for job JID' (every line
+    of every master's log: a queued return is stored long after its round was judged)"""
+    want, out = set(minions), {}
+    for path in master_logs.values():
+        try:
+            f = open(path, errors="replace")
+        except OSError:
+            continue
+        with f:
+            for line in f:
+                if "Got return from" not in line:
+                    continue
+                m = _STORED.search(line)
+                t = _ts(line) if m and m.group(1) in want else None
+                if t is None:
+                    continue
+                per = out.setdefault(m.group(1), {})
+                if t < per.get(m.group(2), float("inf")):
+                    per[m.group(2)] = t
+    return out
+
+
+def return_queue(stored, mlog):
+    """(time, seconds): the minion's request-queue delay at its newest stored return, from its own
+    'Returning information' to the master's 'Got return'; None when no return of the log was stored"""
+    best = None
+    for jid, t_st in stored.items():
+        t_ret = mlog.get(jid, {}).get("ret")
+        if t_ret is not None and (best is None or t_st > best[0]):
+            best = (t_st, t_st - t_ret)
+    return best
+
+
+def classify(jobs_of_round, mlog, conn, stored=None, queue=None, t_judged=None):
+    """the cause of one missed round for one minion (see the module doc); MLOG: read_minion_log's jobs;
+    STORED: {jid: time a master stored the minion's return}; QUEUE: return_queue's (time, delay);
+    T_JUDGED: when the round is judged (a return handed over less than the queue delay before is queued)"""
     best = None  # the furthest step any job of the round reached
     order = ("recv", "start", "ret")
     for j in jobs_of_round:
@@ -127,30 +178,46 @@ def classify(jobs_of_round, mlog, conn):
         return "not-started"
     if steps["start"] - j["t"] > LATE_S:
         return "late"
-    if "fail" in steps:
-        return "return-failed"
     if "ret" not in steps:
         return "not-started"  # started but never finished within the window: still the backlog
+    if stored and any(jj["jid"] in stored for jj in jobs_of_round):
+        return "return-queued"  # a master has it: it arrived after the harness stopped counting
+    if queue and t_judged is not None and t_judged - steps["ret"] < queue[1]:
+        return "return-queued"  # the minion's returns were reaching the masters later than this one is old
+    if "fail" in steps:
+        return "return-failed"
     return "return-lost"
 
 
-def breakdown(run_jobs, analysis, minion_logs, t_from, t_to):
-    """{cause: count} and {minion: {cause: count}} for the missed rounds of one group.
-    RUN_JOBS: Jobs.read_jobs output; ANALYSIS: Jobs.analyse output; MINION_LOGS: {minion: log path}."""
+def breakdown(run_jobs, analysis, minion_logs, t_from, t_to, master_logs=None, t_judged=None):
+    """({cause: count}, {minion: {cause: count}}, {minion: return_queue}) for the missed rounds of one group.
+    RUN_JOBS: Jobs.read_jobs output; ANALYSIS: Jobs.analyse output; MINION_LOGS: {minion: log path};
+    MASTER_LOGS: {ip: path} (their 'Got return' lines tell a queued return from a lost one)."""
     by_tick = {}
     for jid, j in run_jobs.items():
         by_tick.setdefault(j["tick"], []).append(dict(j, jid=jid))
     logs = {m: read_minion_log(p, t_from - 5, t_to + 120) for m, p in minion_logs.items()}
+    stored = stored_returns(master_logs, logs) if master_logs else {}
+    queues = {m: return_queue(stored.get(m, {}), logs[m][0]) for m in logs}
     total = {c: 0 for c in CAUSES}
-    per = {}
+    per, each = {}, []
     for tick, _masters, miss in analysis["bad"]:
         js = by_tick.get(tick, [])
         for m in miss:
             mlog, conn = logs.get(m, ({}, []))
-            c = classify(js, mlog, conn)
+            c = classify([j for j in js if targets(j, m)], mlog, conn, stored.get(m), queues.get(m), t_judged)
             total[c] += 1
             per.setdefault(m, {c2: 0 for c2 in CAUSES})[c] += 1
-    return total, per
+            each.append({"tick": tick, "minion": m, "cause": c})
+    return total, per, queues, each
+
+
+def fmt_queues(queues, t_judged=None):
+    """'fo-minion1 131 s (4 s before), ...': each minion's request-queue delay at its newest stored
+    return (and how long before T_JUDGED that return was stored)"""
+    parts = [f"{m} {q[1]:.0f} s" + ("" if t_judged is None else f" ({t_judged - q[0]:.0f} s before)")
+             for m, q in sorted(queues.items()) if q]
+    return ", ".join(parts) if parts else "no return of theirs stored"
 
 
 def fmt_causes(total):
@@ -195,21 +262,41 @@ def minion_log_paths(cluster, minions):
     return {m: cluster.minion_log(m) for m in minions if os.path.exists(cluster.minion_log(m))}
 
 
-def note_causes(s, res, jobs, analyses, t0, t_end, victim, pre_s=PRE_S):
+def note_causes(s, res, jobs, analyses, t0, t_end, victim, pre_s=PRE_S, what="the fault"):
     """the per-scenario breakdown: one note per load balancer (causes of its missed rounds, per cause
-    and per minion) and one for the cluster's own evidence; the totals also go in each row ('causes')"""
+    and per minion, and its minions' request-queue delays when returns were queued) and one for the
+    cluster's own evidence; the totals also go in each row ('causes'); returns {lb key: return queues}"""
+    ml = {ip: s.cluster.master_log(ip) for ip in MASTERS}
+    t_judged, queues = time.time(), {}
+    out = os.path.join(s.run, "jobs", f"s{res['id']}", "misses.jsonl")  # one line per missed (minion, round)
     for lb in s.lbs:
         a = analyses[lb.key]
-        total, per = breakdown(jobs, a, minion_log_paths(s.cluster, lb.minions), t0 - pre_s, t_end)
+        total, per, queues[lb.key], each = breakdown(jobs, a, minion_log_paths(s.cluster, lb.minions), t0 - pre_s,
+                                                     t_end, ml, t_judged)
         res["rows"][lb.key]["causes"] = total
+        res["rows"][lb.key]["miss_causes"] = {(round(e["tick"]), e["minion"]): e["cause"] for e in each}
+        _write_misses(out, lb.key, each, t0)
         if not any(total.values()):
             continue
         mins = "; ".join(f"{m}: {fmt_causes(c)}" for m, c in sorted(per.items()))
         res["notes"].append(f"miss causes, {lb.label}: {fmt_causes(total)} ({mins})")
-    ml = {ip: s.cluster.master_log(ip) for ip in MASTERS}
+        if total["return-queued"]:
+            res["notes"].append(f"return queues, {lb.label} (delay from the minion's 'Returning information' to a "
+                                f"master's 'Got return', at its newest stored return): "
+                                f"{fmt_queues(queues[lb.key], t_judged)}")
     ev = master_evidence(ml, t0, t0 - pre_s, t_end, victim)
     res["cluster_evidence"] = ev
-    res["notes"].append(f"cluster logs (survivors) during the fault: {fmt_evidence(ev, t0, t0 - pre_s, t_end)}")
+    res["notes"].append(f"cluster logs (survivors) during {what}: {fmt_evidence(ev, t0, t0 - pre_s, t_end)}")
+    return queues
+
+
+def _write_misses(path, key, each, t0):
+    try:
+        with open(path, "a") as f:
+            for e in each:
+                f.write(json.dumps(dict(e, lb=key, t0_rel=round(e["tick"] - t0, 1)), sort_keys=True) + "\n")
+    except OSError:
+        pass  # the notes carry the totals
 
 
 def main(argv=None):
@@ -232,13 +319,16 @@ def main(argv=None):
             return os.path.join(run, "n", m, "var", "log", "salt", "minion")
     jb = Jobs.__new__(Jobs)
     jb.minions = mins
-    for g in sorted({group_of(m) for m in mins}):
+    ml = {ip: os.path.join(run, "m-" + ip, "master.log") for ip in MASTERS}
+    streamed = {m for j in jobs.values() for m in j.get("expected", ())} or set(mins)
+    for g in sorted({group_of(m) for m in mins if m in streamed}):
         a = jb.analyse(jobs, g, t0, t_end=t_end)
-        total, per = breakdown(jobs, a, minion_log_paths(_C, jb.group(g)), t0 - PRE_S, t_end)
+        # judged now: every return a master stored since counts as queued, not lost
+        total, per, q, _each = breakdown(jobs, a, minion_log_paths(_C, jb.group(g)), t0 - PRE_S, t_end, ml, t_end)
         print(f"{g}: missed {sum(a['missed'].values())}: {fmt_causes(total)}")
         for m, c in sorted(per.items()):
             print(f"   {m}: {fmt_causes(c)}")
-    ml = {ip: os.path.join(run, "m-" + ip, "master.log") for ip in MASTERS}
+        print(f"   return queues (at their newest stored return): {fmt_queues(q)}")
     print("masters:", fmt_evidence(master_evidence(ml, t0, t0 - PRE_S, t_end, victim), t0, t0 - PRE_S, t_end))
 
 

@@ -30,18 +30,26 @@ fn master_ip(i: usize) -> String {
 }
 
 async fn fake_master(i: usize, port: u16) -> Publisher {
-    let addr: SocketAddr = format!("{}:{port}", master_ip(i)).parse().unwrap();
+    fake_master_on(&master_ip(i), port).await
+}
+
+async fn fake_master_on(ip: &str, port: u16) -> Publisher {
+    let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
     Publisher::bind(addr, PubOptions::default())
         .await
         .expect("fake master binds")
 }
 
 fn config(masters: &[&Publisher]) -> Config {
+    config_at(masters, PROXY_IP)
+}
+
+fn config_at(masters: &[&Publisher], proxy_ip: [u8; 4]) -> Config {
     // The request port is not used on the publish side in fanout mode (the request listener
     // stays L4).
     let addrs: Vec<SocketAddr> = masters.iter().map(|p| p.local_addr()).collect();
     let masters = common::masters_at(&addrs);
-    let bind = SocketAddr::from((PROXY_IP, 0));
+    let bind = SocketAddr::from((proxy_ip, 0));
     Config {
         global: Global {
             shutdown_grace: Duration::from_secs(1),
@@ -261,6 +269,43 @@ async fn a_master_marked_down_loses_only_its_upstream_and_gets_it_back_when_up()
     m1.set_port(Role::Publish, true);
     until_heard_from(&mut sub, &[(0, &a), (1, &b)]).await;
     assert_eq!(sub.connect_count(), 1);
+}
+
+/// A master publishes whatever its request port does: one whose request port fails its checks
+/// (overloaded workers; a restarted Salt master whose workers do not answer a `ping` yet) keeps
+/// its upstream, and a master coming back gets its upstream as soon as its publish port passes,
+/// before it is UP. On 127.26.0.x.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_whose_request_port_is_down_keeps_publishing_to_the_minions() {
+    let a = fake_master_on("127.26.0.1", 0).await;
+    let b = fake_master_on("127.26.0.2", 0).await;
+    let (r, _stop) = run(config_at(&[&a, &b], [127, 26, 0, 10])).await;
+    let mut sub = minion(&r);
+    until_heard_from(&mut sub, &[(0, &a), (1, &b)]).await;
+
+    let (m0, m1) = (r.master("m0").expect("m0"), r.master("m1").expect("m1"));
+    m1.set_port(Role::Request, false);
+    assert!(!m1.is_up());
+    // A barrier: m0's publish port goes down after m1's request port, and the hub handles every
+    // master in one pass, so once m0's upstream is gone the hub has seen m1's flip too.
+    m0.set_port(Role::Publish, false);
+    wait_for("m0's upstream closed", || a.subscriber_count() == 0).await;
+    assert_eq!(
+        b.subscriber_count(),
+        1,
+        "m1's upstream stays while its publish port passes"
+    );
+    until_heard_from(&mut sub, &[(1, &b)]).await;
+    m0.set_port(Role::Publish, true);
+    until_heard_from(&mut sub, &[(0, &a), (1, &b)]).await;
+
+    // A restart: both ports down (no upstream), then the publish port back first.
+    m1.set_port(Role::Publish, false);
+    wait_for("m1's upstream closed", || b.subscriber_count() == 0).await;
+    m1.set_port(Role::Publish, true);
+    assert!(!m1.is_up(), "the request port is still down");
+    until_heard_from(&mut sub, &[(0, &a), (1, &b)]).await;
+    assert_eq!(sub.connect_count(), 1, "the minion never reconnected");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,10 +48,15 @@ def missed_within_allowance(s, res, n_sg, n_ha, scale=1.0):
     return False
 
 
-def log_bad_rounds(lb, bad, t0, limit):
-    """the first LIMIT rounds LB's minions missed, T0-relative: BAD [(tick, masters, missing minions)]"""
+def log_bad_rounds(lb, bad, t0, limit, causes=None, t_abs=0.0):
+    """the first LIMIT rounds LB's minions missed, T0-relative: BAD [(tick, masters, missing minions)];
+    CAUSES {(round(tick + T_ABS), minion): cause} (misses.note_causes) adds each miss's cause"""
+    def who(tk, m):
+        c = (causes or {}).get((round(tk + t_abs), m))
+        return f"{m} ({c})" if c else m
     for tk, ms, miss in bad[:limit]:
-        log(f"  {lb.label}: round T0{tk - t0:+.0f}s (via {', '.join(ms)}) missed by {', '.join(miss)}")
+        log(f"  {lb.label}: round T0{tk - t0:+.0f}s (via {', '.join(ms)}) missed by "
+            f"{', '.join(who(tk, m) for m in miss)}")
 
 
 def log_minion_events(events):

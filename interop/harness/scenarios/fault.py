@@ -143,7 +143,7 @@ def run(s, sid, kind):
     fanout.judge_fault(s, res)
     for lb in s.lbs:
         row = res["rows"][lb.key]
-        log_bad_rounds(lb, row["bad"], 0, 90)  # the row keeps its bad rounds T0-relative already
+        log_bad_rounds(lb, row["bad"], 0, 90, row.get("miss_causes"), t0)  # the row's rounds are T0-relative
         if row["late_jobs"]:
             log(f"  {lb.label}: {row['late_jobs']} single jobs were missed by minions that answered another job "
                 "of the same round (Salt's master-to-master forwarding, not the load balancer)")

@@ -8,9 +8,9 @@ import signal
 import subprocess
 import time
 
-from ..common import MASTERS, PRE_S, PUB_PORT, SETTLE_S, log, now, wait_for, write_atomic
+from ..common import MASTERS, PRE_S, SETTLE_S, log, now, wait_for, write_atomic
 from ..jobs import reconnect_time
-from ..lb import conn_set, sg_variants
+from ..lb import session_sets, sg_variants
 from .base import log_bad_rounds, missed_within_allowance, note_publish_errors, start_saltgate_scenario, stream_row
 
 ID, NAME = 5, "reload under load"
@@ -60,7 +60,7 @@ def run(s):
     first = open(cfg).read()
     w_name = sg.names[MASTERS[0]]
     sp0 = s.spread()
-    conns0 = {lb.key: conn_set((PUB_PORT,), lb.src) for lb in s.lbs}
+    conns0 = session_sets(s.lbs)
     g0, _ = sg.weights()
     off = sg.log_size()
     st = s.jobs.start_streams(f"s{sid}", MASTERS, interval=ROUND_S, settle=2 * SETTLE_S)
@@ -90,7 +90,7 @@ def run(s):
     last = status.splitlines()[-1] if status else ""
     time.sleep(PRE_S)
     t_end = now()
-    conns1 = {lb.key: conn_set((PUB_PORT,), lb.src) for lb in s.lbs}
+    conns1 = session_sets(s.lbs)
     sp1 = s.spread()
     s.jobs.stop_streams(st)
     write_atomic(cfg, first)  # leave the imported config in force

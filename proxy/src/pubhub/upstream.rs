@@ -1,7 +1,16 @@
-//! The hub's upstreams: one SUB connection, subscribed to everything, to every master UP in the
-//! current snapshot. [`manage`] compares the UP masters with the running upstreams every
-//! `watch_interval` (a reload swaps the snapshot, a health flip changes a master's state) and
-//! starts or stops one upstream at a time; nothing else is touched when a master comes or goes.
+//! The hub's upstreams: one SUB connection, subscribed to everything, to every master of the
+//! current snapshot whose **publish port** passes its checks. [`manage`] compares those masters
+//! with the running upstreams every `watch_interval` (a reload swaps the snapshot, a health flip
+//! changes a port's state) and starts or stops one upstream at a time; nothing else is touched
+//! when a master comes or goes.
+//!
+//! Only the publish port counts, not the master's overall UP (both ports): a master publishes
+//! through its own publisher whether or not its request port answers. A restarted Salt master
+//! opens 4505 and publishes (its own jobs, its peers' forwarded ones) for a minute or more before
+//! its request workers answer a `ping` on this host; a master whose request port is overloaded
+//! still publishes. Its jobs reach the fan-out's minions from the start that way, where waiting
+//! for UP left them to the cluster's peer forwarding. A dead or hung master fails its publish
+//! check (refused, no ZMTP greeting) and loses its upstream as before.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,7 +32,13 @@ use crate::snapshot::Snapshot;
 /// Longest wait between two dials of a master that keeps failing.
 const MAX_RECONNECT: Duration = Duration::from_secs(2);
 
-/// Keeps one upstream per UP master until cancelled (the caller selects on its stop tokens).
+/// Whether the hub keeps an upstream to `m`: its publish port passes its checks (see the module doc).
+fn wants_upstream(m: &crate::master::Master) -> bool {
+    m.port_is_up(Role::Publish)
+}
+
+/// Keeps one upstream per master with a passing publish port until cancelled (the caller
+/// selects on its stop tokens).
 pub(super) async fn manage(hub: Arc<Hub>, snapshot: Arc<ArcSwap<Snapshot>>) {
     let mut running: HashMap<(String, SocketAddr), CancellationToken> = HashMap::new();
     // Every upstream stops when the manager is dropped (hub dropped, or shutdown).
@@ -37,13 +52,13 @@ pub(super) async fn manage(hub: Arc<Hub>, snapshot: Arc<ArcSwap<Snapshot>>) {
         let wanted: Vec<(String, SocketAddr)> = snap
             .masters
             .iter()
-            .filter(|m| m.is_up())
+            .filter(|m| wants_upstream(m))
             .map(|m| (m.name(), m.addr(Role::Publish)))
             .collect();
         running.retain(|key, stop| {
             let keep = wanted.contains(key);
             if !keep {
-                tracing::info!(master = %key.0, addr = %key.1, "fanout: master not UP (or removed): its upstream stops");
+                tracing::info!(master = %key.0, addr = %key.1, "fanout: master's publish port down (or master removed): its upstream stops");
                 stop.cancel();
             }
             keep
@@ -52,7 +67,7 @@ pub(super) async fn manage(hub: Arc<Hub>, snapshot: Arc<ArcSwap<Snapshot>>) {
             if running.contains_key(&key) {
                 continue;
             }
-            tracing::info!(master = %key.0, addr = %key.1, "fanout: master UP: opening its upstream");
+            tracing::info!(master = %key.0, addr = %key.1, "fanout: master's publish port up: opening its upstream");
             let stop = all.child_token();
             running.insert(key.clone(), stop.clone());
             let hub = hub.clone();
