@@ -270,8 +270,8 @@ pub async fn pump(
             return Poll::Ready(ctl.close_reason().unwrap_or(CloseReason::Shutdown));
         }
         let mut moved = false;
-        for (i, h) in halves.iter_mut().enumerate() {
-            if h.done {
+        for i in 0..halves.len() {
+            if halves[i].done {
                 continue;
             }
             let (src, dst, eof, src_reset, dst_reset) = if i == 0 {
@@ -293,13 +293,14 @@ pub async fn pump(
                     CloseReason::ClientReset,
                 )
             };
-            let Poll::Ready(end) = h.poll_move(cx, src, dst, pool, &mut moved) else {
+            let Poll::Ready(end) = halves[i].poll_move(cx, src, dst, pool, &mut moved) else {
                 continue;
             };
-            h.done = true;
+            halves[i].done = true;
             match end {
                 DirEnd::Eof => {
                     first_eof.get_or_insert(eof);
+                    crate::flow::pass_fin(dst, halves[1 - i].done);
                 }
                 DirEnd::ReadErr(e) => {
                     tracing::debug!(error = %e, direction = i, "read failed");
