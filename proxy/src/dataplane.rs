@@ -6,7 +6,7 @@
 //! Like mini-redis's `Handler`: the control plane ([`crate::control`]) holds an `Arc` of this and
 //! hands it to every accepted connection.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -26,8 +26,12 @@ pub struct DataPlane {
     /// What sessions run from; swapped once per reload by the control plane.
     pub snapshot: Arc<ArcSwap<Snapshot>>,
     pub pool: BufPool,
-    /// Parent of every session's close token; cancelled when the shutdown grace runs out.
+    /// Parent of every session's close token; cancelled when the shutdown grace runs out, only
+    /// through [`DataPlane::close_sessions`].
     pub sessions_token: CancellationToken,
+    /// Set by [`DataPlane::close_sessions`] before it cancels `sessions_token`: the pump reads
+    /// this flag instead of locking its token at every wake (see [`crate::pump::pump`]).
+    pub sessions_closing: AtomicBool,
     /// Per listener, indexed by `Role as usize`.
     listeners: [ListenerHandles; 2],
     /// Each listener's queue of clients waiting for a master below its `maxconn`, indexed by
@@ -46,12 +50,20 @@ pub struct DataPlane {
 }
 
 impl DataPlane {
+    /// Closes every session (the shutdown grace ran out): sets `sessions_closing`, then cancels
+    /// `sessions_token` (the order the pump relies on).
+    pub fn close_sessions(&self) {
+        self.sessions_closing.store(true, Ordering::Release);
+        self.sessions_token.cancel();
+    }
+
     pub fn new(snapshot: Snapshot, metrics: &Metrics, access: Arc<dyn AccessSink>) -> Self {
         let presence = crate::presence::Presence::new(&snapshot.config.presence, &metrics.registry);
         Self {
             snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
             pool: BufPool::new(POOL_FREE),
             sessions_token: CancellationToken::new(),
+            sessions_closing: AtomicBool::new(false),
             listeners: Role::ALL.map(|r| ListenerHandles::new(metrics, r)),
             queues: Role::ALL.map(|r| {
                 Arc::new(Queue::new(

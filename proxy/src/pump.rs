@@ -19,7 +19,7 @@
 
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -237,6 +237,10 @@ pub(crate) fn read_clearing(
     }
 }
 
+/// The pump polls its close token on its first wake and then once every this many wakes (see
+/// [`pump`]).
+pub const CANCEL_POLL_EVERY: u32 = 64;
+
 /// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
 /// counters, client → master and master → client; they and the session's own counts are updated
 /// every [`FLUSH_EVERY`] and at the end, not per read. `up_tap` sees the client → master bytes
@@ -246,11 +250,19 @@ pub(crate) fn read_clearing(
 /// token. The timer is armed lazily, as HAProxy's: moving bytes only records the time; when the
 /// timer fires it is pushed to the last activity plus the limit, and only a session idle for the
 /// whole limit is closed. So a busy session costs no timer operation per message.
+///
+/// The close token is polled (two locks: the token's and its `Notify`'s) only on the first wake,
+/// which registers the task's waker with it, and every [`CANCEL_POLL_EVERY`] wakes after; the
+/// wakes between read two atomics instead: [`SessionCtl::close_asked`] and `closing`
+/// ([`crate::dataplane::DataPlane::close_sessions`]), each set before the token is cancelled, so
+/// the wake a cancellation causes always sees one of them.
+#[allow(clippy::too_many_arguments)]
 pub async fn pump(
     client: &TcpStream,
     master: &TcpStream,
     limits: &IdleLimits,
     ctl: &SessionCtl,
+    closing: &AtomicBool,
     pool: &BufPool,
     bytes: &[IntCounter; 2],
     up_tap: Option<Box<dyn Tap>>,
@@ -265,13 +277,16 @@ pub async fn pump(
     let timer = tokio::time::sleep_until(last);
     let cancel = ctl.cancel.cancelled();
     tokio::pin!(timer, cancel);
+    let mut wakes = 0u32;
     std::future::poll_fn(|cx| {
-        if cancel.as_mut().poll(cx).is_ready() {
+        let asked = ctl.close_asked() || closing.load(Ordering::Acquire);
+        if asked || (wakes % CANCEL_POLL_EVERY == 0 && cancel.as_mut().poll(cx).is_ready()) {
             return Poll::Ready(ctl.close_reason().unwrap_or(CloseReason::Shutdown));
         }
+        wakes = wakes.wrapping_add(1);
         let mut moved = false;
-        for (i, h) in halves.iter_mut().enumerate() {
-            if h.done {
+        for i in 0..halves.len() {
+            if halves[i].done {
                 continue;
             }
             let (src, dst, eof, src_reset, dst_reset) = if i == 0 {
@@ -293,13 +308,14 @@ pub async fn pump(
                     CloseReason::ClientReset,
                 )
             };
-            let Poll::Ready(end) = h.poll_move(cx, src, dst, pool, &mut moved) else {
+            let Poll::Ready(end) = halves[i].poll_move(cx, src, dst, pool, &mut moved) else {
                 continue;
             };
-            h.done = true;
+            halves[i].done = true;
             match end {
                 DirEnd::Eof => {
                     first_eof.get_or_insert(eof);
+                    crate::flow::pass_fin(dst, halves[1 - i].done);
                 }
                 DirEnd::ReadErr(e) => {
                     tracing::debug!(error = %e, direction = i, "read failed");

@@ -80,6 +80,12 @@ impl SessionCtl {
         self.cancel.cancel();
     }
 
+    /// Whether [`SessionCtl::close`] was called: an atomic load, where the token's
+    /// `is_cancelled` takes its lock (the pump asks at every wake).
+    pub fn close_asked(&self) -> bool {
+        self.reason.load(Ordering::Acquire) != 0
+    }
+
     /// The reason it was asked to close with, if any.
     pub fn close_reason(&self) -> Option<CloseReason> {
         CloseReason::from_u8(self.reason.load(Ordering::Acquire))

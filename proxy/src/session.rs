@@ -278,6 +278,7 @@ impl Plain {
             &self.up.stream,
             &self.limits,
             &self.ctl,
+            &self.ctx.sessions_closing,
             &self.ctx.pool,
             &lm.bytes,
             self.presence.tap.take(),

@@ -285,7 +285,7 @@ impl Control {
                 live_sessions = self.tracker.len(),
                 "shutdown grace over; closing the remaining sessions"
             );
-            self.data.sessions_token.cancel();
+            self.data.close_sessions();
             self.tracker.wait().await;
         }
         self.checks_stop.cancel();
