@@ -8,20 +8,25 @@
 //! start creates them (create-if-absent via `link`, so two starting masters agree).
 //!
 //! The peer protocol is ours (interop with Salt's cluster is not a goal): TCP on
-//! `cluster_pool_port`, one message per connection, 4-byte big-endian length (≤ 16 MiB) then
-//! msgpack `{"peer_id","body","sig"}` where `sig` is PKCS#1 v1.5 (SHA-224) by the sender's own
-//! master key over `body`. Kinds:
+//! `cluster_pool_port`, frames of a 4-byte big-endian length (≤ 16 MiB) then msgpack
+//! `{"peer_id","body","sig"}` where `sig` is PKCS#1 v1.5 (SHA-224) by the sender's own master key
+//! over `body`, or `{"peer_id","body","mac"}` (publishes and returns, when `cluster_secret` is
+//! set): HMAC-SHA256 under [`peer_mac_key`] over the peer id and `body`, and `body` carries `ts`
+//! (±300 s). Forwarded frames travel on one persistent connection per peer
+//! ([`crate::peerlink`]); a join on its own connection. Kinds:
 //! * `join` — `{peer_id, cluster_id, pub, addr, ts, nonce, proof}`, `proof` =
 //!   HMAC-SHA256(cluster_secret, the other fields), checked in constant time; `sig` is checked
 //!   with the `pub` inside (possession). A known peer id with a different key is refused. The
 //!   answer `join_ok` carries the receiver's `pub`/`addr` and its own proof over the joiner's
 //!   nonce, signed; the joiner verifies both. Both sides then store `peers/<id>.pub`.
 //! * `publish` — `{jid, job, origin}`; `return` — `{jid, minion, ret}`. Accepted only from a
-//!   joined peer, `sig` checked against `peers/<peer_id>.pub`.
+//!   joined peer (`peers/<peer_id>.pub`, parsed once and cached), with a valid `sig` (checked
+//!   against that key) or `mac`. A publish of a job this master already published is not
+//!   published again (a replay, or a re-sent frame).
 //!
 //! Peer ids pass the same checks as minion ids before any path is built.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -34,18 +39,43 @@ use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, raw_str, text, V
 use saltgate_wire::rsa::{PrivateKey, PublicKey, SigAlgo, KEY_BITS};
 use sha2::Sha256;
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::id::validate_minion_id;
 use crate::keys::{make_dir, same_key, KeyError, MasterKey};
+pub use crate::peerlink::serve;
+use crate::peerlink::{read_frame_idle, write_frame, Links, PeerStats};
 use crate::state::{unix_now, Master, ReturnEvent};
 
 /// Largest peer message.
 pub const MAX_PEER_MESSAGE: usize = 16 * 1024 * 1024;
 const PEER_SIG: SigAlgo = SigAlgo::Pkcs1v15Sha224;
-/// Join messages older or newer than this are refused.
+/// Join messages (and MAC'd publishes and returns) older or newer than this are refused.
 const JOIN_WINDOW_SECS: i64 = 300;
+/// What the peer MAC key is derived with (from `cluster_secret`; never the cluster `.aes` key,
+/// which every minion receives).
+const PEER_MAC_LABEL: &[u8] = b"saltgate cluster peer mac v1";
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The key of publish/return MACs: HMAC-SHA256(cluster_secret, [`PEER_MAC_LABEL`]); `None`
+/// for an empty secret (a MAC would prove nothing: such frames are RSA-signed).
+pub fn peer_mac_key(secret: &str) -> Option<[u8; 32]> {
+    if secret.is_empty() {
+        return None;
+    }
+    let mut mac = <HmacSha256 as Mac>::new_from_slice(secret.as_bytes()).ok()?;
+    mac.update(PEER_MAC_LABEL);
+    Some(mac.finalize().into_bytes().into())
+}
+
+fn peer_mac(key: &[u8; 32], peer_id: &str, body: &[u8]) -> HmacSha256 {
+    let mut mac = <HmacSha256 as Mac>::new_from_slice(key).expect("any key length");
+    mac.update(&(peer_id.len() as u64).to_be_bytes());
+    mac.update(peer_id.as_bytes());
+    mac.update(body);
+    mac
+}
 
 #[derive(Debug, Error)]
 pub enum ClusterError {
@@ -162,6 +192,11 @@ pub struct ClusterState {
     pub pool_addr: SocketAddr,
     /// Joined peers: id → pool address.
     peers: Mutex<BTreeMap<String, SocketAddr>>,
+    /// Stored peer keys, parsed once (`peers/<id>.pub`).
+    keys: Mutex<HashMap<String, Arc<PublicKey>>>,
+    mac_key: Option<[u8; 32]>,
+    links: Links,
+    pub stats: Arc<PeerStats>,
 }
 
 impl std::fmt::Debug for ClusterState {
@@ -181,11 +216,15 @@ impl ClusterState {
         pool_addr: SocketAddr,
     ) -> Self {
         ClusterState {
+            mac_key: peer_mac_key(&config.secret),
             config,
             own_id: own_id.to_string(),
             own_key,
             pool_addr,
             peers: Mutex::new(BTreeMap::new()),
+            keys: Mutex::default(),
+            links: Links::default(),
+            stats: Arc::default(),
         }
     }
 
@@ -205,12 +244,22 @@ impl ClusterState {
         Ok(self.config.pki_dir.join("peers").join(format!("{id}.pub")))
     }
 
-    /// The stored key of a peer, if it joined.
-    fn peer_pub(&self, id: &str) -> Result<PublicKey, String> {
+    /// The stored key of a peer, if it joined (read from disk once, then cached; a peer is
+    /// removed by deleting its file and restarting).
+    fn peer_pub(&self, id: &str) -> Result<Arc<PublicKey>, String> {
+        if let Some(k) = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            return Ok(k.clone());
+        }
         let path = self.peer_pub_path(id)?;
         let text =
             std::fs::read_to_string(&path).map_err(|_| format!("peer {id:?} has not joined"))?;
-        PublicKey::from_pem(&text).map_err(|e| format!("peer key unusable: {e}"))
+        let key =
+            Arc::new(PublicKey::from_pem(&text).map_err(|e| format!("peer key unusable: {e}"))?);
+        self.keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), key.clone());
+        Ok(key)
     }
 
     /// Stores a peer's key, or refuses when a different one is already stored.
@@ -252,8 +301,68 @@ impl ClusterState {
         mac.verify_slice(got).is_ok()
     }
 
+    /// Wraps a publish or return: `{"peer_id","body","mac"}` with `ts` added to the body when
+    /// `cluster_secret` is set, else [`ClusterState::seal`] (RSA).
+    pub fn seal_forward(&self, body: &Value) -> Vec<u8> {
+        let Some(key) = &self.mac_key else {
+            return self.seal(body);
+        };
+        let mut body = body.clone();
+        if let Value::Map(m) = &mut body {
+            if !m.iter().any(|(k, _)| as_str(k) == Some("ts")) {
+                m.push((text("ts"), Value::from(unix_now_i64())));
+            }
+        }
+        let body = envelope::encode(&envelope::salt_compat(body));
+        let mac = peer_mac(key, &self.own_id, &body).finalize().into_bytes();
+        envelope::encode(&map(vec![
+            ("peer_id", text(&self.own_id)),
+            ("body", raw_str(body)),
+            ("mac", raw_str(mac.to_vec())),
+        ]))
+    }
+
+    /// Checks a frame's authentication: the peer must have joined (its key is stored), and
+    /// the `mac` (with `ts` in the window) or the `sig` must be valid.
+    fn authenticate(
+        &self,
+        peer_id: &str,
+        body: &Value,
+        body_bytes: &[u8],
+        auth: &Auth,
+    ) -> Result<(), String> {
+        let key = self.peer_pub(peer_id)?;
+        match auth {
+            Auth::Sig(sig) => {
+                if !key.verify(PEER_SIG, body_bytes, sig) {
+                    return Err(format!("bad signature from peer {peer_id:?}"));
+                }
+            }
+            Auth::Mac(got) => {
+                let Some(k) = &self.mac_key else {
+                    return Err(format!(
+                        "MAC'd message from {peer_id:?} refused: our cluster_secret is empty"
+                    ));
+                };
+                // `verify_slice` compares in constant time.
+                if peer_mac(k, peer_id, body_bytes).verify_slice(got).is_err() {
+                    return Err(format!("bad mac from peer {peer_id:?}"));
+                }
+                let ts = get(body, "ts")
+                    .and_then(Value::as_i64)
+                    .ok_or(format!("MAC'd message from {peer_id:?} without ts"))?;
+                if (unix_now_i64() - ts).abs() > JOIN_WINDOW_SECS {
+                    return Err(format!(
+                        "message from {peer_id:?}: ts outside the ±{JOIN_WINDOW_SECS} s window"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Wraps a body: `{"peer_id","body","sig"}` signed by our own key.
-    fn seal(&self, body: &Value) -> Vec<u8> {
+    pub fn seal(&self, body: &Value) -> Vec<u8> {
         let body = envelope::encode(&envelope::salt_compat(body.clone()));
         let sig = self
             .own_key
@@ -293,8 +402,21 @@ impl ClusterState {
     }
 }
 
-/// One message on a peer connection: `(peer_id, body map, body bytes, sig)`.
-type Opened = (String, Value, Vec<u8>, Vec<u8>);
+fn unix_now_i64() -> i64 {
+    i64::try_from(unix_now()).unwrap_or(i64::MAX)
+}
+
+/// How a peer message is authenticated.
+#[derive(Debug, Clone)]
+pub enum Auth {
+    /// RSA signature by the sender's own master key.
+    Sig(Vec<u8>),
+    /// HMAC-SHA256 under [`peer_mac_key`].
+    Mac(Vec<u8>),
+}
+
+/// One message on a peer connection: `(peer_id, body map, body bytes, auth)`.
+type Opened = (String, Value, Vec<u8>, Auth);
 
 /// Decodes a peer frame body without trusting it yet.
 pub fn open_message(frame: &[u8]) -> Result<Opened, String> {
@@ -308,31 +430,28 @@ pub fn open_message(frame: &[u8]) -> Result<Opened, String> {
         .and_then(as_bytes)
         .ok_or("no body")?
         .to_vec();
-    let sig = get(&v, "sig").and_then(as_bytes).ok_or("no sig")?.to_vec();
+    let auth = match (
+        get(&v, "sig").and_then(as_bytes),
+        get(&v, "mac").and_then(as_bytes),
+    ) {
+        (Some(sig), None) => Auth::Sig(sig.to_vec()),
+        (None, Some(mac)) => Auth::Mac(mac.to_vec()),
+        (None, None) => return Err("no sig and no mac".into()),
+        (Some(_), Some(_)) => return Err("both sig and mac".into()),
+    };
     let body = envelope::decode(&body_bytes).map_err(|e| format!("body not msgpack: {e}"))?;
     if !body.is_map() {
         return Err("body is not a map".into());
     }
-    Ok((peer_id, body, body_bytes, sig))
+    Ok((peer_id, body, body_bytes, auth))
 }
 
-async fn read_frame(s: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let len = s.read_u32().await? as usize;
-    if len > MAX_PEER_MESSAGE {
-        return Err(std::io::Error::other(format!(
-            "peer message of {len} bytes is over the limit"
-        )));
+/// The RSA signature of a join or join_ok (never MAC'd).
+fn signature(auth: &Auth) -> Result<&[u8], String> {
+    match auth {
+        Auth::Sig(s) => Ok(s),
+        Auth::Mac(_) => Err("a join must be signed, not MAC'd".into()),
     }
-    let mut buf = vec![0u8; len];
-    s.read_exact(&mut buf).await?;
-    Ok(buf)
-}
-
-async fn write_frame(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
-    let len = u32::try_from(data.len()).map_err(|_| std::io::Error::other("message too large"))?;
-    s.write_u32(len).await?;
-    s.write_all(data).await?;
-    s.flush().await
 }
 
 /// Sends one message to `addr` and returns the reply frame, if the peer sends one.
@@ -341,7 +460,10 @@ async fn send(addr: SocketAddr, frame: &[u8], want_reply: bool) -> Result<Option
         let mut s = TcpStream::connect(addr).await?;
         write_frame(&mut s, frame).await?;
         if want_reply {
-            Ok::<_, std::io::Error>(Some(read_frame(&mut s).await?))
+            let reply = read_frame_idle(&mut s).await?;
+            Ok::<_, std::io::Error>(Some(
+                reply.ok_or(std::io::Error::other("closed without a reply"))?,
+            ))
         } else {
             Ok(None)
         }
@@ -352,60 +474,18 @@ async fn send(addr: SocketAddr, frame: &[u8], want_reply: bool) -> Result<Option
         .map_err(|e| format!("peer {addr}: {e}"))
 }
 
-/// Accepts peer connections and handles their messages.
-pub async fn serve(listener: TcpListener, master: Arc<Master>) {
-    loop {
-        match listener.accept().await {
-            Ok((mut s, from)) => {
-                let m = master.clone();
-                tokio::spawn(async move {
-                    let frame =
-                        match tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s))
-                            .await
-                        {
-                            Ok(Ok(f)) => f,
-                            Ok(Err(e)) => {
-                                tracing::warn!(%from, error = %e, "cluster message refused");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
-                    let m2 = m.clone();
-                    let reply =
-                        tokio::task::spawn_blocking(move || handle_message(&m2, &frame)).await;
-                    match reply {
-                        Ok(Ok(Some(r))) => {
-                            let _ = write_frame(&mut s, &r).await;
-                        }
-                        Ok(Ok(None)) => {}
-                        Ok(Err(e)) => tracing::warn!(%from, reason = %e, "cluster message refused"),
-                        Err(e) => tracing::error!(error = %e, "cluster handler failed"),
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cluster accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
 /// Handles one peer message; returns the reply frame for a join.
 pub fn handle_message(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
-    let (peer_id, body, body_bytes, sig) = open_message(frame)?;
+    let (peer_id, body, body_bytes, auth) = open_message(frame)?;
     if peer_id == cl.own_id {
         return Err("message claims to come from ourselves".into());
     }
     let kind = get(&body, "kind").and_then(as_str).unwrap_or("");
     if kind == "join" {
-        return handle_join(master, cl, &peer_id, &body, &body_bytes, &sig).map(Some);
+        return handle_join(master, cl, &peer_id, &body, &body_bytes, signature(&auth)?).map(Some);
     }
-    let key = cl.peer_pub(&peer_id)?;
-    if !key.verify(PEER_SIG, &body_bytes, &sig) {
-        return Err(format!("bad signature from peer {peer_id:?}"));
-    }
+    cl.authenticate(&peer_id, &body, &body_bytes, &auth)?;
     match kind {
         "publish" => {
             let jid = get(&body, "jid")
@@ -418,7 +498,12 @@ pub fn handle_message(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, 
             if crate::jobs::jid_time(jid).is_none() {
                 return Err(format!("bad jid {jid:?}"));
             }
-            master.publish_from_peer(jid, origin, &job);
+            if !master.publish_from_peer(jid, origin, &job) {
+                cl.stats
+                    .replayed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(%jid, peer = %peer_id, "peer publish of a job already published here: not published again");
+            }
             Ok(None)
         }
         "return" => {
@@ -541,7 +626,8 @@ pub async fn join(master: &Master, peer: SocketAddr) -> Result<Joined, String> {
     let ts = i64::try_from(unix_now()).unwrap_or(0);
     let frame = cl.seal(&cl.join_message(&nonce, ts));
     let reply = send(peer, &frame, true).await?.ok_or("no join reply")?;
-    let (peer_id, body, body_bytes, sig) = open_message(&reply)?;
+    let (peer_id, body, body_bytes, auth) = open_message(&reply)?;
+    let sig = signature(&auth)?;
     let f = |k: &str| {
         get(&body, k)
             .and_then(as_str)
@@ -568,7 +654,7 @@ pub async fn join(master: &Master, peer: SocketAddr) -> Result<Joined, String> {
         return Err(format!("{peer_id:?} does not know the cluster_secret"));
     }
     let key = PublicKey::from_pem(pub_pem).map_err(|e| e.to_string())?;
-    if !key.verify(PEER_SIG, &body_bytes, &sig) {
+    if !key.verify(PEER_SIG, &body_bytes, sig) {
         return Err("join_ok signature does not verify".into());
     }
     let addr: SocketAddr = addr
@@ -629,26 +715,22 @@ pub async fn join_loop(master: Arc<Master>, peers: Vec<SocketAddr>) {
     }
 }
 
-/// Sends a signed message to every joined peer (or one), in the background.
+/// Queues a publish or return for every joined peer (or one) on its persistent link, sealed
+/// once ([`ClusterState::seal_forward`]); never waits (see [`crate::peerlink`]).
 pub fn forward(master: &Master, body: Value, only: Option<&str>) {
     let Some(cl) = master.cluster.as_ref() else {
         return;
     };
-    let frame = cl.seal(&body);
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::warn!("no runtime to forward a cluster message");
         return;
     };
+    let frame = bytes::Bytes::from(cl.seal_forward(&body));
     for (id, addr) in cl.joined() {
         if only.is_some_and(|o| o != id) {
             continue;
         }
-        let frame = frame.clone();
-        handle.spawn(async move {
-            if let Err(e) = send(addr, &frame, false).await {
-                tracing::warn!(peer = %id, error = %e, "cluster forward failed");
-            }
-        });
+        cl.links.send(&handle, &cl.stats, &id, addr, frame.clone());
     }
 }
 

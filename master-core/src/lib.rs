@@ -9,6 +9,7 @@
 //! * [`jobs`] — JIDs and the job cache; [`pillar`] — `pillar_roots`; [`target`] — matching;
 //! * [`server`] — `run`: the sockets; [`cli`] — the local publish socket and its client;
 //! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns;
+//! * [`peerlink`] — the peer protocol's transport: a persistent connection per peer;
 //! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`).
 //!
 //! Depends on `wire` and `config`, never on `proxy`.
@@ -20,6 +21,7 @@ pub mod convert;
 pub mod id;
 pub mod jobs;
 pub mod keys;
+pub mod peerlink;
 pub mod pillar;
 pub mod request;
 pub mod rotate;

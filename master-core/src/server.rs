@@ -67,6 +67,48 @@ pub fn cli_socket_path(config: &SaltMasterConfig) -> PathBuf {
     config.sock_dir.join("saltgate_master_publish.sock")
 }
 
+/// The master's state; with `cluster_id`, also its cluster keys and bound cluster port (not
+/// served yet: [`crate::cluster::serve`]) and the configured peers to join.
+pub async fn build_master(
+    config: SaltMasterConfig,
+    master_key: MasterKey,
+    publish_port: u16,
+    publisher: Option<Publisher>,
+) -> Result<(Master, Option<tokio::net::TcpListener>, Vec<SocketAddr>), ServeError> {
+    let Some(cc) = config.cluster.clone() else {
+        return Ok((
+            Master::new(config, master_key, publish_port, publisher),
+            None,
+            Vec::new(),
+        ));
+    };
+    let own = master_key.clone();
+    let (cc2, id) = (cc.clone(), config.id.clone());
+    let (ckey, caes) =
+        tokio::task::spawn_blocking(move || crate::cluster::load_cluster_keys(&cc2, &id, &own))
+            .await
+            .map_err(|e| ServeError::Cluster(e.to_string()))?
+            .map_err(|e| ServeError::Cluster(e.to_string()))?;
+    let bind_err = |addr| {
+        move |source| ServeError::Bind {
+            what: "cluster (cluster_pool_port)",
+            addr,
+            source,
+        }
+    };
+    let pool_addr = SocketAddr::new(config.interface, cc.pool_port);
+    let l = tokio::net::TcpListener::bind(pool_addr)
+        .await
+        .map_err(bind_err(pool_addr))?;
+    let pool_addr = l.local_addr().map_err(bind_err(pool_addr))?;
+    let join_peers = crate::cluster::peer_addrs(&cc);
+    let id = config.id.clone();
+    let state = crate::cluster::ClusterState::new(cc, &id, master_key.clone(), pool_addr);
+    let master =
+        Master::new(config, master_key, publish_port, publisher).with_cluster(ckey, caes, state);
+    Ok((master, Some(l), join_peers))
+}
+
 /// Loads or creates the master key pair, binds everything, and serves until `shutdown`.
 /// `on_ready` is called once with the bound addresses.
 pub async fn run(
@@ -116,40 +158,8 @@ pub async fn run(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600));
     }
-    let mut cluster_listener = None;
-    let mut join_peers = Vec::new();
-    let master = match config.cluster.clone() {
-        None => Master::new(config, master_key, bound_pub.port(), Some(publisher)),
-        Some(cc) => {
-            let own = master_key.clone();
-            let (cc2, id) = (cc.clone(), config.id.clone());
-            let (ckey, caes) = tokio::task::spawn_blocking(move || {
-                crate::cluster::load_cluster_keys(&cc2, &id, &own)
-            })
-            .await
-            .map_err(|e| ServeError::Cluster(e.to_string()))?
-            .map_err(|e| ServeError::Cluster(e.to_string()))?;
-            let pool_addr = SocketAddr::new(config.interface, cc.pool_port);
-            let l = tokio::net::TcpListener::bind(pool_addr)
-                .await
-                .map_err(|source| ServeError::Bind {
-                    what: "cluster (cluster_pool_port)",
-                    addr: pool_addr,
-                    source,
-                })?;
-            let pool_addr = l.local_addr().map_err(|source| ServeError::Bind {
-                what: "cluster (cluster_pool_port)",
-                addr: pool_addr,
-                source,
-            })?;
-            cluster_listener = Some(l);
-            join_peers = crate::cluster::peer_addrs(&cc);
-            let id = config.id.clone();
-            let state = crate::cluster::ClusterState::new(cc, &id, master_key.clone(), pool_addr);
-            Master::new(config, master_key, bound_pub.port(), Some(publisher))
-                .with_cluster(ckey, caes, state)
-        }
-    };
+    let (master, cluster_listener, join_peers) =
+        build_master(config, master_key, bound_pub.port(), Some(publisher)).await?;
     let master = Arc::new(master);
     master.keys.ensure_dirs()?;
     let bound = Bound {

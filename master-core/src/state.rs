@@ -223,19 +223,22 @@ struct RecentOrigins {
 impl RecentOrigins {
     const CAP: usize = 4096;
 
-    fn insert(&mut self, jid: &str, origin: &str) {
+    /// Remembers `jid`'s origin; false when `jid` was known already.
+    fn insert(&mut self, jid: &str, origin: &str) -> bool {
         if self
             .by_jid
             .insert(jid.to_string(), origin.to_string())
-            .is_none()
+            .is_some()
         {
-            self.order.push_back(jid.to_string());
-            while self.order.len() > Self::CAP {
-                if let Some(old) = self.order.pop_front() {
-                    self.by_jid.remove(&old);
-                }
+            return false;
+        }
+        self.order.push_back(jid.to_string());
+        while self.order.len() > Self::CAP {
+            if let Some(old) = self.order.pop_front() {
+                self.by_jid.remove(&old);
             }
         }
+        true
     }
 }
 
@@ -419,9 +422,12 @@ impl Master {
     }
 
     /// A job a cluster peer published: recorded (unless the shared cache has it) and sent to
-    /// our own minions.
-    pub fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) {
-        lock(&self.origins).insert(jid, origin);
+    /// our own minions. False, and nothing done, when this master already published `jid` (its
+    /// own job, a replayed or re-sent peer publish): one of the [`RecentOrigins::CAP`] newest.
+    pub fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) -> bool {
+        if !lock(&self.origins).insert(jid, origin) {
+            return false;
+        }
         if !self.jobs.exists(jid) {
             let mut record = convert::to_json(job);
             record["master_id"] = json!(origin);
@@ -436,6 +442,7 @@ impl Master {
             Ok(None) => {}
             Err(e) => tracing::error!(%jid, error = %e, "cannot sign a peer publish"),
         }
+        true
     }
 
     /// The master's X9.31 signature of the publish key `aes` (a key string) as an `_auth` reply

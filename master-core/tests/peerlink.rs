@@ -1,0 +1,390 @@
+//! The cluster's persistent peer links and MAC'd forwards (127.29.0.x): many returns over one
+//! connection, a peer that restarts, and every refusal of a forwarded message (bad mac, unknown
+//! peer, stale ts, replayed publish), with the RSA-signed form still accepted.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use saltgate_config::salt_master::parse_salt_master;
+use saltgate_master::cluster::{self, open_message, Auth, ClusterState};
+use saltgate_master::keys::MasterKey;
+use saltgate_master::peerlink::read_frame_idle;
+use saltgate_master::server::build_master;
+use saltgate_master::state::{Master, PublishRequest};
+use saltgate_master::target::{Target, TargetType};
+use saltgate_wire::envelope::{self, map, raw_str, text, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+fn openssl_pem() -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl genrsa");
+    assert!(out.status.success());
+    out.stdout
+}
+
+/// A cluster member without minion sockets: its state and its bound (unserved) peer port.
+async fn member(root: &Path, name: &str, ip: &str, secret: &str) -> (Arc<Master>, TcpListener) {
+    let d = root.display();
+    std::fs::create_dir_all(root.join(name).join("pki")).unwrap();
+    std::fs::write(root.join(name).join("pki/master.pem"), openssl_pem()).unwrap();
+    let cpki = root.join("cpki");
+    if !cpki.join("cluster.pem").exists() {
+        std::fs::create_dir_all(&cpki).unwrap();
+        std::fs::write(cpki.join("cluster.pem"), openssl_pem()).unwrap();
+    }
+    let insecure = if secret.is_empty() {
+        "cluster_allow_insecure_empty_secret: true\n"
+    } else {
+        ""
+    };
+    let text = format!(
+        "id: {name}\ninterface: {ip}\npki_dir: {d}/{name}/pki\ncachedir: {d}/{name}/cache\n\
+         sock_dir: {d}/{name}/sock\ncluster_id: c1\ncluster_peers: [127.29.0.99:1]\n\
+         cluster_pki_dir: {d}/cpki\ncluster_pool_port: 0\ncluster_secret: '{secret}'\n{insecure}"
+    );
+    let cfg = parse_salt_master(&text, None).unwrap().config;
+    std::fs::create_dir_all(&cfg.cachedir).unwrap();
+    let key = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
+    let (m, l, _) = build_master(cfg, key, 0, None).await.unwrap();
+    (Arc::new(m), l.expect("cluster port"))
+}
+
+fn cl(m: &Master) -> &ClusterState {
+    m.cluster.as_ref().unwrap()
+}
+
+/// A job published on `m` (no minions: only its record and its forward to the peers).
+async fn publish_job(m: &Arc<Master>) -> String {
+    let jid = m.jids.next();
+    let req = PublishRequest {
+        tgt: "*".into(),
+        tgt_type: TargetType::Glob,
+        fun: "test.ping".into(),
+        arg: vec![],
+        user: "t".into(),
+    };
+    let target = Target::new(TargetType::Glob, "*").unwrap();
+    let (m2, j2) = (m.clone(), jid.clone());
+    tokio::task::spawn_blocking(move || m2.publish(&j2, &req, &target).unwrap())
+        .await
+        .unwrap();
+    jid
+}
+
+fn ret_body(jid: &str, minion: &str) -> Value {
+    map(vec![
+        ("kind", text("return")),
+        ("jid", text(jid)),
+        ("minion", text(minion)),
+        ("ret", text(r#"{"return": true}"#)),
+    ])
+}
+
+async fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn n(a: &std::sync::atomic::AtomicU64) -> u64 {
+    a.load(Ordering::Relaxed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_forwarded_returns_share_one_connection() {
+    let root = tempfile::Builder::new()
+        .prefix("sgpl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (a, al) = member(root.path(), "ma", "127.29.0.1", "s3cret").await;
+    let (b, bl) = member(root.path(), "mb", "127.29.0.2", "s3cret").await;
+    tokio::spawn(cluster::serve(al, a.clone()));
+    tokio::spawn(cluster::serve(bl, b.clone()));
+    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    assert_eq!(n(&cl(&a).stats.accepted), 1, "the join's own connection");
+
+    // A's publish reaches B (MAC'd, on A's link to B).
+    let jid = publish_job(&a).await;
+    wait_for("the publish on B", || n(&cl(&b).stats.handled) == 1).await;
+    assert!(b.jobs.exists(&jid));
+
+    let mut rx = a.wait_returns(&jid);
+    let (b2, j2) = (b.clone(), jid.clone());
+    tokio::task::spawn_blocking(move || {
+        for i in 0..1000 {
+            cluster::forward(&b2, ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
+        }
+    })
+    .await
+    .unwrap();
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < 1000 {
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .expect("returns within 30 s")
+            .unwrap();
+        got.insert(ev.minion);
+    }
+    // One connection for the join, one for the 1,000 returns.
+    assert_eq!(n(&cl(&a).stats.accepted), 2);
+    assert_eq!(n(&cl(&b).stats.connects), 1);
+    assert_eq!(n(&cl(&b).stats.sent), 1000);
+    assert_eq!(n(&cl(&a).stats.refused), 0);
+    assert_eq!(n(&cl(&b).stats.dropped), 0);
+}
+
+/// Serves `l` like `cluster::serve` but on one connection, counting the frames handled, until
+/// the task is aborted (its sockets close: the peer "restarts").
+fn fake_serve(
+    l: TcpListener,
+    m: Arc<Master>,
+    count: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        while let Ok(Some(f)) = read_frame_idle(&mut s).await {
+            let m2 = m.clone();
+            let r = tokio::task::spawn_blocking(move || cluster::handle_message(&m2, &f))
+                .await
+                .unwrap();
+            assert!(r.is_ok(), "{r:?}");
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_reconnects_to_a_restarted_peer() {
+    let root = tempfile::Builder::new()
+        .prefix("sgpl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (a, al) = member(root.path(), "ma", "127.29.0.3", "s3cret").await;
+    let (b, bl) = member(root.path(), "mb", "127.29.0.4", "s3cret").await;
+    let a_addr: SocketAddr = cl(&a).pool_addr;
+    tokio::spawn(cluster::serve(bl, b.clone()));
+    // A joins B, so B links to A's port, which this test serves itself.
+    cluster::join(&a, cl(&b).pool_addr).await.expect("join");
+    let jid = a.jids.next();
+    a.jobs
+        .save_load(
+            &jid,
+            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
+        )
+        .unwrap();
+    let mut rx = a.wait_returns(&jid);
+    let count = Arc::new(AtomicUsize::new(0));
+    let first = fake_serve(al, a.clone(), count.clone());
+    let send = |from: usize| {
+        let (b2, j2) = (b.clone(), jid.clone());
+        tokio::task::spawn_blocking(move || {
+            for i in from..from + 100 {
+                cluster::forward(&b2, ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
+            }
+        })
+    };
+    send(0).await.unwrap();
+    wait_for("the first 100", || count.load(Ordering::Relaxed) == 100).await;
+    // A "restarts": its sockets close, its port is bound again.
+    first.abort();
+    let _ = first.await;
+    let al = TcpListener::bind(a_addr).await.unwrap();
+    send(100).await.unwrap();
+    let second = fake_serve(al, a.clone(), count.clone());
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < 200 {
+        let st = &cl(&b).stats;
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} of 200 returns; handled {}, B sent {} connects {} dropped {}",
+                    got.len(),
+                    count.load(Ordering::Relaxed),
+                    n(&st.sent),
+                    n(&st.connects),
+                    n(&st.dropped)
+                )
+            })
+            .unwrap();
+        got.insert(ev.minion);
+    }
+    assert_eq!(n(&cl(&b).stats.connects), 2, "one reconnection");
+    assert_eq!(n(&cl(&b).stats.dropped), 0);
+    second.abort();
+}
+
+/// Replaces the `mac` of a sealed frame.
+fn with_mac(frame: &[u8], mac: Vec<u8>) -> Vec<u8> {
+    let (peer_id, _, body, _) = open_message(frame).unwrap();
+    envelope::encode(&map(vec![
+        ("peer_id", text(&peer_id)),
+        ("body", raw_str(body)),
+        ("mac", raw_str(mac)),
+    ]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
+    let root = tempfile::Builder::new()
+        .prefix("sgpl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (a, al) = member(root.path(), "ma", "127.29.0.5", "s3cret").await;
+    let (b, bl) = member(root.path(), "mb", "127.29.0.6", "s3cret").await;
+    tokio::spawn(cluster::serve(al, a.clone()));
+    tokio::spawn(cluster::serve(bl, b.clone()));
+    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    let jid = a.jids.next();
+    a.jobs
+        .save_load(
+            &jid,
+            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
+        )
+        .unwrap();
+    let bc = cl(&b);
+    let handle = |f: &[u8]| cluster::handle_message(&a, f);
+    let refused = |f: &[u8], why: &str| {
+        let r = handle(f);
+        assert!(
+            r.as_ref().is_err_and(|e| e.contains(why)),
+            "expected a refusal with {why:?}: {r:?}"
+        );
+    };
+
+    // The control: a MAC'd return from a joined peer.
+    let good = bc.seal_forward(&ret_body(&jid, "m-1"));
+    assert!(matches!(open_message(&good).unwrap().3, Auth::Mac(_)));
+    assert_eq!(handle(&good), Ok(None));
+    // A wrong mac; a mac under another secret.
+    let (_, _, _, Auth::Mac(mut mac)) = open_message(&good).unwrap() else {
+        panic!("not MAC'd")
+    };
+    mac[0] ^= 1;
+    refused(&with_mac(&good, mac), "bad mac");
+    let (c_other, _) = member(root.path(), "mc", "127.29.0.7", "wrong").await;
+    let c_frame = cl(&c_other).seal_forward(&ret_body(&jid, "m-1"));
+    // mc's key is stored (same cluster_pki_dir), but its secret is wrong.
+    refused(&c_frame, "bad mac");
+    // A peer that never joined (no peers/<id>.pub), with the right secret.
+    let own = MasterKey::load_or_create(&root.path().join("mb/pki"), "master").unwrap();
+    let stranger = ClusterState::new(
+        bc.config.clone(),
+        "stranger",
+        own,
+        "127.29.0.8:9".parse().unwrap(),
+    );
+    refused(
+        &stranger.seal_forward(&ret_body(&jid, "m-1")),
+        "has not joined",
+    );
+    // A stale ts, and one from the future.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    for ts in [now - 301, now + 301] {
+        let Value::Map(mut m) = ret_body(&jid, "m-1") else {
+            unreachable!()
+        };
+        m.push((text("ts"), Value::from(ts)));
+        refused(&bc.seal_forward(&Value::Map(m)), "window");
+    }
+    // The RSA-signed form (an older member, or an empty secret) is still accepted; a bad
+    // signature is not.
+    let signed = bc.seal(&ret_body(&jid, "m-2"));
+    assert!(matches!(open_message(&signed).unwrap().3, Auth::Sig(_)));
+    assert_eq!(handle(&signed), Ok(None));
+    let (pid, _, body, _) = open_message(&signed).unwrap();
+    let forged = envelope::encode(&map(vec![
+        ("peer_id", text(&pid)),
+        ("body", raw_str(body)),
+        ("sig", raw_str(vec![0u8; 256])),
+    ]));
+    refused(&forged, "bad signature");
+    // An old one-message-per-connection sender: connect, one frame, close.
+    let before = n(&cl(&a).stats.handled);
+    let mut s = tokio::net::TcpStream::connect(cl(&a).pool_addr)
+        .await
+        .unwrap();
+    s.write_u32(signed.len() as u32).await.unwrap();
+    s.write_all(&signed).await.unwrap();
+    drop(s);
+    wait_for("the old-style frame", || {
+        n(&cl(&a).stats.handled) == before + 1
+    })
+    .await;
+
+    // A peer publish is published once; the same frame again (a replay) is not, nor one of a
+    // job this master published itself.
+    let pjid = b.jids.next();
+    let publish = |j: &str, origin: &str| {
+        bc.seal_forward(&map(vec![
+            ("kind", text("publish")),
+            ("jid", text(j)),
+            ("origin", text(origin)),
+            (
+                "job",
+                map(vec![("fun", text("test.ping")), ("jid", text(j))]),
+            ),
+        ]))
+    };
+    let p = publish(&pjid, "mb");
+    assert_eq!(handle(&p), Ok(None));
+    assert_eq!(n(&cl(&a).stats.replayed), 0);
+    assert_eq!(handle(&p), Ok(None));
+    assert_eq!(
+        n(&cl(&a).stats.replayed),
+        1,
+        "the replay was published again"
+    );
+    let own_jid = publish_job(&a).await;
+    assert_eq!(handle(&publish(&own_jid, "mb")), Ok(None));
+    assert_eq!(n(&cl(&a).stats.replayed), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
+    let root = tempfile::Builder::new()
+        .prefix("sgpl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (a, al) = member(root.path(), "ma", "127.29.0.9", "").await;
+    let (b, bl) = member(root.path(), "mb", "127.29.0.10", "").await;
+    tokio::spawn(cluster::serve(al, a.clone()));
+    tokio::spawn(cluster::serve(bl, b.clone()));
+    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    assert_eq!(cluster::peer_mac_key(""), None);
+    let jid = a.jids.next();
+    a.jobs
+        .save_load(
+            &jid,
+            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
+        )
+        .unwrap();
+    let signed = cl(&b).seal_forward(&ret_body(&jid, "m-1"));
+    assert!(matches!(open_message(&signed).unwrap().3, Auth::Sig(_)));
+    assert_eq!(cluster::handle_message(&a, &signed), Ok(None));
+    // A MAC'd frame (under any key) proves nothing here.
+    let (pid, _, body, _) = open_message(&signed).unwrap();
+    let mac_frame = envelope::encode(&map(vec![
+        ("peer_id", text(&pid)),
+        ("body", raw_str(body)),
+        ("mac", raw_str(vec![0u8; 32])),
+    ]));
+    let r = cluster::handle_message(&a, &mac_frame);
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.contains("cluster_secret is empty")),
+        "{r:?}"
+    );
+}
