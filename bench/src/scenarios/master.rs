@@ -340,22 +340,49 @@ pub fn rows(samples: &[MasterSample], sizes: &[usize]) -> Vec<MasterRow> {
     out
 }
 
-/// Runs every size, `repeat` rounds, the two masters in an order rotated each round.
+/// `--master-kinds`: `salt`, `saltgate` (each at most once, at least one).
+pub fn parse_kinds(names: &[String]) -> Result<Vec<MasterKind>, String> {
+    let mut kinds = Vec::new();
+    for n in names {
+        let k = match n.trim() {
+            "salt" => MasterKind::SaltMaster,
+            "saltgate" => MasterKind::SaltgateMaster,
+            other => {
+                return Err(format!(
+                    "--master-kinds: unknown master {other:?}; use salt, saltgate or both"
+                ))
+            }
+        };
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    if kinds.is_empty() {
+        return Err("--master-kinds: name at least one of salt, saltgate".into());
+    }
+    Ok(kinds)
+}
+
+/// Runs every size, `repeat` rounds, the masters in an order rotated each round.
 pub async fn bench(
     ctx: &Ctx,
     sizes: &[usize],
+    only: &[MasterKind],
     repeat: usize,
     command: String,
 ) -> Result<MasterReport, BenchError> {
-    saltmaster::venv()?;
+    if only.contains(&MasterKind::SaltMaster) {
+        saltmaster::venv()?;
+    }
     let started = std::time::SystemTime::now();
     let (load_before, sys0) = (procfs::loadavg(), procfs::sys_sample()?);
     let mut samples = Vec::new();
     let mut failures = Vec::new();
     for &n in sizes {
         for r in 0..repeat {
-            let mut kinds = [MasterKind::SaltMaster, MasterKind::SaltgateMaster];
-            kinds.rotate_left(r % 2);
+            let mut kinds = only.to_vec();
+            let turn = r % kinds.len();
+            kinds.rotate_left(turn);
             for kind in kinds {
                 eprintln!(
                     "saltgate-bench: master {kind:?} {n} minions round {}/{repeat} (loadavg {})",
@@ -447,6 +474,25 @@ pub fn markdown(r: &MasterReport) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn master_kinds_parse_and_refuse_unknown_names() {
+        let k = |v: &[&str]| parse_kinds(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            k(&["salt", "saltgate"]),
+            Ok(vec![MasterKind::SaltMaster, MasterKind::SaltgateMaster])
+        );
+        assert_eq!(
+            k(&["saltgate", "saltgate"]),
+            Ok(vec![MasterKind::SaltgateMaster])
+        );
+        let e = k(&["salt-master"]).unwrap_err();
+        assert!(
+            e.contains("--master-kinds") && e.contains("salt-master"),
+            "{e}"
+        );
+        assert!(k(&[]).is_err());
+    }
+
     fn sample(kind: MasterKind, figure: &'static str, value: f64) -> MasterSample {
         MasterSample {
             kind,
@@ -492,7 +538,7 @@ mod tests {
             .find(|r| r.figure == "test.ping: time until every return")
             .unwrap();
         assert_eq!(t.met, Some(false));
-        assert!(markdown(&MasterReport {
+        let md = markdown(&MasterReport {
             command: "x".into(),
             started_utc: String::new(),
             finished_utc: String::new(),
@@ -503,7 +549,9 @@ mod tests {
             start_rate: 100,
             rows,
             samples: s,
-        })
-        .contains("| 15.0× |"));
+            failures: vec!["SaltMaster, 5000 minions, round 1: not within 720s".into()],
+        });
+        assert!(md.contains("| 15.0× |"));
+        assert!(md.contains("- **did not complete:** SaltMaster, 5000 minions"));
     }
 }
