@@ -225,11 +225,19 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
             "saltgate / HAProxy, medians of {} run(s), {} CPUs ({})",
             report.meta.repeat, report.meta.cpus, report.meta.finished_utc
         );
-        chart::draw(&report.rows, &title, &dir.join("ratios.png"))?;
-        eprintln!(
-            "saltgate-bench: wrote {}/report.{{md,json}} and ratios.png",
-            dir.display()
-        );
+        if report.rows.iter().any(|r| r.ratio.is_some()) {
+            chart::draw(&report.rows, &title, &dir.join("ratios.png"))?;
+            eprintln!(
+                "saltgate-bench: wrote {}/report.{{md,json}} and ratios.png",
+                dir.display()
+            );
+        } else {
+            // e.g. `--targets saltgate` (scripts/swarm-10k.sh): no HAProxy, so no ratio to draw.
+            eprintln!(
+                "saltgate-bench: wrote {}/report.{{md,json}} (no chart: no saltgate/HAProxy ratio in this run)",
+                dir.display()
+            );
+        }
     }
     Ok(())
 }
