@@ -117,11 +117,6 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
     }
 }
 
-/// Handles one request frame and returns the encoded reply.
-pub fn handle(master: &Master, frame: &[u8]) -> Vec<u8> {
-    handle_aged(master, frame, Duration::ZERO).unwrap_or_default()
-}
-
 /// Longest an `_auth` may have waited in this process before it is handled: Salt's minion
 /// gives up after `auth_timeout` (5 s by default) and asks again on a new connection, so an
 /// older one is RSA work for nobody. Skipping it keeps an overloaded master answering the
@@ -130,10 +125,11 @@ pub const AUTH_MAX_WAIT: Duration = Duration::from_secs(5);
 /// The same for every other request (Salt's minion waits 60 s for a `_return` or `_pillar`).
 pub const REQUEST_MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// [`handle`], for a request that has waited `waited` since it was read: `None` (no reply,
-/// the minion has given up and retries) when that is over [`AUTH_MAX_WAIT`] for an `_auth` or
-/// over [`REQUEST_MAX_WAIT`] for any other request.
-pub fn handle_aged(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>> {
+/// Handles one request frame that has waited `waited` since it was read and returns the encoded
+/// reply; `None` (no reply, the
+/// minion has given up and retries) when that is over [`AUTH_MAX_WAIT`] for an `_auth` or over
+/// [`REQUEST_MAX_WAIT`] for any other request.
+pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>> {
     let request = decode_request(frame);
     let limit = match &request {
         Ok(Request::Clear { cmd, .. }) if cmd != "ping" => AUTH_MAX_WAIT,
@@ -548,17 +544,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = master(dir.path());
         let just_over = AUTH_MAX_WAIT + Duration::from_millis(1);
-        assert!(handle_aged(&m, &clear("_auth"), AUTH_MAX_WAIT).is_some());
-        assert_eq!(handle_aged(&m, &clear("_auth"), just_over), None);
+        assert!(handle(&m, &clear("_auth"), AUTH_MAX_WAIT).is_some());
+        assert_eq!(handle(&m, &clear("_auth"), just_over), None);
         // A clear ping is cheap and a health check: answered up to the general limit.
-        assert!(handle_aged(&m, &clear("ping"), just_over).is_some());
+        assert!(handle(&m, &clear("ping"), just_over).is_some());
         let aes = RequestEnvelope::aes("m1", b"not really encrypted").encode();
-        assert!(handle_aged(&m, &aes, just_over).is_some());
+        assert!(handle(&m, &aes, just_over).is_some());
         assert_eq!(
-            handle_aged(&m, &aes, REQUEST_MAX_WAIT + Duration::from_millis(1)),
+            handle(&m, &aes, REQUEST_MAX_WAIT + Duration::from_millis(1)),
             None
         );
         // Undecodable bytes get Salt's error reply at any age below the general limit.
-        assert!(handle_aged(&m, b"\xc1", just_over).is_some());
+        assert!(handle(&m, b"\xc1", just_over).is_some());
     }
 }

@@ -231,7 +231,7 @@ pub async fn run(
             let _permit = permit;
             // Its age is taken when a blocking thread runs it: the last moment before the work.
             let reply = tokio::task::spawn_blocking(move || {
-                crate::request::handle_aged(&m, &body, received.elapsed())
+                crate::request::handle(&m, &body, received.elapsed())
             })
             .await;
             match reply {
