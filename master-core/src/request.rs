@@ -126,9 +126,8 @@ pub const AUTH_MAX_WAIT: Duration = Duration::from_secs(5);
 pub const REQUEST_MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// Handles one request frame that has waited `waited` since it was read and returns the encoded
-/// reply; `None` (no reply, the
-/// minion has given up and retries) when that is over [`AUTH_MAX_WAIT`] for an `_auth` or over
-/// [`REQUEST_MAX_WAIT`] for any other request.
+/// reply; `None` (no reply: the minion has given up and retries) when that is over
+/// [`AUTH_MAX_WAIT`] for an `_auth` or over [`REQUEST_MAX_WAIT`] for any other request.
 pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>> {
     let request = decode_request(frame);
     let limit = match &request {

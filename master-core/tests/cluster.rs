@@ -5,7 +5,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,14 +18,8 @@ use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, text, RequestEnv
 use saltgate_wire::rsa::{EncAlgo, PrivateKey, PublicKey};
 use saltgate_wire::zmtp::{ReqOptions, ReqSocket, SubOptions, Subscriber};
 
-fn openssl_pem() -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    assert!(out.status.success());
-    out.stdout
-}
+mod common;
+use common::openssl_pem;
 
 fn config(root: &Path, name: &str, ip: &str, peers: &str, secret: &str) -> SaltMasterConfig {
     let d = root.display();

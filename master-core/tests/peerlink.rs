@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,14 +19,8 @@ use saltgate_wire::envelope::{self, map, raw_str, text, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
-fn openssl_pem() -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    assert!(out.status.success());
-    out.stdout
-}
+mod common;
+use common::openssl_pem;
 
 /// A cluster member without minion sockets: its state and its bound (unserved) peer port.
 async fn member(root: &Path, name: &str, ip: &str, secret: &str) -> (Arc<Master>, TcpListener) {
@@ -54,6 +47,24 @@ async fn member(root: &Path, name: &str, ip: &str, secret: &str) -> (Arc<Master>
     let key = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
     let (m, l, _) = build_master(cfg, key, 0, None).await.unwrap();
     (Arc::new(m), l.expect("cluster port"))
+}
+
+fn root() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("sgpl")
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+/// Members `ma` and `mb` on `ips` with `secret`, both serving their peer ports, `mb` joined to
+/// `ma`.
+async fn joined_pair(root: &Path, ips: [&str; 2], secret: &str) -> (Arc<Master>, Arc<Master>) {
+    let (a, al) = member(root, "ma", ips[0], secret).await;
+    let (b, bl) = member(root, "mb", ips[1], secret).await;
+    tokio::spawn(cluster::serve(al, a.clone()));
+    tokio::spawn(cluster::serve(bl, b.clone()));
+    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    (a, b)
 }
 
 fn cl(m: &Master) -> &ClusterState {
@@ -101,15 +112,8 @@ fn n(a: &std::sync::atomic::AtomicU64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_forwarded_returns_share_one_connection() {
-    let root = tempfile::Builder::new()
-        .prefix("sgpl")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let (a, al) = member(root.path(), "ma", "127.29.0.1", "s3cret").await;
-    let (b, bl) = member(root.path(), "mb", "127.29.0.2", "s3cret").await;
-    tokio::spawn(cluster::serve(al, a.clone()));
-    tokio::spawn(cluster::serve(bl, b.clone()));
-    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    let root = root();
+    let (a, b) = joined_pair(root.path(), ["127.29.0.1", "127.29.0.2"], "s3cret").await;
     assert_eq!(n(&cl(&a).stats.accepted), 1, "the join's own connection");
 
     // A's publish reaches B (MAC'd, on A's link to B).
@@ -164,10 +168,7 @@ fn fake_serve(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_link_reconnects_to_a_restarted_peer() {
-    let root = tempfile::Builder::new()
-        .prefix("sgpl")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let root = root();
     let (a, al) = member(root.path(), "ma", "127.29.0.3", "s3cret").await;
     let (b, bl) = member(root.path(), "mb", "127.29.0.4", "s3cret").await;
     let a_addr: SocketAddr = cl(&a).pool_addr;
@@ -235,15 +236,8 @@ fn with_mac(frame: &[u8], mac: Vec<u8>) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
-    let root = tempfile::Builder::new()
-        .prefix("sgpl")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let (a, al) = member(root.path(), "ma", "127.29.0.5", "s3cret").await;
-    let (b, bl) = member(root.path(), "mb", "127.29.0.6", "s3cret").await;
-    tokio::spawn(cluster::serve(al, a.clone()));
-    tokio::spawn(cluster::serve(bl, b.clone()));
-    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    let root = root();
+    let (a, b) = joined_pair(root.path(), ["127.29.0.5", "127.29.0.6"], "s3cret").await;
     let jid = a.jids.next();
     a.jobs
         .save_load(
@@ -354,15 +348,8 @@ async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
-    let root = tempfile::Builder::new()
-        .prefix("sgpl")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let (a, al) = member(root.path(), "ma", "127.29.0.9", "").await;
-    let (b, bl) = member(root.path(), "mb", "127.29.0.10", "").await;
-    tokio::spawn(cluster::serve(al, a.clone()));
-    tokio::spawn(cluster::serve(bl, b.clone()));
-    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    let root = root();
+    let (a, b) = joined_pair(root.path(), ["127.29.0.9", "127.29.0.10"], "").await;
     assert_eq!(cluster::peer_mac_key(""), None);
     let jid = a.jids.next();
     a.jobs

@@ -116,15 +116,9 @@ async fn transfer(up: usize, down: usize, master_closes_first: bool) {
     let (request, mut req_rx) = master(down, master_closes_first).await;
     let m = MasterConfig {
         name: "m".into(),
-        host: MASTER_IP.into(),
-        publish_port: publish.port(),
-        request_port: request.port(),
-        weight: 1,
-        maxconn: None,
-        backup: false,
-        disabled: false,
         check: true,
         health: health(),
+        ..common::master_at(0, publish, request)
     };
     let (r, _stop, _prober) = run(config_on(IP, vec![m], health())).await;
     for (role, rx) in [(Role::Publish, &mut pub_rx), (Role::Request, &mut req_rx)] {

@@ -34,13 +34,19 @@ pub fn write_master_config(dir: &Path, ip: &str, extra: &str) -> PathBuf {
     .unwrap();
     // The master key from openssl: a debug-build RSA key generation takes tens of seconds.
     std::fs::create_dir_all(dir.join("pki")).unwrap();
+    std::fs::write(dir.join("pki/master.pem"), openssl_pem()).unwrap();
+    path
+}
+
+/// A 2048-bit RSA key in PEM from `openssl genrsa` (a debug build's own key generation takes
+/// tens of seconds).
+pub fn openssl_pem() -> Vec<u8> {
     let key = Command::new("openssl")
         .args(["genrsa", "-traditional", "2048"])
         .output()
         .expect("openssl genrsa");
     assert!(key.status.success(), "openssl genrsa failed");
-    std::fs::write(dir.join("pki/master.pem"), key.stdout).unwrap();
-    path
+    key.stdout
 }
 
 /// A running `saltgate-master run`.
