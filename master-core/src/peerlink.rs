@@ -30,7 +30,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::cluster::{handle_message, MAX_PEER_MESSAGE};
-use crate::state::{unix_now, Master};
+use crate::state::{lock, unix_now, Master};
+use saltgate_wire::accept::{tune_stream, AcceptOptions, Acceptor, Keepalive};
 
 /// Frames queued per peer before new ones are dropped.
 pub const QUEUE_FRAMES: usize = 65_536;
@@ -84,10 +85,6 @@ impl PeerStats {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 struct Link {
     addr: SocketAddr,
     tx: mpsc::Sender<Bytes>,
@@ -133,18 +130,13 @@ impl Links {
     }
 }
 
-/// Sets TCP keepalive (60 s idle, then 3 probes 10 s apart) so a peer that vanished without a
-/// FIN is found on an idle link.
-pub fn keepalive(s: &TcpStream) {
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(60))
-        .with_interval(Duration::from_secs(10))
-        .with_retries(3);
-    if let Err(e) = socket2::SockRef::from(s).set_tcp_keepalive(&ka) {
-        tracing::debug!(error = %e, "cluster link keepalive not set");
-    }
-    let _ = s.set_nodelay(true);
-}
+/// TCP keepalive on peer links, both ends (60 s idle, then 3 probes 10 s apart), so a peer that
+/// vanished without a FIN is found on an idle link.
+const PEER_KEEPALIVE: Keepalive = Keepalive {
+    time: Duration::from_secs(60),
+    interval: Some(Duration::from_secs(10)),
+    retries: Some(3),
+};
 
 /// Why a connection's pump ended.
 enum Ended {
@@ -187,7 +179,7 @@ async fn run_link(
             }
         };
         backoff = BACKOFF_MIN;
-        keepalive(&stream);
+        tune_stream(&stream, Some(&PEER_KEEPALIVE));
         st.connects.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(%peer, %addr, "cluster link connected");
         match pump(stream, &mut rx, &mut batch, &mut retried, &st).await {
@@ -305,26 +297,26 @@ pub(crate) async fn write_frame(s: &mut TcpStream, data: &[u8]) -> std::io::Resu
     s.flush().await
 }
 
-/// Accepts peer connections and handles their frames, each connection until EOF.
+/// Accepts peer connections and handles their frames, each connection until EOF. wire's
+/// acceptor sets `TCP_NODELAY` and the keepalive, and backs off on descriptor exhaustion.
 pub async fn serve(listener: TcpListener, master: Arc<Master>) {
+    let mut acceptor = Acceptor::new(
+        listener,
+        AcceptOptions {
+            keepalive: Some(PEER_KEEPALIVE),
+            ..AcceptOptions::default()
+        },
+    );
     loop {
-        match listener.accept().await {
-            Ok((s, from)) => {
-                if let Some(cl) = &master.cluster {
-                    cl.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                }
-                tokio::spawn(connection(s, from, master.clone()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cluster accept failed; backing off");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        let (s, from, _permit) = acceptor.accept().await;
+        if let Some(cl) = &master.cluster {
+            cl.stats.accepted.fetch_add(1, Ordering::Relaxed);
         }
+        tokio::spawn(connection(s, from, master.clone()));
     }
 }
 
 async fn connection(mut s: TcpStream, from: SocketAddr, m: Arc<Master>) {
-    keepalive(&s);
     loop {
         let frame = match read_frame_idle(&mut s).await {
             Ok(Some(f)) => f,

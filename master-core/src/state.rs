@@ -20,7 +20,7 @@ use crate::jobs::{JidGen, JobCache};
 use crate::keys::{make_dir, write_atomic, KeyStore, MasterKey};
 use crate::target::{Target, TargetType};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
