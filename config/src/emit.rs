@@ -162,6 +162,13 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             l.mode.as_str()
         )?;
     }
+    if l.mode == ListenerMode::Fanout {
+        writeln!(
+            o,
+            "    hwm: {}             # messages queued per minion session; beyond: dropped, counted",
+            l.hwm
+        )?;
+    }
     if let Some(d) = &l.dedup_cluster_pki_dir {
         writeln!(
             o,

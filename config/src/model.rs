@@ -373,6 +373,10 @@ pub struct ListenerConfig {
     /// publish key) lets the hub read each job's `jid` and forward only the first copy of a job
     /// that every master publishes. `None` (default): every copy is forwarded. See docs/fanout.md.
     pub dedup_cluster_pki_dir: Option<std::path::PathBuf>,
+    /// `mode: fanout` only: each minion session's queue in messages (Salt's `pub_hwm`, 1000);
+    /// a copy beyond it is dropped for that session and counted, never waited for. Read when a
+    /// session attaches: a reload applies to the sessions that connect after it.
+    pub hwm: u32,
     pub balance: Balance,
     /// Idle timeout on the client side (HAProxy `timeout client`). `None`: never.
     pub timeout_client: Option<Duration>,
@@ -469,6 +473,7 @@ impl ListenerConfig {
             bind: vec![SocketAddr::from(([0, 0, 0, 0], role.default_port()))],
             mode: ListenerMode::L4,
             dedup_cluster_pki_dir: None,
+            hwm: defaults::FANOUT_HWM,
             balance: Balance::RoundRobin,
             timeout_client: Some(idle),
             timeout_server: Some(idle),
@@ -522,6 +527,11 @@ pub mod defaults {
     pub const BACKLOG: u32 = 1024;
     /// Clients waiting per listener for a master below its `maxconn` (each holds a descriptor).
     pub const MAXQUEUE: u32 = 1024;
+    /// `listeners.publish.hwm` (fan-out): Salt's `pub_hwm` default.
+    pub const FANOUT_HWM: u32 = 1000;
+    /// Largest `listeners.publish.hwm`: a million queued messages per session is already far
+    /// more memory than any minion is worth.
+    pub const MAX_FANOUT_HWM: u32 = 1_000_000;
     pub const CLOSE_RATE: u32 = 500;
     /// `migrate_buffer`: most Salt requests are a few KiB; big job returns go over it.
     pub const MIGRATE_BUFFER: u32 = 1024 * 1024;

@@ -48,6 +48,7 @@ const LISTENER_KEYS: &[&str] = &[
     "bind",
     "mode",
     "dedup_cluster_pki_dir",
+    "hwm",
     "balance",
     "timeout_client",
     "timeout_server",
@@ -144,6 +145,7 @@ impl Checker<'_> {
             }
         }
         self.dedup_dir(f.get("dedup_cluster_pki_dir"), &p, &mut l);
+        self.fanout_hwm(f.get("hwm"), &p, &mut l);
         if let Some(b) = f.get("balance") {
             let field = join(&p, "balance");
             if let Some(t) = self.text(b, &field, "roundrobin, leastconn, source or first") {

@@ -1,6 +1,7 @@
-//! `listeners.publish.dedup_cluster_pki_dir` (fan-out mode only) for [`crate::yaml`].
+//! `listeners.publish.dedup_cluster_pki_dir` and `listeners.publish.hwm` (fan-out mode only)
+//! for [`crate::yaml`].
 
-use crate::model::{ListenerConfig, ListenerMode, Role};
+use crate::model::{defaults, ListenerConfig, ListenerMode, Role};
 use crate::yaml_tree::Node;
 use crate::yaml_values::{join, Checker};
 
@@ -41,6 +42,26 @@ impl Checker<'_> {
             return;
         }
         l.dedup_cluster_pki_dir = Some(std::path::PathBuf::from(t.trim()));
+    }
+
+    /// `hwm` of the listener at `p` (its `mode` is already read): the per-session queue of the
+    /// publish fan-out, in messages.
+    pub(crate) fn fanout_hwm(&mut self, v: Option<&Node>, p: &str, l: &mut ListenerConfig) {
+        let Some(v) = v else { return };
+        let field = join(p, "hwm");
+        if l.role == Role::Request || l.mode != ListenerMode::Fanout {
+            self.err(
+                v,
+                &field,
+                "hwm is the fan-out's per-session queue (in l4 mode the kernel's socket buffers queue the bytes)",
+                format!("add mode: fanout to listeners.publish, or remove hwm from {p}"),
+            );
+            return;
+        }
+        let default = defaults::FANOUT_HWM.to_string();
+        if let Some(n) = self.u32_in(v, &field, 1, defaults::MAX_FANOUT_HWM, &default) {
+            l.hwm = n;
+        }
     }
 }
 
@@ -99,5 +120,34 @@ mod tests {
         );
         let e = with(", mode: fanout, dedup_cluster_pki_dir: [a]", "").unwrap_err();
         assert!(e.contains("a directory path"), "{e}");
+    }
+
+    #[test]
+    fn hwm_is_read_in_fanout_mode_written_back_and_refused_elsewhere() {
+        let c = with(", mode: fanout, hwm: 250", "").unwrap();
+        assert_eq!(c.publish.hwm, 250);
+        let text = crate::emit::to_yaml(&c, "test");
+        assert!(text.contains("hwm: 250"), "{text}");
+        assert_eq!(parse_yaml(&text, None).unwrap(), c, "written back as read");
+        assert_eq!(
+            with(", mode: fanout", "").unwrap().publish.hwm,
+            1000,
+            "Salt's pub_hwm"
+        );
+        for (publish, request, want) in [
+            (", hwm: 10", "", "listeners.publish.hwm"),
+            (", mode: fanout", ", hwm: 10", "listeners.request.hwm"),
+        ] {
+            let e = with(publish, request).unwrap_err();
+            assert!(e.contains(want) && e.contains("add mode: fanout"), "{e}");
+        }
+        for bad in ["0", "1000001", "'12'", "lots"] {
+            let e = with(&format!(", mode: fanout, hwm: {bad}"), "").unwrap_err();
+            assert!(
+                e.contains("listeners.publish.hwm")
+                    && (e.contains("from 1 to 1000000") || e.contains("without quotes: 12")),
+                "{bad}: {e}"
+            );
+        }
     }
 }

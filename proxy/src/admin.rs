@@ -51,6 +51,8 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn render_metrics(&self) -> String;
     /// The presence table (`/api/v1/minions`).
     fn presence(&self) -> Arc<crate::presence::Presence>;
+    /// The publish fan-out's counters and hub (`/api/v1/fanout`).
+    fn fanout(&self) -> Arc<crate::pubhub::FanoutMetrics>;
     /// The recent flips, reloads, admin actions and checks (the status page's history).
     fn events(&self) -> &crate::events::EventLog;
     /// Shutdown has started (the API stays up through the drain).
@@ -156,6 +158,7 @@ pub(crate) fn router(shared: Ops) -> Router {
         .route("/api/v1/masters", get(masters))
         .route("/api/v1/sessions", get(sessions))
         .route("/api/v1/minions", get(crate::presence::api::minions))
+        .route("/api/v1/fanout", get(crate::pubhub::fanout_view))
         .route("/api/v1/masters/{name}/{action}", post(master_action))
         .route("/api/v1/reload", post(reload))
         .route("/api/v1/events", get(crate::status_page::events))
@@ -165,7 +168,7 @@ pub(crate) fn router(shared: Ops) -> Router {
         .route("/readyz", get(readyz))
         .route("/", get(crate::status_page::page))
         .merge(api)
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /api/v1/minions, /metrics, /healthz, /readyz") })
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /api/v1/minions, /api/v1/fanout, /metrics, /healthz, /readyz") })
         .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route (actions and reload are POST, the rest GET)") })
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT))

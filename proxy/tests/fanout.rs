@@ -311,7 +311,9 @@ async fn a_master_whose_request_port_is_down_keeps_publishing_to_the_minions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_minion_does_not_delay_a_fast_one_and_its_drops_are_counted() {
     let m = fake_master(0, 0).await;
-    let (r, _stop) = run(config(&[&m])).await;
+    let mut cfg = config(&[&m]);
+    cfg.publish.hwm = 200;
+    let (r, _stop) = run(cfg).await;
     let proxy = r.local_addrs(Role::Publish)[0];
 
     // The stalled minion: handshakes, subscribes to everything, then never reads.
@@ -366,7 +368,96 @@ async fn a_stalled_minion_does_not_delay_a_fast_one_and_its_drops_are_counted() 
         "the stalled minion's copies are dropped and counted"
     );
     assert!(dropped < f64::from(next), "{dropped}");
+
+    // The admin view names the stalled session, its drops and its queue (at most `hwm`), and
+    // the master's upstream.
+    let admin = r.admin_addr().unwrap();
+    let (code, v) = common::api::json(admin, "GET", "/api/v1/fanout", None).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        (v["mode"].as_str(), v["running"].as_bool()),
+        (Some("fanout"), Some(true))
+    );
+    assert_eq!(
+        (v["hwm"].as_u64(), v["sessions"].as_u64()),
+        (Some(200), Some(2)),
+        "{v}"
+    );
+    let drops = v["sessions_dropping"].as_array().unwrap();
+    assert_eq!(drops.len(), 1, "only the stalled minion drops: {v}");
+    assert_eq!(
+        drops[0]["client"].as_str(),
+        Some(stalled.stream().local_addr().unwrap().to_string().as_str())
+    );
+    assert_eq!(drops[0]["dropped"].as_f64(), Some(dropped), "{v}");
+    assert!(drops[0]["queued"].as_u64().unwrap() <= 200, "{v}");
+    let up = &v["upstreams"][0];
+    assert_eq!(
+        up["addr"].as_str(),
+        Some(m.local_addr().to_string().as_str()),
+        "{v}"
+    );
+    assert_eq!(up["connected"].as_bool(), Some(true), "{v}");
+    assert!(up["messages"].as_u64().unwrap() >= u64::from(next), "{v}");
+    assert_eq!(v["dedup"]["enabled"].as_bool(), Some(false), "{v}");
+    let (code, e) = common::api::json(admin, "GET", "/api/v1/fanout?limit=0", None).await;
+    assert!(
+        code == 400 && e["error"].as_str().unwrap().contains("limit=1..1000"),
+        "{e}"
+    );
     drop(stalled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fanout_view_follows_upstreams_and_says_when_the_listener_is_l4() {
+    let m = fake_master_on("127.30.1.2", 0).await;
+    let mut cfg = config_at(&[&m], [127, 30, 1, 1]);
+    cfg.masters[0].check = true;
+    cfg.masters[0].health.interval = Duration::from_millis(100);
+    let (r, _stop) = run(cfg.clone()).await;
+    let admin = r.admin_addr().unwrap();
+    let (_, v) = common::api::json(admin, "GET", "/api/v1/fanout", None).await;
+    assert_eq!(v["running"].as_bool(), Some(false), "no session yet: {v}");
+    let mut sub = minion(&r);
+    until_heard_from(&mut sub, &[(0, &m)]).await;
+    let (_, v) = common::api::json(admin, "GET", "/api/v1/fanout", None).await;
+    assert_eq!(v["upstreams_connected"].as_u64(), Some(1), "{v}");
+    // The master goes away: the view says why its upstream is down, and once its publish
+    // port fails its checks the upstream is gone.
+    drop(m);
+    let deadline = tokio::time::Instant::now() + T;
+    loop {
+        let (_, v) = common::api::json(admin, "GET", "/api/v1/fanout", None).await;
+        if v["upstreams"].as_array().is_some_and(|a| a.is_empty()) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the dead master's upstream stays: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let l4 = Config {
+        publish: ListenerConfig {
+            mode: ListenerMode::L4,
+            ..cfg.publish.clone()
+        },
+        ..cfg
+    };
+    let (r, _stop) = run(l4).await;
+    let (code, v) = common::api::json(r.admin_addr().unwrap(), "GET", "/api/v1/fanout", None).await;
+    assert_eq!(
+        (code, v["mode"].as_str(), v["running"].as_bool()),
+        (200, Some("l4"), Some(false))
+    );
+    assert!(
+        v["note"]
+            .as_str()
+            .unwrap()
+            .contains("listeners.publish.mode: fanout"),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -378,6 +378,10 @@ impl AdminOps for Control {
         self.data.presence.clone()
     }
 
+    fn fanout(&self) -> Arc<crate::pubhub::FanoutMetrics> {
+        self.data.fanout.clone()
+    }
+
     fn events(&self) -> &crate::events::EventLog {
         &self.metrics.events
     }

@@ -28,6 +28,8 @@ pub struct FanoutMetrics {
     pub unreadable: [IntCounter; 5],
     /// `saltgate_fanout_dedup_key_loads_total`: cluster keys loaded (the first and each change).
     pub key_loads: IntCounter,
+    /// The hub serving the publish listener now (set when it starts), for `/api/v1/fanout`.
+    hub: std::sync::Mutex<std::sync::Weak<super::Hub>>,
 }
 
 impl FanoutMetrics {
@@ -93,11 +95,22 @@ impl FanoutMetrics {
                 "saltgate_fanout_dedup_key_loads_total",
                 "Cluster keys loaded by the fan-out dedup (the first one and each change).",
             ),
+            hub: std::sync::Mutex::new(std::sync::Weak::new()),
         }
     }
 }
 
 impl FanoutMetrics {
+    /// Records the hub that serves the publish listener now (a reload to `fanout` starts a new one).
+    pub(crate) fn set_hub(&self, hub: &std::sync::Arc<super::Hub>) {
+        *self.hub.lock().unwrap_or_else(|p| p.into_inner()) = std::sync::Arc::downgrade(hub);
+    }
+
+    /// The hub serving the publish listener, if one has started and still runs.
+    pub(crate) fn hub(&self) -> Option<std::sync::Arc<super::Hub>> {
+        self.hub.lock().unwrap_or_else(|p| p.into_inner()).upgrade()
+    }
+
     /// The `saltgate_fanout_dedup_unreadable_total` handle for `e`.
     pub fn unreadable(&self, e: JobIdError) -> &IntCounter {
         let i = JobIdError::ALL.iter().position(|x| *x == e).unwrap_or(0);

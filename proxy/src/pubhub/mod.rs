@@ -17,6 +17,7 @@ mod dedup;
 pub mod metrics;
 mod session;
 mod upstream;
+mod view;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,12 +36,11 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::dataplane::DataPlane;
 use crate::serve::{BoxFuture, Serve};
 pub use metrics::FanoutMetrics;
+pub(crate) use view::fanout_view;
 
 /// Settings of a hub.
 #[derive(Debug, Clone)]
 pub struct HubOptions {
-    /// Per-session queue length in messages; beyond it copies are dropped for that session.
-    pub hwm: usize,
     /// PINGs to minions and the silence limit (a Salt 3008 master: 10 s / 30 s). Also used on
     /// the upstream connections, so a master that hangs is dropped after the timeout.
     pub heartbeat: Option<Heartbeat>,
@@ -55,7 +55,6 @@ pub struct HubOptions {
 impl Default for HubOptions {
     fn default() -> Self {
         HubOptions {
-            hwm: 1000,
             heartbeat: Some(Heartbeat::salt_master()),
             watch_interval: Duration::from_millis(250),
             reconnect: Duration::from_millis(100),
@@ -94,6 +93,8 @@ impl Topics {
 /// One minion session as the fan-out sees it.
 pub(crate) struct Slot {
     id: u64,
+    /// The minion's address (the admin view lists sessions that drop).
+    peer: SocketAddr,
     topics: Mutex<Topics>,
     tx: mpsc::Sender<Bytes>,
     dropped: AtomicU64,
@@ -129,6 +130,8 @@ pub(crate) struct Hub {
     dedup: dedup::Dedup,
     /// The number of upstreams connected now (for tests and the docs' "what it trusts").
     connected: AtomicU64,
+    /// Per master: its upstream's address and state, for the admin view (`view.rs`).
+    upstreams: Mutex<std::collections::BTreeMap<String, view::UpstreamState>>,
 }
 
 impl Hub {
@@ -141,6 +144,7 @@ impl Hub {
             started: OnceLock::new(),
             dedup: dedup::Dedup::new(),
             connected: AtomicU64::new(0),
+            upstreams: Mutex::new(Default::default()),
         }
     }
 
@@ -156,6 +160,7 @@ impl Hub {
             ctx.fanout.clone()
         });
         if first {
+            ctx.fanout.set_hub(self);
             let stop = self.stop.clone();
             let shutdown = ctx.sessions_token.clone();
             let (hub, snapshot) = (self.clone(), ctx.snapshot.clone());
@@ -171,11 +176,17 @@ impl Hub {
         }
     }
 
-    /// Adds a session; returns its slot and the receiving end of its queue.
-    pub(crate) fn attach(&self) -> (Arc<Slot>, mpsc::Receiver<Bytes>) {
-        let (tx, rx) = mpsc::channel(self.opts.hwm.max(1));
+    /// Adds a session from `peer` whose queue holds `hwm` messages (`listeners.publish.hwm` when
+    /// it attaches); returns its slot and the receiving end of its queue.
+    pub(crate) fn attach(
+        &self,
+        peer: SocketAddr,
+        hwm: usize,
+    ) -> (Arc<Slot>, mpsc::Receiver<Bytes>) {
+        let (tx, rx) = mpsc::channel(hwm.max(1));
         let slot = Arc::new(Slot {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            peer,
             topics: Mutex::new(Topics::default()),
             tx,
             dropped: AtomicU64::new(0),
@@ -296,10 +307,11 @@ impl Serve for PubHub {
 mod tests {
     use super::*;
 
-    fn hub(hwm: usize) -> Hub {
-        Hub::new(HubOptions {
-            hwm,
-            ..HubOptions::default()
+    /// A hub and a function attaching sessions whose queues hold `hwm` messages.
+    fn hub(hwm: usize) -> (Hub, impl Fn(&Hub) -> (Arc<Slot>, mpsc::Receiver<Bytes>)) {
+        let peer: SocketAddr = "127.0.5.1:1".parse().unwrap();
+        (Hub::new(HubOptions::default()), move |h: &Hub| {
+            h.attach(peer, hwm)
         })
     }
 
@@ -324,9 +336,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_drops_for_that_session_only() {
-        let h = hub(2);
-        let (slow, _slow_rx) = h.attach();
-        let (fast, mut fast_rx) = h.attach();
+        let (h, attach) = hub(2);
+        let (slow, _slow_rx) = attach(&h);
+        let (fast, mut fast_rx) = attach(&h);
         slow.topics().subscribe(Bytes::new());
         fast.topics().subscribe(Bytes::new());
         for i in 0..5u8 {
@@ -344,9 +356,9 @@ mod tests {
 
     #[tokio::test]
     async fn only_matching_subscriptions_get_a_copy_encoded_once() {
-        let h = hub(10);
-        let (a, mut a_rx) = h.attach();
-        let (c, mut c_rx) = h.attach();
+        let (h, attach) = hub(10);
+        let (a, mut a_rx) = attach(&h);
+        let (c, mut c_rx) = attach(&h);
         a.topics().subscribe(b("minion-a"));
         c.topics().subscribe(b("minion-c"));
         let r = h.publish(&[b("minion-a"), b("payload")]);
@@ -372,9 +384,9 @@ mod tests {
         }
 
         async fn hub_with(dir: &std::path::Path) -> (Hub, mpsc::Receiver<Bytes>) {
-            let h = hub(100);
+            let (h, attach) = hub(100);
             h.dedup.key.sync(Some(dir), false, None).await;
-            let (s, rx) = h.attach();
+            let (s, rx) = attach(&h);
             s.topics().subscribe(Bytes::new());
             (h, rx)
         }
@@ -437,7 +449,7 @@ mod tests {
             assert_eq!((r.queued, r.unreadable), (1, Some(JobIdError::NotAes)));
             assert_eq!(delivered(&mut rx), 4, "fail open: everything forwarded");
             // Off (no directory configured): nothing is read or counted.
-            let off = hub(10);
+            let (off, _) = hub(10);
             let r = off.publish(&[job(&k, "j")]);
             assert!(r.unreadable.is_none() && !r.duplicate);
         }

@@ -129,7 +129,8 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
         .presence
         .enabled()
         .then(|| ctx.presence.publish_opened(ctx.session_id(), peer, None));
-    let end = serve(&hub, ctx.sessions_token.clone(), stream).await;
+    let hwm = ctx.snapshot.load().config.publish.hwm as usize;
+    let end = serve(&hub, ctx.sessions_token.clone(), stream, peer, hwm).await;
     handles.live.dec();
     match &end {
         End::Error(e) => {
@@ -141,7 +142,13 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     }
 }
 
-async fn serve(hub: &Arc<Hub>, shutdown: CancellationToken, mut io: TcpStream) -> End {
+async fn serve(
+    hub: &Arc<Hub>,
+    shutdown: CancellationToken,
+    mut io: TcpStream,
+    peer: SocketAddr,
+    hwm: usize,
+) -> End {
     let opts = &hub.opts;
     let dec = FrameDecoder::new(opts.max_frame_size);
     let mut rbuf = BytesMut::new();
@@ -156,7 +163,7 @@ async fn serve(hub: &Arc<Hub>, shutdown: CancellationToken, mut io: TcpStream) -
         Ok(Err(e)) => return e.into(),
         Err(_) => return End::Error(ZmtpError::Timeout("handshake")),
     };
-    let (slot, mut rx) = hub.attach();
+    let (slot, mut rx) = hub.attach(peer, hwm);
     let end = drive(
         hub, &slot, &mut rx, &mut io, rbuf, &dec, peer_3_1, &stop, &shutdown,
     )
@@ -295,8 +302,8 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let h = hub.clone();
         let task = tokio::spawn(async move {
-            let (s, _) = l.accept().await.unwrap();
-            serve(&h, CancellationToken::new(), s).await
+            let (s, peer) = l.accept().await.unwrap();
+            serve(&h, CancellationToken::new(), s, peer, 1000).await
         });
         let c = Connection::connect(addr, &HandshakeConfig::new(SocketType::Sub))
             .await
@@ -374,8 +381,8 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let h = hub.clone();
         tokio::spawn(async move {
-            let (s, _) = l.accept().await.unwrap();
-            serve(&h, CancellationToken::new(), s).await
+            let (s, peer) = l.accept().await.unwrap();
+            serve(&h, CancellationToken::new(), s, peer, 1000).await
         });
         // What libzmq often does: greeting, READY and SUBSCRIBE in one write, then nothing.
         let mut out = BytesMut::new();

@@ -76,6 +76,7 @@ pub(super) async fn manage(hub: Arc<Hub>, snapshot: Arc<ArcSwap<Snapshot>>) {
                     _ = upstream(&hub, &key.0, key.1) => {}
                     _ = stop.cancelled() => {}
                 }
+                hub.upstream_stopped(&key.0);
             });
         }
     }
@@ -88,10 +89,12 @@ async fn upstream(hub: &Hub, name: &str, addr: SocketAddr) {
     hs.max_frame_size = hub.opts.max_frame_size;
     hs.timeout = hub.opts.handshake_timeout;
     let mut failures = 0u32;
+    hub.upstream_state(name, addr, false, None);
     loop {
         match Connection::connect(addr, &hs).await {
             Ok(conn) => {
                 failures = 0;
+                hub.upstream_state(name, addr, true, None);
                 if let Some(m) = &m {
                     m.upstream_connects.with_label_values(&[name]).inc();
                     m.upstreams_connected.inc();
@@ -102,9 +105,11 @@ async fn upstream(hub: &Hub, name: &str, addr: SocketAddr) {
                 let e = relay(hub, name, conn).await;
                 drop(guard);
                 tracing::warn!(master = name, %addr, error = %e, "fanout: upstream lost; minion sessions stay");
+                hub.upstream_state(name, addr, false, Some(format!("lost: {e}")));
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
+                hub.upstream_state(name, addr, false, Some(format!("connect: {e}")));
                 tracing::debug!(master = name, %addr, error = %e, "fanout: upstream connect failed");
             }
         }
