@@ -78,13 +78,15 @@ pub fn master_config_text(
 pub struct MasterHandle {
     pub name: String,
     pub bound: Bound,
+    rt: tokio::runtime::Handle,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl MasterHandle {
     pub async fn start(name: &str, cfg: SaltMasterConfig) -> Result<Self> {
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<Bound, String>>();
+        type Ready = Result<(Bound, tokio::runtime::Handle), String>;
+        let (ready_tx, ready_rx) = oneshot::channel::<Ready>();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(name.to_string())
@@ -103,6 +105,7 @@ impl MasterHandle {
                         return;
                     }
                 };
+                let handle = rt.handle().clone();
                 let r = rt.block_on(server::run(
                     cfg,
                     async {
@@ -110,7 +113,7 @@ impl MasterHandle {
                     },
                     |b| {
                         if let Some(tx) = ready_tx.take() {
-                            let _ = tx.send(Ok(b.clone()));
+                            let _ = tx.send(Ok((b.clone(), handle.clone())));
                         }
                     },
                 ));
@@ -126,7 +129,7 @@ impl MasterHandle {
                 rt.shutdown_background();
             })
             .context("spawning the master thread")?;
-        let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
+        let (bound, rt) = tokio::time::timeout(Duration::from_secs(120), ready_rx)
             .await
             .map_err(|_| anyhow!("not ready within 120 s"))?
             .map_err(|_| anyhow!("the master thread ended before it was ready"))?
@@ -134,9 +137,28 @@ impl MasterHandle {
         Ok(Self {
             name: name.to_string(),
             bound,
+            rt,
             stop: Some(stop_tx),
             thread: Some(thread),
         })
+    }
+
+    /// Hangs the master as SIGSTOP would: a task blocks its runtime's only worker thread, so
+    /// no socket is read, no timer fires and no handler runs, while every connection stays open
+    /// (the kernel still accepts and acknowledges). Thawed when the guard drops.
+    pub async fn freeze(&self) -> Result<Frozen> {
+        let (started_tx, started_rx) = oneshot::channel::<()>();
+        let (thaw_tx, thaw_rx) = std::sync::mpsc::channel::<()>();
+        self.rt.spawn(async move {
+            let _ = started_tx.send(());
+            // Blocking on purpose: this is the hang.
+            let _ = thaw_rx.recv();
+        });
+        tokio::time::timeout(Duration::from_secs(10), started_rx)
+            .await
+            .map_err(|_| anyhow!("{}: the freeze did not start within 10 s", self.name))?
+            .map_err(|_| anyhow!("{}: the runtime dropped the freeze", self.name))?;
+        Ok(Frozen(thaw_tx))
     }
 
     /// Stops the master's runtime: every socket it holds closes at once.
@@ -155,6 +177,21 @@ impl Drop for MasterHandle {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+    }
+}
+
+/// A master hung by [`MasterHandle::freeze`]; it resumes when this drops.
+pub struct Frozen(std::sync::mpsc::Sender<()>);
+
+impl Frozen {
+    pub fn thaw(self) {
+        let _ = self.0.send(());
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
     }
 }
 
@@ -190,8 +227,31 @@ impl From<&MasterHandle> for Backend {
 /// The one place the proxy library is used: a configuration built as YAML text (so it goes
 /// through the same validation as a file) and `saltgate_proxy::start`.
 pub async fn start_saltgate(
+    addrs: [SocketAddr; 3],
+    masters: &[Backend],
+    stop: oneshot::Receiver<()>,
+) -> Result<Gate> {
+    start_saltgate_in(addrs, masters, GateMode::L4, stop).await
+}
+
+/// How the lab's saltgate serves the publish port.
+#[derive(Debug, Clone, Default)]
+pub enum GateMode {
+    /// Each minion's publish session is a tunnel to one master (the default).
+    #[default]
+    L4,
+    /// Cluster fan-out (docs/fanout.md): saltgate is every minion's publisher and subscribes to
+    /// every master; the request listener re-sends a request that a dead or hung master never
+    /// answered (`on_master_down: migrate`). With `dedup`, the cluster's `cluster_pki_dir`: one
+    /// copy of each job per minion.
+    Fanout { dedup: Option<std::path::PathBuf> },
+}
+
+/// [`start_saltgate`] with the publish listener in `mode`.
+pub async fn start_saltgate_in(
     [publish, request, admin]: [SocketAddr; 3],
     masters: &[Backend],
+    mode: GateMode,
     stop: oneshot::Receiver<()>,
 ) -> Result<Gate> {
     let mut text = String::from(
@@ -216,6 +276,23 @@ pub async fn start_saltgate(
         SocketAddr::new(request.ip(), 2),
         SocketAddr::new(admin.ip(), 3)
     ));
+    if let GateMode::Fanout { dedup } = &mode {
+        let dedup = dedup.as_ref().map_or(String::new(), |d| {
+            format!("    dedup_cluster_pki_dir: \"{}\"\n", d.display())
+        });
+        text = text.replacen(
+            "  publish:\n",
+            &format!("  publish:\n    mode: fanout\n{dedup}"),
+            1,
+        );
+        // The request listener's `on_master_down` is the second one in the text.
+        if let Some(at) = text.rfind("on_master_down: close") {
+            text.replace_range(
+                at..at + "on_master_down: close".len(),
+                "on_master_down: migrate",
+            );
+        }
+    }
     let mut config = saltgate_config::parse(&text, None, saltgate_config::Format::Yaml)
         .map_err(|e| anyhow!("saltgate configuration: {e}\n{text}"))?
         .config;

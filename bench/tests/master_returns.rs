@@ -13,28 +13,17 @@
 //! replay. Serials and queue order are now one step (`security::concurrent_publishes_*`).
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use saltgate_bench::lab::MasterHandle;
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_config::salt_minion::MasterAddr;
 use saltgate_minion::swarm::{run_swarm, SwarmOptions};
+use saltgate_test_support::write_openssl_key;
 use serde_json::json;
 
 const IP: &str = "127.21.0.2";
 const N: usize = 300;
-
-/// An RSA key from openssl (a debug build's own key generation is slow).
-fn openssl_key(path: &Path) {
-    let out = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    assert!(out.status.success(), "openssl genrsa failed");
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, out.stdout).unwrap();
-}
 
 /// Publishes `test.ping` to every swarm minion; returns how many answered `true`.
 async fn ping_all(socket: &Path, timeout_secs: u64) -> usize {
@@ -59,8 +48,8 @@ fn a_burst_of_900_returns_from_300_minions_all_arrive() {
     rt.block_on(async {
         let tmp = tempfile::tempdir().unwrap();
         let d = tmp.path().display();
-        openssl_key(&tmp.path().join("pki/master.pem"));
-        openssl_key(&tmp.path().join("swarm/shared.pem"));
+        write_openssl_key(&tmp.path().join("pki/master.pem"));
+        write_openssl_key(&tmp.path().join("swarm/shared.pem"));
         let text = format!(
             "id: m1\ninterface: {IP}\npublish_port: 0\nret_port: 0\npki_dir: {d}/pki\n\
              cachedir: {d}/cache\nsock_dir: {d}/sock\nauto_accept: True\n"

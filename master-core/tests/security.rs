@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,12 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const IP: &str = "127.0.1.20";
 
 fn openssl_key_pem() -> String {
-    let out = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    assert!(out.status.success(), "openssl genrsa failed");
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(saltgate_test_support::openssl_pem()).unwrap()
 }
 
 fn openssl_key() -> PrivateKey {

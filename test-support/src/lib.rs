@@ -165,3 +165,20 @@ pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
         .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
     ProcGuard::spawn("salt-minion", cmd)
 }
+
+/// A 2048-bit RSA private key in PEM (PKCS#1, Salt's form) from `openssl genrsa`: a debug
+/// build's own key generation takes tens of seconds.
+pub fn openssl_pem() -> Vec<u8> {
+    let key = Command::new("openssl")
+        .args(["genrsa", "-traditional", "2048"])
+        .output()
+        .expect("openssl genrsa");
+    assert!(key.status.success(), "openssl genrsa failed");
+    key.stdout
+}
+
+/// Writes [`openssl_pem`] to `path`, creating its directory.
+pub fn write_openssl_key(path: &Path) {
+    std::fs::create_dir_all(path.parent().expect("a key path has a directory")).unwrap();
+    std::fs::write(path, openssl_pem()).unwrap();
+}

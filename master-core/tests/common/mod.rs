@@ -38,16 +38,7 @@ pub fn write_master_config(dir: &Path, ip: &str, extra: &str) -> PathBuf {
     path
 }
 
-/// A 2048-bit RSA key in PEM from `openssl genrsa` (a debug build's own key generation takes
-/// tens of seconds).
-pub fn openssl_pem() -> Vec<u8> {
-    let key = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    assert!(key.status.success(), "openssl genrsa failed");
-    key.stdout
-}
+pub use saltgate_test_support::openssl_pem;
 
 /// A running `saltgate-master run`.
 pub struct RunningMaster {
@@ -134,11 +125,7 @@ pub fn start_cluster_pair(root: &Path, ips: [&str; 2]) -> (RunningMaster, Runnin
     let d = root.display();
     let cpki = root.join("cpki");
     std::fs::create_dir_all(&cpki).unwrap();
-    let key = Command::new("openssl")
-        .args(["genrsa", "-traditional", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    std::fs::write(cpki.join("cluster.pem"), key.stdout).unwrap();
+    std::fs::write(cpki.join("cluster.pem"), openssl_pem()).unwrap();
     let cluster = |peers: &str| {
         format!(
             "cluster_id: sgc\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/cpki\n\
