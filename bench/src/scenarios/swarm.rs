@@ -452,6 +452,7 @@ async fn measure(
         per(spent.backend_ticks),
         Some(&spent),
     ));
+    out.extend(publish_cost(ctx, kind, &case, cluster, &proxy_pids).await?);
     let t = swarm.totals();
     eprintln!(
         "saltgate-bench: swarm via {} ({mode:?}): {n} up in {up_secs:.2} s, {answered} returns, last at {last:.0} ms; swarm errors {}, proxies {:?}",
@@ -462,6 +463,57 @@ async fn measure(
     swarm.stop().await;
     for p in proxies {
         p.stop().await;
+    }
+    Ok(out)
+}
+
+/// Jobs published for [`publish_cost`].
+const PUBLISH_COST_JOBS: u32 = 50;
+
+/// What publishing costs the masters (the three process trees) and the proxy per job, apart from
+/// the returns: `PUBLISH_COST_JOBS` jobs targeted at no minion, one after another through member
+/// 1 (each member publishes every job, peers forwarding it; every minion receives it, decrypts it
+/// and drops it, unanswered). In L4 mode each member's publisher writes one copy per minion
+/// session on it; in fan-out mode one per saltgate upstream, whatever the number of minions.
+async fn publish_cost(
+    ctx: &Ctx,
+    kind: TargetKind,
+    case: &str,
+    cluster: &Cluster,
+    proxy_pids: &[u32],
+) -> Result<Vec<Sample>, BenchError> {
+    let jobs = if ctx.quick { 5 } else { PUBLISH_COST_JOBS };
+    let w = Window::start(proxy_pids, &cluster.pids())?;
+    for _ in 0..jobs {
+        let req = json!({"tgt": "nobody-here-*", "fun": "test.ping", "arg": [], "timeout_secs": 1});
+        saltgate_master::cli::publish(&cluster.members[0].socket, &req)
+            .await
+            .map_err(|e| BenchError::Scenario(format!("publish to no minion: {e}")))?;
+    }
+    // The publishers' queues drain after the CLI returns: leave them the time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spent = w.end(0)?;
+    let per_job =
+        |ticks: u64| ticks as f64 / procfs::clock_ticks_per_sec() as f64 * 1e6 / f64::from(jobs);
+    let mut out = vec![Sample::new(
+        "swarm",
+        "masters' CPU per published job (no returns)",
+        case,
+        "µs",
+        kind,
+        per_job(spent.backend_ticks),
+        Some(&spent),
+    )];
+    if let Some(t) = spent.proxy_ticks {
+        out.push(Sample::new(
+            "swarm",
+            "proxy CPU per published job (no returns)",
+            case,
+            "µs",
+            kind,
+            per_job(t),
+            Some(&spent),
+        ));
     }
     Ok(out)
 }
