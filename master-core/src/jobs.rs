@@ -15,7 +15,7 @@ use serde_json::{json, Value as Json};
 use thiserror::Error;
 
 use crate::id::validate_minion_id;
-use crate::keys::{make_dir, write_atomic, KeyError};
+use crate::keys::{make_dir, write_atomic, write_atomic_unsynced, KeyError};
 
 #[derive(Debug, Error)]
 pub enum JobError {
@@ -114,7 +114,7 @@ impl JobCache {
             return Err(JobError::NotFound(jid.to_string()));
         }
         let bytes = serde_json::to_vec_pretty(ret).unwrap_or_default();
-        write_atomic(
+        write_atomic_unsynced(
             &self
                 .dir
                 .join(jid)
