@@ -50,37 +50,33 @@ fn geq(a: &[u64], b: &[u64]) -> bool {
 struct Mont<'a> {
     n: &'a [u64],
     n0inv: u64,
-    /// Scratch: `n.len() + 2` limbs.
+    /// Scratch: `n.len() + 1` limbs.
     t: Vec<u64>,
 }
 
 impl Mont<'_> {
-    /// `out = a·b·R⁻¹ mod n` (CIOS), for `a, b < n`.
+    /// `out = a·b·R⁻¹ mod n` (CIOS, the multiply and reduce passes fused), for `a, b < n`.
     fn mul(&mut self, a: &[u64], b: &[u64], out: &mut [u64]) {
-        let (n, len) = (self.n, self.n.len());
-        let t = &mut self.t[..len + 2];
+        let len = self.n.len();
+        let (n, a) = (&self.n[..len], &a[..len]);
+        let t = &mut self.t[..len + 1];
         t.fill(0);
         for &bi in b {
-            let mut c = 0u64;
-            for (tj, &aj) in t[..len].iter_mut().zip(a) {
-                let s = *tj as u128 + aj as u128 * bi as u128 + c as u128;
-                *tj = s as u64;
-                c = (s >> 64) as u64;
-            }
-            let s = t[len] as u128 + c as u128;
-            t[len] = s as u64;
-            t[len + 1] = (s >> 64) as u64;
-            let m = t[0].wrapping_mul(self.n0inv);
-            let s = t[0] as u128 + m as u128 * n[0] as u128;
-            let mut c = (s >> 64) as u64;
-            for (j, &nj) in n.iter().enumerate().skip(1) {
-                let s = t[j] as u128 + m as u128 * nj as u128 + c as u128;
+            let s = t[0] as u128 + a[0] as u128 * bi as u128;
+            let mut c1 = (s >> 64) as u64;
+            let m = (s as u64).wrapping_mul(self.n0inv);
+            let s = (s as u64) as u128 + m as u128 * n[0] as u128;
+            let mut c2 = (s >> 64) as u64;
+            for j in 1..len {
+                let s = t[j] as u128 + a[j] as u128 * bi as u128 + c1 as u128;
+                c1 = (s >> 64) as u64;
+                let s = (s as u64) as u128 + m as u128 * n[j] as u128 + c2 as u128;
+                c2 = (s >> 64) as u64;
                 t[j - 1] = s as u64;
-                c = (s >> 64) as u64;
             }
-            let s = t[len] as u128 + c as u128;
+            let s = t[len] as u128 + c1 as u128 + c2 as u128;
             t[len - 1] = s as u64;
-            t[len] = t[len + 1] + (s >> 64) as u64;
+            t[len] = (s >> 64) as u64;
         }
         // t < 2n: one subtraction at most.
         if t[len] != 0 || geq(&t[..len], n) {
@@ -156,7 +152,7 @@ pub(crate) fn public_op(s: &BigUint, e: &BigUint, n: &BigUint) -> Option<BigUint
     let mut m = Mont {
         n: &nl,
         n0inv: neg_inv(nl[0]),
-        t: vec![0; len + 2],
+        t: vec![0; len + 1],
     };
     let rr = match n.bits() == 64 * len {
         true => m.r_squared(),
@@ -203,7 +199,7 @@ mod tests {
         let mut m = Mont {
             n: &nl,
             n0inv: neg_inv(nl[0]),
-            t: vec![0; 34],
+            t: vec![0; 33],
         };
         let want = (BigUint::from(1u8) << 4096) % &n;
         assert_eq!(from_limbs(&m.r_squared()), want);
