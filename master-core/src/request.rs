@@ -376,13 +376,13 @@ fn handle_aes(
     // accepted key, the same pair is known good without the RSA operation (it was a third of
     // the master's CPU per return). The key file is still read per request, so a deleted or
     // changed key refuses at once.
-    if !master.toks.known_good(id, &accepted, tok) {
+    if let Err(digest) = master.toks.known_good(id, &accepted, tok) {
         if pubkey()?.public_decrypt_x931(tok).ok().as_deref() != Some(b"salt") {
             return Err(Refusal::bad_load(
                 "tok does not verify against the accepted key",
             ));
         }
-        master.toks.remember(id, &accepted, tok);
+        master.toks.remember(id, digest);
     }
     let ts = get(&load, "ts").and_then(Value::as_i64);
     master

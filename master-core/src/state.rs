@@ -197,14 +197,17 @@ impl VerifiedToks {
         h.finalize().into()
     }
 
-    /// True when `tok` verified against exactly this `key_pem` for `id` before.
-    pub fn known_good(&self, id: &str, key_pem: &str, tok: &[u8]) -> bool {
+    /// True when `tok` verified against exactly this `key_pem` for `id` before; else the
+    /// digest to [`VerifiedToks::remember`] once it has.
+    pub fn known_good(&self, id: &str, key_pem: &str, tok: &[u8]) -> Result<(), [u8; 32]> {
         let d = Self::digest(key_pem, tok);
-        lock(&self.0).get(id).is_some_and(|known| *known == d)
+        match lock(&self.0).get(id) {
+            Some(known) if *known == d => Ok(()),
+            _ => Err(d),
+        }
     }
 
-    pub fn remember(&self, id: &str, key_pem: &str, tok: &[u8]) {
-        let d = Self::digest(key_pem, tok);
+    pub fn remember(&self, id: &str, d: [u8; 32]) {
         let mut m = lock(&self.0);
         if m.len() >= Self::CAP && !m.contains_key(id) {
             m.clear();
@@ -486,14 +489,16 @@ mod tests {
     #[test]
     fn a_tok_is_known_good_only_with_the_key_it_verified_against() {
         let t = VerifiedToks::default();
-        assert!(!t.known_good("m1", "KEY A", b"tok"));
-        t.remember("m1", "KEY A", b"tok");
-        assert!(t.known_good("m1", "KEY A", b"tok"));
-        assert!(!t.known_good("m1", "KEY B", b"tok"), "changed key");
-        assert!(!t.known_good("m1", "KEY A", b"other"), "other tok");
-        assert!(!t.known_good("m2", "KEY A", b"tok"), "other minion");
+        let Err(d) = t.known_good("m1", "KEY A", b"tok") else {
+            panic!("unknown pair known good")
+        };
+        t.remember("m1", d);
+        assert!(t.known_good("m1", "KEY A", b"tok").is_ok());
+        assert!(t.known_good("m1", "KEY B", b"tok").is_err(), "changed key");
+        assert!(t.known_good("m1", "KEY A", b"other").is_err(), "other tok");
+        assert!(t.known_good("m2", "KEY A", b"tok").is_err(), "other minion");
         // Length-prefixed: moving bytes between key and tok is a different pair.
-        assert!(!t.known_good("m1", "KEY At", b"ok"));
+        assert!(t.known_good("m1", "KEY At", b"ok").is_err());
     }
 
     #[test]

@@ -226,7 +226,10 @@ impl PublicKey {
         if &s >= self.0.n() {
             return Err(RsaError::BadX931Padding);
         }
-        let r = rsa_encrypt(&self.0, &s)?;
+        let r = match montgomery::public_op(&s, self.0.e(), self.0.n()) {
+            Some(r) => r,
+            None => rsa_encrypt(&self.0, &s)?,
+        };
         let twelve = BigUint::from(12u8);
         let sixteen = BigUint::from(16u8);
         let r = if &r % &sixteen != twelve {
@@ -285,6 +288,9 @@ fn to_fixed(n: &BigUint, k: usize) -> Result<Vec<u8>, RsaError> {
     out.extend_from_slice(&b);
     Ok(out)
 }
+
+#[path = "rsa_public.rs"]
+mod montgomery;
 
 #[cfg(test)]
 #[path = "rsa_tests.rs"]
