@@ -19,7 +19,7 @@
 
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -105,34 +105,57 @@ impl Drop for PooledBuf<'_> {
 /// While both directions are open the limit is the shorter of `client` and `server` (HAProxy's
 /// `timeout client` and `timeout server`; HAProxy advises equal values in TCP mode). Once the client
 /// has half-closed, `client_fin` applies if set; once the master has, `server_fin`.
+///
+/// Kept in every idle session's task, so stored small: milliseconds as `u32` (0: no limit), a
+/// limit above `u32::MAX` ms (49.7 days) is held as 49.7 days.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdleLimits {
-    pub client: Option<Duration>,
-    pub server: Option<Duration>,
-    pub client_fin: Option<Duration>,
-    pub server_fin: Option<Duration>,
+    /// `[client, server, client_fin, server_fin]`.
+    ms: [u32; 4],
 }
 
 impl IdleLimits {
+    /// Limits from the four timeouts (`None`: no limit).
+    pub fn new(
+        client: Option<Duration>,
+        server: Option<Duration>,
+        client_fin: Option<Duration>,
+        server_fin: Option<Duration>,
+    ) -> Self {
+        // At least 1 ms, so that a set limit never reads as none.
+        let ms = |d: Option<Duration>| {
+            d.map_or(0, |d| {
+                u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+            })
+        };
+        Self {
+            ms: [ms(client), ms(server), ms(client_fin), ms(server_fin)],
+        }
+    }
+
     /// A listener's limits.
     pub fn of(l: &saltgate_config::ListenerConfig) -> Self {
-        Self {
-            client: l.timeout_client,
-            server: l.timeout_server,
-            client_fin: l.timeout_client_fin,
-            server_fin: l.timeout_server_fin,
-        }
+        Self::new(
+            l.timeout_client,
+            l.timeout_server,
+            l.timeout_client_fin,
+            l.timeout_server_fin,
+        )
+    }
+
+    fn get(&self, i: usize) -> Option<Duration> {
+        (self.ms[i] > 0).then(|| Duration::from_millis(self.ms[i].into()))
     }
 
     /// The idle limit that applies given which sides have half-closed. `None`: no limit.
     pub fn limit(&self, client_closed: bool, server_closed: bool) -> Option<Duration> {
-        let base = match (self.client, self.server) {
+        let base = match (self.get(0), self.get(1)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let fin = match (client_closed, server_closed) {
-            (true, _) if self.client_fin.is_some() => self.client_fin,
-            (_, true) if self.server_fin.is_some() => self.server_fin,
+            (true, _) if self.get(2).is_some() => self.get(2),
+            (_, true) if self.get(3).is_some() => self.get(3),
             _ => None,
         };
         fin.or(base)
@@ -237,8 +260,8 @@ pub(crate) fn read_clearing(
     }
 }
 
-/// The pump polls its close token on its first wake and then once every this many wakes (see
-/// [`pump`]).
+/// The pump registers its waker with its [`SessionCtl`] and polls the sessions' token on its
+/// first wake and then once every this many wakes (see [`pump`]).
 pub const CANCEL_POLL_EVERY: u32 = 64;
 
 /// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
@@ -251,22 +274,24 @@ pub const CANCEL_POLL_EVERY: u32 = 64;
 /// timer fires it is pushed to the last activity plus the limit, and only a session idle for the
 /// whole limit is closed. So a busy session costs no timer operation per message.
 ///
-/// The close token is polled (two locks: the token's and its `Notify`'s) only on the first wake,
-/// which registers the task's waker with it, and every [`CANCEL_POLL_EVERY`] wakes after; the
-/// wakes between read two atomics instead: [`SessionCtl::close_asked`] and `closing`
-/// ([`crate::dataplane::DataPlane::close_sessions`]), each set before the token is cancelled, so
-/// the wake a cancellation causes always sees one of them.
+/// Two things ask a session to close: [`SessionCtl::close`] (sets the reason, then wakes the
+/// waker registered with [`SessionCtl::register_waker`]) and
+/// [`crate::dataplane::DataPlane::close_sessions`] (sets `sessions_closing`, then cancels
+/// `sessions_token`). The waker is registered and the token polled (two locks: the token's and
+/// its `Notify`'s) only on the first wake and every [`CANCEL_POLL_EVERY`] wakes after, each time
+/// *before* the flags are read; every wake reads the two atomics, each set before its wake, so
+/// the wake a close causes always sees one of them.
 #[allow(clippy::too_many_arguments)]
 pub async fn pump(
     client: &TcpStream,
     master: &TcpStream,
     limits: &IdleLimits,
     ctl: &SessionCtl,
-    closing: &AtomicBool,
-    pool: &BufPool,
+    plane: &crate::dataplane::DataPlane,
     bytes: &[IntCounter; 2],
     up_tap: Option<Box<dyn Tap>>,
 ) -> CloseReason {
+    let pool = &plane.pool;
     let mut halves = [
         Half::new(&ctl.bytes_in, &bytes[0], up_tap),
         Half::new(&ctl.bytes_out, &bytes[1], None),
@@ -275,12 +300,16 @@ pub async fn pump(
     let mut armed: Option<Instant> = None;
     let mut first_eof: Option<CloseReason> = None;
     let timer = tokio::time::sleep_until(last);
-    let cancel = ctl.cancel.cancelled();
+    let cancel = plane.sessions_token.cancelled();
     tokio::pin!(timer, cancel);
     let mut wakes = 0u32;
     std::future::poll_fn(|cx| {
-        let asked = ctl.close_asked() || closing.load(Ordering::Acquire);
-        if asked || (wakes % CANCEL_POLL_EVERY == 0 && cancel.as_mut().poll(cx).is_ready()) {
+        let mut cancelled = false;
+        if wakes % CANCEL_POLL_EVERY == 0 {
+            ctl.register_waker(cx.waker());
+            cancelled = cancel.as_mut().poll(cx).is_ready();
+        }
+        if cancelled || ctl.close_asked() || plane.sessions_closing.load(Ordering::Acquire) {
             return Poll::Ready(ctl.close_reason().unwrap_or(CloseReason::Shutdown));
         }
         wakes = wakes.wrapping_add(1);
@@ -388,21 +417,11 @@ mod tests {
 
     #[test]
     fn idle_limit_is_the_shorter_timeout_and_fin_timeouts_apply_after_half_close() {
-        let l = IdleLimits {
-            client: s(60),
-            server: s(30),
-            client_fin: s(5),
-            server_fin: None,
-        };
+        let l = IdleLimits::new(s(60), s(30), s(5), None);
         assert_eq!(l.limit(false, false), s(30));
         assert_eq!(l.limit(true, false), s(5));
         assert_eq!(l.limit(false, true), s(30));
-        let none = IdleLimits {
-            client: None,
-            server: None,
-            client_fin: None,
-            server_fin: None,
-        };
+        let none = IdleLimits::new(None, None, None, None);
         assert_eq!(none.limit(false, false), None);
         assert!(!none.expired(Duration::from_secs(1 << 40), false, false));
     }

@@ -278,8 +278,7 @@ impl Plain {
             &self.up.stream,
             &self.limits,
             &self.ctl,
-            &self.ctx.sessions_closing,
-            &self.ctx.pool,
+            &self.ctx,
             &lm.bytes,
             self.presence.tap.take(),
         )
@@ -351,9 +350,7 @@ async fn establish(
     };
     tune(&c.stream, user_timeout);
 
-    let ctl = c
-        .lease
-        .register(ctx.session_id(), peer, &ctx.sessions_token);
+    let ctl = c.lease.register(ctx.session_id(), peer);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
     // swept: close this one too rather than leave it on that master (`migrate` moves it).
     match (c.master.admin(), c.master.is_up(), listener.on_master_down) {
@@ -364,9 +361,7 @@ async fn establish(
         _ => {}
     }
     let limits = IdleLimits::of(&listener);
-    let presence = ctx
-        .presence
-        .attach(role, ctl.id, peer, c.master.name().as_str());
+    let presence = ctx.presence.attach(role, ctl.id, peer, c.master.label());
     if role != Role::Request || listener.on_master_down != OnMasterDown::Migrate {
         return Some(Plain {
             ctx,
