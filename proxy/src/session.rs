@@ -238,20 +238,32 @@ async fn place(
     }
 }
 
-/// Handles a client connection from accept to close.
+/// Handles a client connection from accept to close, holding `permits` until it ends.
 ///
-/// The task's future is what an idle session costs in memory, so it holds only [`Plain`] and the
-/// pump's small state: setting up (selection, connect, queue wait) and the `migrate` relay run
-/// in boxed futures of their own, freed when done or allocated only when used.
-pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, peer: SocketAddr) {
-    // Run in place (`as_mut`): moving it out would keep a second copy in this future.
-    let mut session = Box::pin(establish(ctx, role, client, peer)).await;
-    let Some(s) = session.as_mut() else {
-        return;
-    };
-    let reason = s.run().await;
-    if let Some(s) = session.take() {
-        s.finish(reason);
+/// The task's future is what an idle session costs in memory, so it holds only [`Plain`], the
+/// pump's small state and the permits: setting up (selection, connect, queue wait) and the
+/// `migrate` relay run in boxed futures of their own, freed when done or allocated only when
+/// used. Not an `async fn`: its arguments would stay in the future after set-up took them (they
+/// go into the set-up's box here, before the future starts).
+pub(crate) fn handle(
+    ctx: Arc<DataPlane>,
+    role: Role,
+    client: TcpStream,
+    peer: SocketAddr,
+    permits: crate::listener::Permits,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let setup = Box::pin(establish(ctx, role, client, peer));
+    async move {
+        let _permits = permits;
+        // Run in place (`as_mut`): moving it out would keep a second copy in this future.
+        let mut session = setup.await;
+        let Some(s) = session.as_mut() else {
+            return;
+        };
+        let reason = s.run().await;
+        if let Some(s) = session.take() {
+            s.finish(reason);
+        }
     }
 }
 
@@ -478,7 +490,8 @@ mod tests {
     #[test]
     fn an_idle_sessions_task_future_stays_small() {
         type Args = (Arc<DataPlane>, Role, TcpStream, SocketAddr);
-        let handle = future_size(|a: Args| handle(a.0, a.1, a.2, a.3));
+        let handle =
+            future_size(|a: Args| handle(a.0, a.1, a.2, a.3, crate::listener::Permits::none()));
         let plain = std::mem::size_of::<Plain>();
         let run = future_size(|p: &mut Plain| p.run());
         eprintln!("session future {handle} B: Plain {plain} B + run {run} B");
