@@ -224,7 +224,7 @@ mod tests {
         let leases: Vec<_> = (0..100)
             .map(|id| {
                 let mut l = m.try_reserve(Role::Publish).unwrap();
-                l.register(id, client);
+                l.register(id, client, std::time::Instant::now());
                 l
             })
             .collect();
@@ -252,7 +252,7 @@ mod tests {
         let leases: Vec<_> = (0..40)
             .map(|id| {
                 let mut l = m.try_reserve(Role::Publish).unwrap();
-                l.register(id, client);
+                l.register(id, client, std::time::Instant::now());
                 l
             })
             .collect();

@@ -282,38 +282,76 @@ pub const CANCEL_POLL_EVERY: u32 = 64;
 /// *before* the flags are read; every wake reads the two atomics, each set before its wake, so
 /// the wake a close causes always sees one of them.
 #[allow(clippy::too_many_arguments)]
-pub async fn pump(
-    client: &TcpStream,
-    master: &TcpStream,
-    limits: &IdleLimits,
-    ctl: &SessionCtl,
-    plane: &crate::dataplane::DataPlane,
-    bytes: &[IntCounter; 2],
+pub fn pump<'a>(
+    client: &'a TcpStream,
+    master: &'a TcpStream,
+    limits: &'a IdleLimits,
+    ctl: &'a SessionCtl,
+    plane: &'a crate::dataplane::DataPlane,
+    bytes: &'a [IntCounter; 2],
     up_tap: Option<Box<dyn Tap>>,
-) -> CloseReason {
-    let pool = &plane.pool;
-    let mut halves = [
-        Half::new(&ctl.bytes_in, &bytes[0], up_tap),
-        Half::new(&ctl.bytes_out, &bytes[1], None),
-    ];
-    let mut last = Instant::now();
-    let mut armed: Option<Instant> = None;
-    let mut first_eof: Option<CloseReason> = None;
-    let timer = tokio::time::sleep_until(last);
-    let cancel = plane.sessions_token.cancelled();
-    tokio::pin!(timer, cancel);
-    let mut wakes = 0u32;
-    std::future::poll_fn(|cx| {
+) -> impl Future<Output = CloseReason> + Send + 'a {
+    // Not an `async fn`: its arguments would stay in the future beside this state, and a
+    // closure over the locals would hold a pointer to each (issue 11: this future is what an
+    // idle session costs).
+    let mut s = Pumping {
+        client,
+        master,
+        limits,
+        ctl,
+        plane,
+        halves: [
+            Half::new(&ctl.bytes_in, &bytes[0], up_tap),
+            Half::new(&ctl.bytes_out, &bytes[1], None),
+        ],
+        last: Instant::now(),
+        armed: None,
+        first_eof: None,
+        wakes: 0,
+    };
+    async move {
+        let timer = tokio::time::sleep_until(s.last);
+        let cancel = plane.sessions_token.cancelled();
+        tokio::pin!(timer, cancel);
+        std::future::poll_fn(|cx| s.poll(cx, timer.as_mut(), cancel.as_mut())).await
+    }
+}
+
+/// A running pump's state (see [`pump`]).
+struct Pumping<'a> {
+    client: &'a TcpStream,
+    master: &'a TcpStream,
+    limits: &'a IdleLimits,
+    ctl: &'a SessionCtl,
+    plane: &'a crate::dataplane::DataPlane,
+    halves: [Half<'a>; 2],
+    /// When a byte last moved.
+    last: Instant,
+    /// When the idle timer is set to fire.
+    armed: Option<Instant>,
+    first_eof: Option<CloseReason>,
+    wakes: u32,
+}
+
+impl Pumping<'_> {
+    fn poll(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+        cancel: std::pin::Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
+    ) -> Poll<CloseReason> {
+        let (ctl, plane, pool) = (self.ctl, self.plane, &self.plane.pool);
         let mut cancelled = false;
-        if wakes % CANCEL_POLL_EVERY == 0 {
+        if self.wakes % CANCEL_POLL_EVERY == 0 {
             ctl.register_waker(cx.waker());
-            cancelled = cancel.as_mut().poll(cx).is_ready();
+            cancelled = cancel.poll(cx).is_ready();
         }
         if cancelled || ctl.close_asked() || plane.sessions_closing.load(Ordering::Acquire) {
             return Poll::Ready(ctl.close_reason().unwrap_or(CloseReason::Shutdown));
         }
-        wakes = wakes.wrapping_add(1);
+        self.wakes = self.wakes.wrapping_add(1);
         let mut moved = false;
+        let halves = &mut self.halves;
         for i in 0..halves.len() {
             if halves[i].done {
                 continue;
@@ -321,8 +359,8 @@ pub async fn pump(
             let (src, dst, eof, src_reset, dst_reset) = if i == 0 {
                 let c = CloseReason::ClientReset;
                 (
-                    client,
-                    master,
+                    self.client,
+                    self.master,
                     CloseReason::ClientEof,
                     c,
                     CloseReason::MasterReset,
@@ -330,8 +368,8 @@ pub async fn pump(
             } else {
                 let m = CloseReason::MasterReset;
                 (
-                    master,
-                    client,
+                    self.master,
+                    self.client,
                     CloseReason::MasterEof,
                     m,
                     CloseReason::ClientReset,
@@ -343,7 +381,7 @@ pub async fn pump(
             halves[i].done = true;
             match end {
                 DirEnd::Eof => {
-                    first_eof.get_or_insert(eof);
+                    self.first_eof.get_or_insert(eof);
                     crate::flow::pass_fin(dst, halves[1 - i].done);
                 }
                 DirEnd::ReadErr(e) => {
@@ -358,30 +396,30 @@ pub async fn pump(
         }
         let (up_done, down_done) = (halves[0].done, halves[1].done);
         if up_done && down_done {
-            return Poll::Ready(first_eof.unwrap_or(CloseReason::ClientEof));
+            return Poll::Ready(self.first_eof.unwrap_or(CloseReason::ClientEof));
         }
         if moved {
-            last = Instant::now();
+            self.last = Instant::now();
         }
-        let Some(limit) = limits.limit(up_done, down_done) else {
+        let Some(limit) = self.limits.limit(up_done, down_done) else {
             return Poll::Pending;
         };
+        let last = self.last;
         // Armed at most once per limit's worth of activity; re-armed earlier only when the limit
         // shrank (a half-close with a shorter `*_fin` timeout).
-        if armed.is_none_or(|a| last + limit < a) {
-            armed = Some(last + limit);
+        if self.armed.is_none_or(|a| last + limit < a) {
+            self.armed = Some(last + limit);
             timer.as_mut().reset(last + limit);
         }
         while timer.as_mut().poll(cx).is_ready() {
             if Instant::now() >= last + limit {
                 return Poll::Ready(CloseReason::IdleTimeout);
             }
-            armed = Some(last + limit);
+            self.armed = Some(last + limit);
             timer.as_mut().reset(last + limit);
         }
         Poll::Pending
-    })
-    .await
+    }
 }
 
 pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {

@@ -31,6 +31,7 @@ pub struct SessionCtl {
     pub id: u64,
     pub role: Role,
     pub client: SocketAddr,
+    /// When the session began: its client was accepted.
     pub started: Instant,
     /// The task to wake when [`SessionCtl::close`] is called (registered by the pump, see
     /// [`SessionCtl::register_waker`]). A waker slot, not a child `CancellationToken`: that was
@@ -157,9 +158,13 @@ impl Lease {
         self.wake = Some(queue);
     }
 
-    /// Enters the connected session in the book; returns its control handle.
-    pub fn register(&mut self, id: u64, client: SocketAddr) -> Arc<SessionCtl> {
-        let ctl = Arc::new(SessionCtl::new(id, self.role, client));
+    /// Enters the connected session in the book; returns its control handle. `started`: when
+    /// the session began (its client was accepted), for its age and its access-log duration.
+    pub fn register(&mut self, id: u64, client: SocketAddr, started: Instant) -> Arc<SessionCtl> {
+        let ctl = Arc::new(SessionCtl {
+            started,
+            ..SessionCtl::new(id, self.role, client)
+        });
         if let Some(old) = self.ctl.replace(ctl.clone()) {
             self.book.lock().remove(&old.id);
         }
@@ -308,7 +313,7 @@ mod tests {
         );
         drop(a); // connect failed
         assert_eq!(book.count(Role::Publish), 1);
-        b.register(7, client());
+        b.register(7, client(), Instant::now());
         assert_eq!(
             book.count(Role::Publish),
             1,
@@ -331,7 +336,7 @@ mod tests {
                 Role::Publish
             };
             let mut l = book.try_lease(role, None).unwrap();
-            l.register(id, client());
+            l.register(id, client(), Instant::now());
             leases.push(l);
         }
         let ids = |v: Vec<Arc<SessionCtl>>| v.iter().map(|s| s.id).collect::<Vec<_>>();

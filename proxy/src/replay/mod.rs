@@ -142,7 +142,7 @@ pub(crate) async fn serve(
         moved_bytes.1 += ctl.bytes_out.load(Ordering::Relaxed);
         let id = ctl.id;
         up = next;
-        ctl = up.lease.register(id, peer);
+        ctl = up.lease.register(id, peer, std::time::Instant::now());
         migrations += 1;
         m.migrated(why).inc();
         r.down = Down::resumed();
