@@ -170,6 +170,16 @@ pub struct Permits {
     _global: Option<OwnedSemaphorePermit>,
 }
 
+impl Permits {
+    /// No permit (a connection not counted against any `maxconn`).
+    pub fn none() -> Self {
+        Self {
+            _listener: None,
+            _global: None,
+        }
+    }
+}
+
 /// Accepts connections until `stop` is cancelled, handing each to `on_accept` (which tunes it).
 pub async fn accept_loop<F>(
     listener: Arc<TcpListener>,

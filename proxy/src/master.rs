@@ -26,6 +26,9 @@ pub struct Master {
     pub book: Arc<SessionBook>,
     /// Stops this master's health checkers (on removal or shutdown).
     pub checks_stop: CancellationToken,
+    /// Its name, shared: every publish session's presence entry points at it (a reload keeps a
+    /// master only under the same name).
+    label: Arc<str>,
 }
 
 impl Master {
@@ -42,6 +45,7 @@ impl Master {
         // A master without checks is never checked: its first round is done from the start.
         let upstream = Upstream::new(admin, !cfg.check);
         Self {
+            label: Arc::from(cfg.name.as_str()),
             cfg: ArcSwap::from_pointee(cfg),
             addrs,
             upstream,
@@ -70,6 +74,11 @@ impl Master {
 
     pub fn name(&self) -> String {
         self.cfg().name.clone()
+    }
+
+    /// Its name, without a copy.
+    pub fn label(&self) -> &Arc<str> {
+        &self.label
     }
 
     pub fn addr(&self, role: Role) -> SocketAddr {
@@ -211,12 +220,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_flapping_master_has_one_paced_close_at_a_time() {
         let m = master(None);
-        let parent = CancellationToken::new();
         let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
         let leases: Vec<_> = (0..100)
             .map(|id| {
                 let mut l = m.try_reserve(Role::Publish).unwrap();
-                l.register(id, client, &parent);
+                l.register(id, client, std::time::Instant::now());
                 l
             })
             .collect();
@@ -229,7 +237,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1050)).await;
         let closed = leases
             .iter()
-            .filter(|l| l.ctl().is_some_and(|c| c.cancel.is_cancelled()))
+            .filter(|l| l.ctl().is_some_and(|c| c.close_asked()))
             .count();
         assert!(
             (10..=12).contains(&closed),
@@ -240,19 +248,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_paced_close_stops_when_the_master_comes_back_up() {
         let m = master(None);
-        let parent = CancellationToken::new();
         let client: SocketAddr = "10.0.0.1:5".parse().unwrap();
         let leases: Vec<_> = (0..40)
             .map(|id| {
                 let mut l = m.try_reserve(Role::Publish).unwrap();
-                l.register(id, client, &parent);
+                l.register(id, client, std::time::Instant::now());
                 l
             })
             .collect();
         let closed = || {
             leases
                 .iter()
-                .filter(|l| l.ctl().is_some_and(|c| c.cancel.is_cancelled()))
+                .filter(|l| l.ctl().is_some_and(|c| c.close_asked()))
                 .count()
         };
         m.set_port(Role::Publish, false);

@@ -19,7 +19,7 @@
 
 use std::future::Future;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -105,34 +105,57 @@ impl Drop for PooledBuf<'_> {
 /// While both directions are open the limit is the shorter of `client` and `server` (HAProxy's
 /// `timeout client` and `timeout server`; HAProxy advises equal values in TCP mode). Once the client
 /// has half-closed, `client_fin` applies if set; once the master has, `server_fin`.
+///
+/// Kept in every idle session's task, so stored small: milliseconds as `u32` (0: no limit), a
+/// limit above `u32::MAX` ms (49.7 days) is held as 49.7 days.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdleLimits {
-    pub client: Option<Duration>,
-    pub server: Option<Duration>,
-    pub client_fin: Option<Duration>,
-    pub server_fin: Option<Duration>,
+    /// `[client, server, client_fin, server_fin]`.
+    ms: [u32; 4],
 }
 
 impl IdleLimits {
+    /// Limits from the four timeouts (`None`: no limit).
+    pub fn new(
+        client: Option<Duration>,
+        server: Option<Duration>,
+        client_fin: Option<Duration>,
+        server_fin: Option<Duration>,
+    ) -> Self {
+        // At least 1 ms, so that a set limit never reads as none.
+        let ms = |d: Option<Duration>| {
+            d.map_or(0, |d| {
+                u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+            })
+        };
+        Self {
+            ms: [ms(client), ms(server), ms(client_fin), ms(server_fin)],
+        }
+    }
+
     /// A listener's limits.
     pub fn of(l: &saltgate_config::ListenerConfig) -> Self {
-        Self {
-            client: l.timeout_client,
-            server: l.timeout_server,
-            client_fin: l.timeout_client_fin,
-            server_fin: l.timeout_server_fin,
-        }
+        Self::new(
+            l.timeout_client,
+            l.timeout_server,
+            l.timeout_client_fin,
+            l.timeout_server_fin,
+        )
+    }
+
+    fn get(&self, i: usize) -> Option<Duration> {
+        (self.ms[i] > 0).then(|| Duration::from_millis(self.ms[i].into()))
     }
 
     /// The idle limit that applies given which sides have half-closed. `None`: no limit.
     pub fn limit(&self, client_closed: bool, server_closed: bool) -> Option<Duration> {
-        let base = match (self.client, self.server) {
+        let base = match (self.get(0), self.get(1)) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         let fin = match (client_closed, server_closed) {
-            (true, _) if self.client_fin.is_some() => self.client_fin,
-            (_, true) if self.server_fin.is_some() => self.server_fin,
+            (true, _) if self.get(2).is_some() => self.get(2),
+            (_, true) if self.get(3).is_some() => self.get(3),
             _ => None,
         };
         fin.or(base)
@@ -237,8 +260,8 @@ pub(crate) fn read_clearing(
     }
 }
 
-/// The pump polls its close token on its first wake and then once every this many wakes (see
-/// [`pump`]).
+/// The pump registers its waker with its [`SessionCtl`] and polls the sessions' token on its
+/// first wake and then once every this many wakes (see [`pump`]).
 pub const CANCEL_POLL_EVERY: u32 = 64;
 
 /// Runs a session's data path until it ends; returns why. `bytes` are the listener's byte
@@ -251,40 +274,84 @@ pub const CANCEL_POLL_EVERY: u32 = 64;
 /// timer fires it is pushed to the last activity plus the limit, and only a session idle for the
 /// whole limit is closed. So a busy session costs no timer operation per message.
 ///
-/// The close token is polled (two locks: the token's and its `Notify`'s) only on the first wake,
-/// which registers the task's waker with it, and every [`CANCEL_POLL_EVERY`] wakes after; the
-/// wakes between read two atomics instead: [`SessionCtl::close_asked`] and `closing`
-/// ([`crate::dataplane::DataPlane::close_sessions`]), each set before the token is cancelled, so
-/// the wake a cancellation causes always sees one of them.
+/// Two things ask a session to close: [`SessionCtl::close`] (sets the reason, then wakes the
+/// waker registered with [`SessionCtl::register_waker`]) and
+/// [`crate::dataplane::DataPlane::close_sessions`] (sets `sessions_closing`, then cancels
+/// `sessions_token`). The waker is registered and the token polled (two locks: the token's and
+/// its `Notify`'s) only on the first wake and every [`CANCEL_POLL_EVERY`] wakes after, each time
+/// *before* the flags are read; every wake reads the two atomics, each set before its wake, so
+/// the wake a close causes always sees one of them.
 #[allow(clippy::too_many_arguments)]
-pub async fn pump(
-    client: &TcpStream,
-    master: &TcpStream,
-    limits: &IdleLimits,
-    ctl: &SessionCtl,
-    closing: &AtomicBool,
-    pool: &BufPool,
-    bytes: &[IntCounter; 2],
+pub fn pump<'a>(
+    client: &'a TcpStream,
+    master: &'a TcpStream,
+    limits: &'a IdleLimits,
+    ctl: &'a SessionCtl,
+    plane: &'a crate::dataplane::DataPlane,
+    bytes: &'a [IntCounter; 2],
     up_tap: Option<Box<dyn Tap>>,
-) -> CloseReason {
-    let mut halves = [
-        Half::new(&ctl.bytes_in, &bytes[0], up_tap),
-        Half::new(&ctl.bytes_out, &bytes[1], None),
-    ];
-    let mut last = Instant::now();
-    let mut armed: Option<Instant> = None;
-    let mut first_eof: Option<CloseReason> = None;
-    let timer = tokio::time::sleep_until(last);
-    let cancel = ctl.cancel.cancelled();
-    tokio::pin!(timer, cancel);
-    let mut wakes = 0u32;
-    std::future::poll_fn(|cx| {
-        let asked = ctl.close_asked() || closing.load(Ordering::Acquire);
-        if asked || (wakes % CANCEL_POLL_EVERY == 0 && cancel.as_mut().poll(cx).is_ready()) {
+) -> impl Future<Output = CloseReason> + Send + 'a {
+    // Not an `async fn`: its arguments would stay in the future beside this state, and a
+    // closure over the locals would hold a pointer to each (issue 11: this future is what an
+    // idle session costs).
+    let mut s = Pumping {
+        client,
+        master,
+        limits,
+        ctl,
+        plane,
+        halves: [
+            Half::new(&ctl.bytes_in, &bytes[0], up_tap),
+            Half::new(&ctl.bytes_out, &bytes[1], None),
+        ],
+        last: Instant::now(),
+        armed: None,
+        first_eof: None,
+        wakes: 0,
+    };
+    async move {
+        let timer = tokio::time::sleep_until(s.last);
+        let cancel = plane.sessions_token.cancelled();
+        tokio::pin!(timer, cancel);
+        std::future::poll_fn(|cx| s.poll(cx, timer.as_mut(), cancel.as_mut())).await
+    }
+}
+
+/// A running pump's state (see [`pump`]).
+struct Pumping<'a> {
+    client: &'a TcpStream,
+    master: &'a TcpStream,
+    limits: &'a IdleLimits,
+    ctl: &'a SessionCtl,
+    plane: &'a crate::dataplane::DataPlane,
+    halves: [Half<'a>; 2],
+    /// When a byte last moved.
+    last: Instant,
+    /// When the idle timer is set to fire.
+    armed: Option<Instant>,
+    first_eof: Option<CloseReason>,
+    wakes: u32,
+}
+
+impl Pumping<'_> {
+    fn poll(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        mut timer: std::pin::Pin<&mut tokio::time::Sleep>,
+        cancel: std::pin::Pin<&mut tokio_util::sync::WaitForCancellationFuture<'_>>,
+    ) -> Poll<CloseReason> {
+        let (ctl, plane, pool) = (self.ctl, self.plane, &self.plane.pool);
+        let mut cancelled = false;
+        if self.wakes % CANCEL_POLL_EVERY == 0 {
+            ctl.register_waker(cx.waker());
+            cancelled = cancel.poll(cx).is_ready();
+        }
+        if cancelled || ctl.close_asked() || plane.sessions_closing.load(Ordering::Acquire) {
             return Poll::Ready(ctl.close_reason().unwrap_or(CloseReason::Shutdown));
         }
-        wakes = wakes.wrapping_add(1);
+        self.wakes = self.wakes.wrapping_add(1);
         let mut moved = false;
+        let halves = &mut self.halves;
         for i in 0..halves.len() {
             if halves[i].done {
                 continue;
@@ -292,8 +359,8 @@ pub async fn pump(
             let (src, dst, eof, src_reset, dst_reset) = if i == 0 {
                 let c = CloseReason::ClientReset;
                 (
-                    client,
-                    master,
+                    self.client,
+                    self.master,
                     CloseReason::ClientEof,
                     c,
                     CloseReason::MasterReset,
@@ -301,8 +368,8 @@ pub async fn pump(
             } else {
                 let m = CloseReason::MasterReset;
                 (
-                    master,
-                    client,
+                    self.master,
+                    self.client,
                     CloseReason::MasterEof,
                     m,
                     CloseReason::ClientReset,
@@ -314,7 +381,7 @@ pub async fn pump(
             halves[i].done = true;
             match end {
                 DirEnd::Eof => {
-                    first_eof.get_or_insert(eof);
+                    self.first_eof.get_or_insert(eof);
                     crate::flow::pass_fin(dst, halves[1 - i].done);
                 }
                 DirEnd::ReadErr(e) => {
@@ -329,30 +396,30 @@ pub async fn pump(
         }
         let (up_done, down_done) = (halves[0].done, halves[1].done);
         if up_done && down_done {
-            return Poll::Ready(first_eof.unwrap_or(CloseReason::ClientEof));
+            return Poll::Ready(self.first_eof.unwrap_or(CloseReason::ClientEof));
         }
         if moved {
-            last = Instant::now();
+            self.last = Instant::now();
         }
-        let Some(limit) = limits.limit(up_done, down_done) else {
+        let Some(limit) = self.limits.limit(up_done, down_done) else {
             return Poll::Pending;
         };
+        let last = self.last;
         // Armed at most once per limit's worth of activity; re-armed earlier only when the limit
         // shrank (a half-close with a shorter `*_fin` timeout).
-        if armed.is_none_or(|a| last + limit < a) {
-            armed = Some(last + limit);
+        if self.armed.is_none_or(|a| last + limit < a) {
+            self.armed = Some(last + limit);
             timer.as_mut().reset(last + limit);
         }
         while timer.as_mut().poll(cx).is_ready() {
             if Instant::now() >= last + limit {
                 return Poll::Ready(CloseReason::IdleTimeout);
             }
-            armed = Some(last + limit);
+            self.armed = Some(last + limit);
             timer.as_mut().reset(last + limit);
         }
         Poll::Pending
-    })
-    .await
+    }
 }
 
 pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
@@ -388,21 +455,11 @@ mod tests {
 
     #[test]
     fn idle_limit_is_the_shorter_timeout_and_fin_timeouts_apply_after_half_close() {
-        let l = IdleLimits {
-            client: s(60),
-            server: s(30),
-            client_fin: s(5),
-            server_fin: None,
-        };
+        let l = IdleLimits::new(s(60), s(30), s(5), None);
         assert_eq!(l.limit(false, false), s(30));
         assert_eq!(l.limit(true, false), s(5));
         assert_eq!(l.limit(false, true), s(30));
-        let none = IdleLimits {
-            client: None,
-            server: None,
-            client_fin: None,
-            server_fin: None,
-        };
+        let none = IdleLimits::new(None, None, None, None);
         assert_eq!(none.limit(false, false), None);
         assert!(!none.expired(Duration::from_secs(1 << 40), false, false));
     }

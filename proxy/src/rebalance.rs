@@ -144,10 +144,7 @@ impl RateWindow {
 /// The `n` sessions to move from a master: longest idle first (as sampled by
 /// [`SessionCtl::observe`]), then oldest; sessions already closing are skipped.
 pub fn pick_idlest(sessions: &[Arc<SessionCtl>], n: usize) -> Vec<Arc<SessionCtl>> {
-    let mut open: Vec<&Arc<SessionCtl>> = sessions
-        .iter()
-        .filter(|s| !s.cancel.is_cancelled())
-        .collect();
+    let mut open: Vec<&Arc<SessionCtl>> = sessions.iter().filter(|s| !s.close_asked()).collect();
     open.sort_by_key(|s| (s.last_active_ms(), s.started, s.id));
     open.into_iter().take(n).cloned().collect()
 }
@@ -495,10 +492,9 @@ mod tests {
 
     #[test]
     fn the_idlest_sessions_are_picked_first_then_the_oldest() {
-        let parent = CancellationToken::new();
         let c = "10.0.0.1:5".parse().unwrap();
         let ss: Vec<Arc<SessionCtl>> = (1..=4)
-            .map(|id| Arc::new(SessionCtl::new(id, Role::Publish, c, &parent)))
+            .map(|id| Arc::new(SessionCtl::new(id, Role::Publish, c)))
             .collect();
         ss[0].bytes_out.store(10, Ordering::Relaxed); // active at 5
         ss.iter().for_each(|s| s.observe(5));

@@ -10,9 +10,11 @@
 //! [`crate::queue`]). The book knows nothing of masters' health or configuration.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
@@ -29,9 +31,12 @@ pub struct SessionCtl {
     pub id: u64,
     pub role: Role,
     pub client: SocketAddr,
+    /// When the session began: its client was accepted.
     pub started: Instant,
-    /// Cancelled to ask the session to close; a child of the process-wide session token.
-    pub cancel: CancellationToken,
+    /// The task to wake when [`SessionCtl::close`] is called (registered by the pump, see
+    /// [`SessionCtl::register_waker`]). A waker slot, not a child `CancellationToken`: that was
+    /// a 112-byte tree node per session, plus its entry in the parent's list.
+    waker: Mutex<Option<Waker>>,
     reason: AtomicU8,
     /// Bytes client → master and master → client, published by the pump (see [`crate::pump`]).
     pub bytes_in: AtomicU64,
@@ -43,13 +48,13 @@ pub struct SessionCtl {
 }
 
 impl SessionCtl {
-    pub fn new(id: u64, role: Role, client: SocketAddr, parent: &CancellationToken) -> Self {
+    pub fn new(id: u64, role: Role, client: SocketAddr) -> Self {
         Self {
             id,
             role,
             client,
             started: Instant::now(),
-            cancel: parent.child_token(),
+            waker: Mutex::new(None),
             reason: AtomicU8::new(0),
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
@@ -72,12 +77,47 @@ impl SessionCtl {
         self.last_active_ms.load(Ordering::Relaxed)
     }
 
-    /// Asks the session to close. The first reason given wins.
+    /// Asks the session to close. The first reason given wins. The reason is set before the
+    /// registered task is woken, so the wake sees it (see [`SessionCtl::register_waker`]).
     pub fn close(&self, reason: CloseReason) {
         let _ = self
             .reason
             .compare_exchange(0, reason as u8, Ordering::AcqRel, Ordering::Acquire);
-        self.cancel.cancel();
+        let waker = self.lock_waker().take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    fn lock_waker(&self) -> std::sync::MutexGuard<'_, Option<Waker>> {
+        // Holds only a waker: a panic elsewhere cannot leave it inconsistent.
+        self.waker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers the task that [`SessionCtl::close`] wakes (a no-op when it is registered
+    /// already). Check [`SessionCtl::close_asked`] *after* this: a close that came before the
+    /// registration found no task to wake.
+    pub fn register_waker(&self, waker: &Waker) {
+        let mut slot = self.lock_waker();
+        if !slot.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *slot = Some(waker.clone());
+        }
+    }
+
+    /// Completes once the session is asked to close: by [`SessionCtl::close`], or by `all` (the
+    /// data plane's `sessions_token`, cancelled by `DataPlane::close_sessions`).
+    pub async fn closed(&self, all: &CancellationToken) {
+        let all = all.cancelled();
+        tokio::pin!(all);
+        std::future::poll_fn(|cx| {
+            self.register_waker(cx.waker());
+            if self.close_asked() || all.as_mut().poll(cx).is_ready() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
     }
 
     /// Whether [`SessionCtl::close`] was called: an atomic load, where the token's
@@ -118,14 +158,13 @@ impl Lease {
         self.wake = Some(queue);
     }
 
-    /// Enters the connected session in the book; returns its control handle.
-    pub fn register(
-        &mut self,
-        id: u64,
-        client: SocketAddr,
-        parent: &CancellationToken,
-    ) -> Arc<SessionCtl> {
-        let ctl = Arc::new(SessionCtl::new(id, self.role, client, parent));
+    /// Enters the connected session in the book; returns its control handle. `started`: when
+    /// the session began (its client was accepted), for its age and its access-log duration.
+    pub fn register(&mut self, id: u64, client: SocketAddr, started: Instant) -> Arc<SessionCtl> {
+        let ctl = Arc::new(SessionCtl {
+            started,
+            ..SessionCtl::new(id, self.role, client)
+        });
         if let Some(old) = self.ctl.replace(ctl.clone()) {
             self.book.lock().remove(&old.id);
         }
@@ -274,7 +313,7 @@ mod tests {
         );
         drop(a); // connect failed
         assert_eq!(book.count(Role::Publish), 1);
-        b.register(7, client(), &CancellationToken::new());
+        b.register(7, client(), Instant::now());
         assert_eq!(
             book.count(Role::Publish),
             1,
@@ -289,7 +328,6 @@ mod tests {
     #[test]
     fn pages_follow_ids_and_filter_by_role() {
         let book = Arc::new(SessionBook::default());
-        let parent = CancellationToken::new();
         let mut leases = Vec::new();
         for id in 1..=5u64 {
             let role = if id == 3 {
@@ -298,7 +336,7 @@ mod tests {
                 Role::Publish
             };
             let mut l = book.try_lease(role, None).unwrap();
-            l.register(id, client(), &parent);
+            l.register(id, client(), Instant::now());
             leases.push(l);
         }
         let ids = |v: Vec<Arc<SessionCtl>>| v.iter().map(|s| s.id).collect::<Vec<_>>();

@@ -14,8 +14,10 @@ use std::sync::Arc;
 
 use saltgate_config::{Config, ListenerMode, Role};
 use tokio::net::TcpStream;
+use tokio_util::task::TaskTracker;
 
 use crate::dataplane::DataPlane;
+use crate::listener::Permits;
 
 /// A boxed, sendable future (what a [`Serve`] returns).
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -27,6 +29,25 @@ pub trait Serve: Send + Sync + 'static {
 
     /// A short name for logs.
     fn kind(&self) -> &'static str;
+
+    /// Spawns the serving of one accepted connection on `tracker`, holding `permits` until it
+    /// ends. This default boxes [`Serve::serve`]'s future inside the task; an implementation
+    /// whose connections live long may spawn its own future unboxed (one allocation per
+    /// connection, the task, instead of two).
+    fn spawn(
+        &self,
+        tracker: &TaskTracker,
+        ctx: Arc<DataPlane>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        permits: Permits,
+    ) {
+        let session = self.serve(ctx, stream, peer);
+        tracker.spawn(async move {
+            let _permits = permits;
+            session.await
+        });
+    }
 }
 
 /// The L4 session: one client connection ↔ one master connection.
@@ -37,11 +58,31 @@ pub struct L4Session {
 
 impl Serve for L4Session {
     fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()> {
-        Box::pin(crate::session::handle(ctx, self.role, stream, peer))
+        Box::pin(crate::session::handle(
+            ctx,
+            self.role,
+            stream,
+            peer,
+            Permits::none(),
+        ))
     }
 
     fn kind(&self) -> &'static str {
         "l4"
+    }
+
+    /// Unboxed: an idle publish session is this task and little else (issue 11).
+    fn spawn(
+        &self,
+        tracker: &TaskTracker,
+        ctx: Arc<DataPlane>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        permits: Permits,
+    ) {
+        tracker.spawn(crate::session::handle(
+            ctx, self.role, stream, peer, permits,
+        ));
     }
 }
 

@@ -63,7 +63,7 @@ pub(crate) struct Connected {
     pub master: Arc<Master>,
     pub handles: Arc<MasterHandles>,
     pub attempts: u32,
-    pub connect_ms: u64,
+    pub connect_ms: u32,
 }
 
 /// The pause before a retry on the master just tried (when no other candidate is left).
@@ -190,7 +190,7 @@ async fn place(
             match connect(ctx, &listener, &snap, &order, peer).await {
                 Connect::Done(c) => {
                     let c = Connected {
-                        connect_ms: ms(),
+                        connect_ms: u32::try_from(ms()).unwrap_or(u32::MAX),
                         ..c
                     };
                     return (listener, user_timeout, Ok(c));
@@ -238,20 +238,32 @@ async fn place(
     }
 }
 
-/// Handles a client connection from accept to close.
+/// Handles a client connection from accept to close, holding `permits` until it ends.
 ///
-/// The task's future is what an idle session costs in memory, so it holds only [`Plain`] and the
-/// pump's small state: setting up (selection, connect, queue wait) and the `migrate` relay run
-/// in boxed futures of their own, freed when done or allocated only when used.
-pub(crate) async fn handle(ctx: Arc<DataPlane>, role: Role, client: TcpStream, peer: SocketAddr) {
-    // Run in place (`as_mut`): moving it out would keep a second copy in this future.
-    let mut session = Box::pin(establish(ctx, role, client, peer)).await;
-    let Some(s) = session.as_mut() else {
-        return;
-    };
-    let reason = s.run().await;
-    if let Some(s) = session.take() {
-        s.finish(reason);
+/// The task's future is what an idle session costs in memory, so it holds only [`Plain`], the
+/// pump's small state and the permits: setting up (selection, connect, queue wait) and the
+/// `migrate` relay run in boxed futures of their own, freed when done or allocated only when
+/// used. Not an `async fn`: its arguments would stay in the future after set-up took them (they
+/// go into the set-up's box here, before the future starts).
+pub(crate) fn handle(
+    ctx: Arc<DataPlane>,
+    role: Role,
+    client: TcpStream,
+    peer: SocketAddr,
+    permits: crate::listener::Permits,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let setup = Box::pin(establish(ctx, role, client, peer));
+    async move {
+        let _permits = permits;
+        // Run in place (`as_mut`): moving it out would keep a second copy in this future.
+        let mut session = setup.await;
+        let Some(s) = session.as_mut() else {
+            return;
+        };
+        let reason = s.run().await;
+        if let Some(s) = session.take() {
+            s.finish(reason);
+        }
     }
 }
 
@@ -260,7 +272,6 @@ struct Plain {
     ctx: Arc<DataPlane>,
     role: Role,
     access_log: bool,
-    started: Instant,
     _live: Live,
     client: TcpStream,
     up: Connected,
@@ -278,8 +289,7 @@ impl Plain {
             &self.up.stream,
             &self.limits,
             &self.ctl,
-            &self.ctx.sessions_closing,
-            &self.ctx.pool,
+            &self.ctx,
             &lm.bytes,
             self.presence.tap.take(),
         )
@@ -303,7 +313,7 @@ impl Plain {
             self.role,
             self.access_log,
             peer,
-            self.started,
+            self.ctl.started,
             self.up,
             reason,
             bytes,
@@ -351,9 +361,7 @@ async fn establish(
     };
     tune(&c.stream, user_timeout);
 
-    let ctl = c
-        .lease
-        .register(ctx.session_id(), peer, &ctx.sessions_token);
+    let ctl = c.lease.register(ctx.session_id(), peer, started);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
     // swept: close this one too rather than leave it on that master (`migrate` moves it).
     match (c.master.admin(), c.master.is_up(), listener.on_master_down) {
@@ -364,15 +372,12 @@ async fn establish(
         _ => {}
     }
     let limits = IdleLimits::of(&listener);
-    let presence = ctx
-        .presence
-        .attach(role, ctl.id, peer, c.master.name().as_str());
+    let presence = ctx.presence.attach(role, ctl.id, peer, c.master.label());
     if role != Role::Request || listener.on_master_down != OnMasterDown::Migrate {
         return Some(Plain {
             ctx,
             role,
             access_log: listener.access_log,
-            started,
             _live: live,
             client,
             up: c,
@@ -441,7 +446,7 @@ fn closed(
                 reason,
                 bytes_in: bytes.0,
                 bytes_out: bytes.1,
-                connect_ms: up.connect_ms,
+                connect_ms: up.connect_ms.into(),
                 attempts: up.attempts,
                 migrations: moves.0,
                 migrate_skip: moves.1,
@@ -483,10 +488,11 @@ mod tests {
     #[test]
     fn an_idle_sessions_task_future_stays_small() {
         type Args = (Arc<DataPlane>, Role, TcpStream, SocketAddr);
-        let handle = future_size(|a: Args| handle(a.0, a.1, a.2, a.3));
+        let handle =
+            future_size(|a: Args| handle(a.0, a.1, a.2, a.3, crate::listener::Permits::none()));
         let plain = std::mem::size_of::<Plain>();
         let run = future_size(|p: &mut Plain| p.run());
         eprintln!("session future {handle} B: Plain {plain} B + run {run} B");
-        assert!(handle <= 1200, "the session future grew to {handle} B");
+        assert!(handle <= 960, "the session future grew to {handle} B");
     }
 }

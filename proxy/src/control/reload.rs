@@ -280,12 +280,8 @@ impl Control {
                 stop.clone(),
                 move |stream, peer, permits| {
                     // nodelay, keepalive and TCP_USER_TIMEOUT came from the listening socket.
-                    let session = to_serve.serve(data.clone(), stream, peer);
-                    tracker.spawn(async move {
-                        // The permits are held for the session's whole life.
-                        let _permits = permits;
-                        session.await
-                    });
+                    // The permits are held for the session's whole life.
+                    to_serve.spawn(&tracker, data.clone(), stream, peer, permits);
                 },
             ));
             running.push(ListenerHandle {

@@ -133,7 +133,7 @@ impl Presence {
         role: Role,
         session: u64,
         client: SocketAddr,
-        master: &str,
+        master: &Arc<str>,
     ) -> Attached {
         if !self.enabled() {
             return Attached {
@@ -144,7 +144,7 @@ impl Presence {
         match role {
             Role::Publish => Attached {
                 tap: None,
-                _guard: Some(self.publish_opened(session, client, Some(master.to_string()))),
+                _guard: Some(self.publish_opened(session, client, Some(master.clone()))),
             },
             Role::Request => {
                 let identified = Arc::new(AtomicBool::new(false));
@@ -176,7 +176,7 @@ impl Presence {
         self: &Arc<Self>,
         session: u64,
         client: SocketAddr,
-        master: Option<String>,
+        master: Option<Arc<str>>,
     ) -> Guard {
         self.lock()
             .publish_opened(session, client, master, Instant::now(), now_ms());

@@ -14,6 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::Bound;
+use std::sync::Arc;
 use std::time::Duration;
 
 use saltgate_wire::sniff::{Sighting, Source};
@@ -60,7 +61,7 @@ pub enum PublishOf {
 #[derive(Debug, Clone)]
 struct PubSession {
     session: u64,
-    master: Option<String>,
+    master: Option<Arc<str>>,
 }
 
 /// Minions per master, and totals (metrics).
@@ -288,7 +289,7 @@ impl Table {
         &mut self,
         session: u64,
         client: SocketAddr,
-        master: Option<String>,
+        master: Option<Arc<str>>,
         now: Instant,
         now_ms: u64,
     ) {

@@ -142,7 +142,7 @@ pub(crate) async fn serve(
         moved_bytes.1 += ctl.bytes_out.load(Ordering::Relaxed);
         let id = ctl.id;
         up = next;
-        ctl = up.lease.register(id, peer, &ctx.sessions_token);
+        ctl = up.lease.register(id, peer, std::time::Instant::now());
         migrations += 1;
         m.migrated(why).inc();
         r.down = Down::resumed();
@@ -288,7 +288,7 @@ impl Relay<'_> {
                         w = master.write_all(chunk) => if w.is_err() {
                             return self.master_gone(CloseReason::MasterReset);
                         },
-                        _ = ctl.cancel.cancelled() => return from_master(asked()),
+                        _ = ctl.closed(&ctx.sessions_token) => return from_master(asked()),
                     }
                     tin.add(n as u64);
                     self.last = Instant::now();
@@ -315,7 +315,7 @@ impl Relay<'_> {
                         w = client.write_all(chunk) => if w.is_err() {
                             return Stop::Close(CloseReason::ClientReset);
                         },
-                        _ = ctl.cancel.cancelled() => return Stop::MidWrite(asked()),
+                        _ = ctl.closed(&ctx.sessions_token) => return Stop::MidWrite(asked()),
                     }
                     tout.add(n as u64);
                     self.last = Instant::now();
@@ -326,7 +326,7 @@ impl Relay<'_> {
                         return Stop::Close(CloseReason::IdleTimeout);
                     }
                 }
-                _ = ctl.cancel.cancelled() => return from_master(asked()),
+                _ = ctl.closed(&ctx.sessions_token) => return from_master(asked()),
             }
         }
     }
