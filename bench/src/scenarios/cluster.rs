@@ -75,8 +75,10 @@ impl Cluster {
         ips: &[IpAddr],
         clustered: bool,
     ) -> Result<Cluster, BenchError> {
+        // SALTGATE_BENCH_KEEP=1 keeps the members' directory (configs, keys, job cache, logs).
         let dir = tempfile::Builder::new()
             .prefix("saltgate-bench-masters.")
+            .disable_cleanup(std::env::var_os("SALTGATE_BENCH_KEEP").is_some())
             .tempdir()
             .map_err(|e| BenchError::Io(format!("temp dir: {e}")))?;
         let secret = random_hex().map_err(|e| BenchError::Io(format!("{e:#}")))?;
@@ -116,7 +118,11 @@ impl Cluster {
             cmd.arg("-c")
                 .arg(&cfg)
                 .arg("run")
-                .env("RUST_LOG", "warn")
+                // SALTGATE_BENCH_MASTER_LOG: the members' log filter (default warn).
+                .env(
+                    "RUST_LOG",
+                    std::env::var("SALTGATE_BENCH_MASTER_LOG").unwrap_or_else(|_| "warn".into()),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(log)
