@@ -219,29 +219,53 @@ impl VerifiedToks {
 /// Jobs' origin masters, the most recent [`RecentOrigins::CAP`] jobs.
 #[derive(Debug, Default)]
 struct RecentOrigins {
-    by_jid: HashMap<String, String>,
+    /// jid → (the master whose publish created it, whether this master has published it).
+    by_jid: HashMap<String, (String, bool)>,
     order: std::collections::VecDeque<String>,
 }
 
 impl RecentOrigins {
     const CAP: usize = 4096;
 
-    /// Remembers `jid`'s origin; false when `jid` was known already.
-    fn insert(&mut self, jid: &str, origin: &str) -> bool {
-        if self
-            .by_jid
-            .insert(jid.to_string(), origin.to_string())
-            .is_some()
-        {
-            return false;
+    fn origin(&self, jid: &str) -> Option<&str> {
+        self.by_jid.get(jid).map(|(o, _)| o.as_str())
+    }
+
+    /// Remembers `jid`'s origin as read from the job cache (a return arrived for it): the job
+    /// is not marked published here, so its peer publish, which may come later, still goes out.
+    fn learn(&mut self, jid: &str, origin: &str) {
+        if !self.by_jid.contains_key(jid) {
+            self.by_jid
+                .insert(jid.to_string(), (origin.to_string(), false));
+            self.push(jid);
         }
+    }
+
+    /// Marks `jid` published here; false when it was already (the replay guard of peer
+    /// publishes).
+    fn publish(&mut self, jid: &str, origin: &str) -> bool {
+        match self.by_jid.get_mut(jid) {
+            Some((_, true)) => false,
+            Some(entry) => {
+                *entry = (origin.to_string(), true);
+                true
+            }
+            None => {
+                self.by_jid
+                    .insert(jid.to_string(), (origin.to_string(), true));
+                self.push(jid);
+                true
+            }
+        }
+    }
+
+    fn push(&mut self, jid: &str) {
         self.order.push_back(jid.to_string());
         while self.order.len() > Self::CAP {
             if let Some(old) = self.order.pop_front() {
                 self.by_jid.remove(&old);
             }
         }
-        true
     }
 }
 
@@ -401,7 +425,7 @@ impl Master {
         if let Err(e) = self.jobs.save_load(jid, &record) {
             tracing::error!(%jid, error = %e, "job load not saved; returns will not be cached");
         }
-        lock(&self.origins).insert(jid, &self.config.id);
+        lock(&self.origins).publish(jid, &self.config.id);
         let report = self
             .seal_and_publish(&job)
             .map_err(|e| format!("cannot sign the publish: {e}"))?;
@@ -428,7 +452,7 @@ impl Master {
     /// our own minions. False, and nothing done, when this master already published `jid` (its
     /// own job, a replayed or re-sent peer publish): one of the [`RecentOrigins::CAP`] newest.
     pub fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) -> bool {
-        if !lock(&self.origins).insert(jid, origin) {
+        if !lock(&self.origins).publish(jid, origin) {
             return false;
         }
         if !self.jobs.exists(jid) {
@@ -472,12 +496,12 @@ impl Master {
     /// The master whose publish created `jid`: remembered for recent jobs, else read from the
     /// job cache (the job's load only).
     pub fn job_origin(&self, jid: &str) -> Option<String> {
-        if let Some(o) = lock(&self.origins).by_jid.get(jid) {
-            return Some(o.clone());
+        if let Some(o) = lock(&self.origins).origin(jid) {
+            return Some(o.to_string());
         }
         let load = self.jobs.load(jid).ok()?;
         let origin = load["master_id"].as_str()?.to_string();
-        lock(&self.origins).insert(jid, &origin);
+        lock(&self.origins).learn(jid, &origin);
         Some(origin)
     }
 }
@@ -505,16 +529,31 @@ mod tests {
     fn recent_origins_keep_the_newest_jobs_up_to_the_cap() {
         let mut o = RecentOrigins::default();
         for n in 0..RecentOrigins::CAP + 10 {
-            o.insert(&format!("{n:020}"), if n % 2 == 0 { "m1" } else { "m2" });
+            o.publish(&format!("{n:020}"), if n % 2 == 0 { "m1" } else { "m2" });
         }
-        // Inserting a known job again changes nothing.
-        o.insert(&format!("{:020}", RecentOrigins::CAP + 9), "m2");
+        // Publishing a known job again is refused and changes nothing.
+        assert!(!o.publish(&format!("{:020}", RecentOrigins::CAP + 9), "m2"));
         assert_eq!(o.by_jid.len(), RecentOrigins::CAP);
         assert_eq!(o.order.len(), RecentOrigins::CAP);
-        assert_eq!(o.by_jid.get(&format!("{:020}", 9)), None);
-        assert_eq!(
-            o.by_jid.get(&format!("{:020}", 10)).map(String::as_str),
-            Some("m1")
+        assert_eq!(o.origin(&format!("{:020}", 9)), None);
+        assert_eq!(o.origin(&format!("{:020}", 10)), Some("m1"));
+    }
+
+    /// At 9,000 minions a member got returns for a job before its origin's peer publish
+    /// reached it: the origin, learned from the job cache for those returns, made the publish
+    /// look like a replay, and the member's 3,000 minions never got the job.
+    #[test]
+    fn a_jobs_origin_learned_from_a_return_does_not_stop_its_peer_publish() {
+        let mut o = RecentOrigins::default();
+        o.learn("20261123085539677852", "m1");
+        assert_eq!(o.origin("20261123085539677852"), Some("m1"));
+        assert!(
+            o.publish("20261123085539677852", "m1"),
+            "first publish here"
         );
+        assert!(!o.publish("20261123085539677852", "m1"), "a replay");
+        o.learn("20261123085539677852", "m1");
+        assert!(!o.publish("20261123085539677852", "m1"), "still a replay");
+        assert_eq!(o.order.len(), 1);
     }
 }
