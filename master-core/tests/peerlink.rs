@@ -89,6 +89,18 @@ async fn publish_job(m: &Arc<Master>) -> String {
     jid
 }
 
+/// A new job recorded in `a`'s cache as published by member `ma` (where forwarded returns go).
+fn job_of_ma(a: &Master) -> String {
+    let jid = a.jids.next();
+    a.jobs
+        .save_load(
+            &jid,
+            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
+        )
+        .unwrap();
+    jid
+}
+
 fn ret_body(jid: &str, minion: &str) -> Value {
     map(vec![
         ("kind", text("return")),
@@ -175,13 +187,7 @@ async fn the_link_reconnects_to_a_restarted_peer() {
     tokio::spawn(cluster::serve(bl, b.clone()));
     // A joins B, so B links to A's port, which this test serves itself.
     cluster::join(&a, cl(&b).pool_addr).await.expect("join");
-    let jid = a.jids.next();
-    a.jobs
-        .save_load(
-            &jid,
-            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
-        )
-        .unwrap();
+    let jid = job_of_ma(&a);
     let mut rx = a.wait_returns(&jid);
     let count = Arc::new(AtomicUsize::new(0));
     let first = fake_serve(al, a.clone(), count.clone());
@@ -238,13 +244,7 @@ fn with_mac(frame: &[u8], mac: Vec<u8>) -> Vec<u8> {
 async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
     let root = root();
     let (a, b) = joined_pair(root.path(), ["127.29.0.5", "127.29.0.6"], "s3cret").await;
-    let jid = a.jids.next();
-    a.jobs
-        .save_load(
-            &jid,
-            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
-        )
-        .unwrap();
+    let jid = job_of_ma(&a);
     let bc = cl(&b);
     let handle = |f: &[u8]| cluster::handle_message(&a, f);
     let refused = |f: &[u8], why: &str| {
@@ -351,13 +351,7 @@ async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
     let root = root();
     let (a, b) = joined_pair(root.path(), ["127.29.0.9", "127.29.0.10"], "").await;
     assert_eq!(cluster::peer_mac_key(""), None);
-    let jid = a.jids.next();
-    a.jobs
-        .save_load(
-            &jid,
-            &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
-        )
-        .unwrap();
+    let jid = job_of_ma(&a);
     let signed = cl(&b).seal_forward(&ret_body(&jid, "m-1"));
     assert!(matches!(open_message(&signed).unwrap().3, Auth::Sig(_)));
     assert_eq!(cluster::handle_message(&a, &signed), Ok(None));
