@@ -184,9 +184,8 @@ impl Drop for MasterHandle {
 pub struct Frozen(std::sync::mpsc::Sender<()>);
 
 impl Frozen {
-    pub fn thaw(self) {
-        let _ = self.0.send(());
-    }
+    /// Resumes the master (as dropping the guard does).
+    pub fn thaw(self) {}
 }
 
 impl Drop for Frozen {
@@ -265,34 +264,27 @@ pub async fn start_saltgate_in(
             m.name, m.ip, m.publish_port, m.request_port
         ));
     }
+    // Fan-out: the publish listener's mode (and dedup), and requests re-sent on a master's death.
+    let (publish_mode, request_down) = match &mode {
+        GateMode::L4 => (String::new(), "close"),
+        GateMode::Fanout { dedup } => {
+            let dedup = dedup.as_ref().map_or(String::new(), |d| {
+                format!("    dedup_cluster_pki_dir: \"{}\"\n", d.display())
+            });
+            (format!("    mode: fanout\n{dedup}"), "migrate")
+        }
+    };
     text.push_str(&format!(
         "listeners:\n\
-         \x20 publish:\n    bind: \"{}\"\n    timeout_client: 1d\n    timeout_server: 1d\n    \
+         \x20 publish:\n{publish_mode}    bind: \"{}\"\n    timeout_client: 1d\n    timeout_server: 1d\n    \
          timeout_connect: 2s\n    on_master_down: close\n    close_rate: 1000\n\
          \x20 request:\n    bind: \"{}\"\n    timeout_client: 1m\n    timeout_server: 1m\n    \
-         timeout_connect: 2s\n    on_master_down: close\n    close_rate: 1000\n\
+         timeout_connect: 2s\n    on_master_down: {request_down}\n    close_rate: 1000\n\
          admin:\n  enabled: true\n  bind: \"{}\"\n",
         SocketAddr::new(publish.ip(), 1),
         SocketAddr::new(request.ip(), 2),
         SocketAddr::new(admin.ip(), 3)
     ));
-    if let GateMode::Fanout { dedup } = &mode {
-        let dedup = dedup.as_ref().map_or(String::new(), |d| {
-            format!("    dedup_cluster_pki_dir: \"{}\"\n", d.display())
-        });
-        text = text.replacen(
-            "  publish:\n",
-            &format!("  publish:\n    mode: fanout\n{dedup}"),
-            1,
-        );
-        // The request listener's `on_master_down` is the second one in the text.
-        if let Some(at) = text.rfind("on_master_down: close") {
-            text.replace_range(
-                at..at + "on_master_down: close".len(),
-                "on_master_down: migrate",
-            );
-        }
-    }
     let mut config = saltgate_config::parse(&text, None, saltgate_config::Format::Yaml)
         .map_err(|e| anyhow!("saltgate configuration: {e}\n{text}"))?
         .config;
