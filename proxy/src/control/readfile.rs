@@ -162,8 +162,11 @@ pub(crate) mod tests {
             assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}");
         }
         assert_eq!(stuck.stalled(), 1, "one thread for the stuck path");
-        // The read returns: the path reads again.
+        // The read returns: the path reads again. The clock runs again first: with it paused, the
+        // runtime, idle while the new reading thread works, would jump the 10 s bound at once
+        // and every retry would time out (CI saw 1,000 retries in a row do so).
         drop(stuck);
+        tokio::time::resume();
         let mut got = Err(std::io::Error::other("not yet"));
         for _ in 0..1000 {
             got = read_file(file.clone()).await;
