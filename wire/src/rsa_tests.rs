@@ -119,3 +119,38 @@ fn pem_with_wrong_label_is_refused() {
         .unwrap_err();
     assert!(matches!(err, RsaError::UnsupportedLabel(_)));
 }
+
+#[test]
+fn fast_pkcs1v15_verify_agrees_with_the_rsa_crate() {
+    use ::rsa::traits::PublicKeyParts;
+    let k = key();
+    let public = k.public_key();
+    for algo in [SigAlgo::Pkcs1v15Sha1, SigAlgo::Pkcs1v15Sha224] {
+        let sig = k.sign(algo, b"publish load").unwrap();
+        let crate_says = |m: &[u8], s: &[u8]| {
+            let (scheme, digest) = algo.scheme_and_digest(m);
+            public.0.verify(scheme, &digest, s).is_ok()
+        };
+        assert!(public.verify(algo, b"publish load", &sig));
+        assert!(crate_says(b"publish load", &sig));
+        // Every single-bit flip of the signature fails both ways.
+        for i in [0, 1, 17, sig.len() / 2, sig.len() - 1] {
+            let mut bad = sig.clone();
+            bad[i] ^= 0x01;
+            assert_eq!(
+                public.verify(algo, b"publish load", &bad),
+                crate_says(b"publish load", &bad)
+            );
+            assert!(!public.verify(algo, b"publish load", &bad));
+        }
+        // Wrong length, zero, and a value at or above the modulus are refused.
+        assert!(!public.verify(algo, b"publish load", &sig[1..]));
+        assert!(!public.verify(algo, b"publish load", &vec![0u8; sig.len()]));
+        let n = public.0.n().to_bytes_be();
+        assert!(!public.verify(algo, b"publish load", &n));
+        assert!(!public.verify(algo, b"publish load", &vec![0xFFu8; sig.len()]));
+    }
+    // A signature made with one hash does not pass as the other.
+    let sig = k.sign(SigAlgo::Pkcs1v15Sha1, b"x").unwrap();
+    assert!(!public.verify(SigAlgo::Pkcs1v15Sha224, b"x", &sig));
+}
