@@ -30,3 +30,14 @@ pub mod publish_job;
 pub mod rsa;
 pub mod sniff;
 pub mod zmtp;
+
+/// Lower-case hex of `b`, as Python's `hexdigest()` prints it (Salt's key digests and file
+/// hashes).
+pub fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}

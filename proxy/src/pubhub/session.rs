@@ -73,11 +73,10 @@ async fn handshake(
     rbuf: &mut BytesMut,
     dec: &FrameDecoder,
 ) -> Result<bool, ZmtpError> {
-    let peer = greeting::exchange(io, &Greeting::ours(true)).await?;
     let mut w = BytesMut::new();
     Command::Ready(Properties::default().with("Socket-Type", SocketType::Pub.as_str()))
         .encode_frame(&mut w);
-    io.write_all(&w).await?;
+    let peer = greeting::exchange_then(io, &Greeting::ours(true), &w).await?;
     let props = match read_frame(io, rbuf, dec).await? {
         Frame::Command(body) => match Command::parse(&body)? {
             Command::Ready(p) => p,

@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use saltgate_wire::zmtp::greeting::{self, Greeting};
 use saltgate_wire::zmtp::{Command, Frame, FrameDecoder, SocketType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::track::MAX_READY;
@@ -16,13 +16,9 @@ use super::track::MAX_READY;
 /// Does the handshake on a fresh connection to a master. Returns the bytes read past the
 /// master's READY (to be passed on to the minion), or what went wrong. No timeout of its own.
 pub async fn as_minion(master: &mut TcpStream, ready: &[u8]) -> Result<Bytes, String> {
-    greeting::exchange(master, &Greeting::ours(false))
+    greeting::exchange_then(master, &Greeting::ours(false), ready)
         .await
-        .map_err(|e| format!("greeting: {e}"))?;
-    master
-        .write_all(ready)
-        .await
-        .map_err(|e| format!("sending READY: {e}"))?;
+        .map_err(|e| format!("greeting and READY: {e}"))?;
     let dec = FrameDecoder::new(MAX_READY);
     let mut buf = BytesMut::with_capacity(512);
     loop {

@@ -97,11 +97,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     }
 
     async fn handshake_inner(mut io: S, cfg: &HandshakeConfig) -> Result<Self, ZmtpError> {
-        let greeting = greeting::exchange(&mut io, &Greeting::ours(cfg.as_server)).await?;
+        // Our greeting and READY go out in one write.
         let mut wbuf = BytesMut::new();
         cfg.ready().encode_frame(&mut wbuf);
-        io.write_all(&wbuf).await?;
-        io.flush().await?;
+        let greeting =
+            greeting::exchange_then(&mut io, &Greeting::ours(cfg.as_server), &wbuf).await?;
         wbuf.clear();
         let mut conn = Connection {
             io,

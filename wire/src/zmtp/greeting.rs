@@ -1,10 +1,12 @@
-//! The 64-byte ZMTP 3.x greeting and its staged exchange.
+//! The 64-byte ZMTP 3.x greeting and its exchange.
 //!
 //! Layout: signature `ff 00*8 7f` (10 bytes), major, minor, mechanism (20 bytes, NUL padded),
 //! as-server (1 byte), filler (31 zero bytes). libzmq sends it in three stages — the signature at
 //! once, the major version after reading the peer's signature, the rest after the peer's major —
-//! so a client that waits for the whole greeting before sending its own deadlocks. We stage the
-//! same way. Only the NULL mechanism is supported (Salt never configures CURVE or PLAIN).
+//! so a client that waits for the whole greeting before sending its own deadlocks. We send ours
+//! whole at once and never wait before sending ([`exchange_then`]); the health probe stages like
+//! libzmq ([`exchange_raw`]). Only the NULL mechanism is supported (Salt never configures CURVE
+//! or PLAIN).
 
 use std::fmt;
 
@@ -107,28 +109,72 @@ pub fn check_signature(sig: &[u8]) -> Result<(), ZmtpError> {
     }
 }
 
-/// Exchanges greetings in libzmq's staged order and returns the peer's greeting.
+/// Exchanges greetings and returns the peer's greeting: ours goes out whole, in one write
+/// together with `then` (the READY command that follows it), and the peer's is read as it
+/// comes, its signature and major version checked as soon as they arrive.
+///
+/// Sending the whole greeting at once is what ZMTP 3 allows a peer that does not fall back to
+/// ZMTP 1.0/2.0: it cannot deadlock (we never wait before sending), and libzmq reads a greeting
+/// only up to its length, leaving what follows for its decoder. One write instead of four per
+/// connection matters on the request port, where Salt's minion opens a connection per return.
 ///
 /// Fails if the peer speaks ZMTP < 3.0 or a mechanism other than NULL. Does not time out by
 /// itself; callers wrap it in `tokio::time::timeout`.
-pub async fn exchange<S>(io: &mut S, ours: &Greeting) -> Result<Greeting, ZmtpError>
+pub async fn exchange_then<S>(
+    io: &mut S,
+    ours: &Greeting,
+    then: &[u8],
+) -> Result<Greeting, ZmtpError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let peer = exchange_raw(io, ours).await?;
-    if peer.major < 3 {
-        return Err(ZmtpError::UnsupportedVersion {
-            major: peer.major,
-            minor: peer.minor,
-        });
+    let mine = ours.encode();
+    if then.is_empty() {
+        io.write_all(&mine).await?;
+    } else {
+        let mut out = Vec::with_capacity(GREETING_LEN + then.len());
+        out.extend_from_slice(&mine);
+        out.extend_from_slice(then);
+        io.write_all(&out).await?;
     }
+    io.flush().await?;
+    let mut g = [0u8; GREETING_LEN];
+    let mut got = 0;
+    while got < GREETING_LEN {
+        let n = io.read(&mut g[got..]).await?;
+        if n == 0 {
+            return Err(ZmtpError::Eof);
+        }
+        let before = got;
+        got += n;
+        if before < SIGNATURE_LEN && got >= SIGNATURE_LEN {
+            check_signature(&g[..SIGNATURE_LEN])?;
+        }
+        if before <= SIGNATURE_LEN && got > SIGNATURE_LEN && g[SIGNATURE_LEN] < 3 {
+            return Err(ZmtpError::UnsupportedVersion {
+                major: g[SIGNATURE_LEN],
+                minor: 0,
+            });
+        }
+    }
+    let peer = Greeting::parse(&g)?;
     if peer.mechanism != Mechanism::NULL {
         return Err(ZmtpError::UnsupportedMechanism(peer.mechanism.name()));
     }
     Ok(peer)
 }
 
-/// The staged exchange without version or mechanism policy (the probe reports whatever it saw).
+/// [`exchange_then`] with nothing after the greeting.
+pub async fn exchange<S>(io: &mut S, ours: &Greeting) -> Result<Greeting, ZmtpError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    exchange_then(io, ours, &[]).await
+}
+
+/// libzmq's staged exchange (signature, then major version, then the rest, each after the
+/// peer's) without version or mechanism policy: the probe reports whatever it saw, including a
+/// ZMTP 1.0/2.0 peer that a whole greeting would confuse.
 pub async fn exchange_raw<S>(io: &mut S, ours: &Greeting) -> Result<Greeting, ZmtpError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -206,10 +252,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn staged_exchange_sends_major_only_after_peer_signature() {
+    async fn a_peer_staging_like_libzmq_completes_the_exchange() {
         let (mut a, mut b) = tokio::io::duplex(256);
         let peer = tokio::spawn(async move {
-            // Behave like libzmq: signature first, then wait.
+            // Behave like libzmq: signature first, then wait (our whole greeting is already
+            // there; libzmq reads it piece by piece).
             b.write_all(&SALT_MASTER_GREETING[..10]).await.unwrap();
             let mut sig = [0u8; 10];
             b.read_exact(&mut sig).await.unwrap();
@@ -257,5 +304,56 @@ mod tests {
         });
         let err = exchange(&mut a, &Greeting::ours(false)).await.unwrap_err();
         assert!(matches!(err, ZmtpError::UnsupportedMechanism(ref m) if m == "CURVE"));
+    }
+
+    #[tokio::test]
+    async fn our_greeting_and_what_follows_go_out_before_the_peer_says_anything() {
+        let (mut a, mut b) = tokio::io::duplex(256);
+        let peer = tokio::spawn(async move {
+            // Read our greeting and the trailer before sending a byte: a side that waited for
+            // the peer before sending would deadlock here.
+            let mut got = [0u8; GREETING_LEN + 3];
+            b.read_exact(&mut got).await.unwrap();
+            b.write_all(&SALT_MASTER_GREETING).await.unwrap();
+            got
+        });
+        let g = exchange_then(&mut a, &Greeting::ours(true), b"RDY")
+            .await
+            .unwrap();
+        assert_eq!((g.major, g.minor), (3, 1));
+        let got = peer.await.unwrap();
+        assert_eq!(
+            Greeting::parse(got[..GREETING_LEN].try_into().unwrap()).unwrap(),
+            Greeting::ours(true)
+        );
+        assert_eq!(&got[GREETING_LEN..], b"RDY");
+    }
+
+    #[tokio::test]
+    async fn a_zmtp_2_peer_that_stops_after_its_major_is_refused_at_once() {
+        let (mut a, mut b) = tokio::io::duplex(256);
+        tokio::spawn(async move {
+            // Signature and major 2, then it waits for a ZMTP 2 reply that never comes.
+            let mut g = SALT_MASTER_GREETING;
+            g[10] = 2;
+            b.write_all(&g[..11]).await.unwrap();
+            let mut sink = Vec::new();
+            let _ = b.read_to_end(&mut sink).await;
+        });
+        let err = exchange(&mut a, &Greeting::ours(false)).await.unwrap_err();
+        assert!(
+            matches!(err, ZmtpError::UnsupportedVersion { major: 2, .. }),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_closes_mid_greeting_is_an_eof() {
+        let (mut a, mut b) = tokio::io::duplex(256);
+        tokio::spawn(async move {
+            b.write_all(&SALT_MASTER_GREETING[..20]).await.unwrap();
+        });
+        let err = exchange(&mut a, &Greeting::ours(false)).await.unwrap_err();
+        assert!(matches!(err, ZmtpError::Eof), "{err:?}");
     }
 }
