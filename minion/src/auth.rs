@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use saltgate_wire::crypticle::CrypticleKey;
 use saltgate_wire::envelope::{self, map, text, Reply, RequestEnvelope, Value};
+use saltgate_wire::hex;
 use saltgate_wire::rsa::{EncAlgo, PublicKey, SigAlgo};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
@@ -96,10 +97,6 @@ pub fn request(
         }
     }
     RequestEnvelope::clear(map(load))
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Checks the master's reply to [`request`].

@@ -92,6 +92,12 @@ impl ReqChannel {
         }
     }
 
+    /// A second channel to the same master as the same minion, with its own connection (for a
+    /// request sent in the background, as Salt's minion sends its start event).
+    pub fn sibling(&self) -> Self {
+        ReqChannel::new(self.ident.clone(), self.addr, false).with_source(self.source)
+    }
+
     /// Dials every connection from `source` (Salt's `source_address`) when given.
     pub fn with_source(mut self, source: Option<IpAddr>) -> Self {
         self.source = source;

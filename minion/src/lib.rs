@@ -7,7 +7,9 @@
 //! * [`exec`] — the execution functions (`test.*`, `cmd.run`, `grains.*`);
 //! * [`grains`] — host facts as Salt names them;
 //! * [`link`] — one minion's connection set to one master;
+//! * [`start_event`] — the `salt/minion/<id>/start` event fired on each master once connected;
 //! * [`runner`] — a minion from a Salt config: one master, hot multi-master, failover;
+//! * [`sigcache`] — publish signatures verified once per swarm process;
 //! * [`swarm`] — thousands of simulated minions in one process.
 //!
 //! Depends on `wire` and `config`, never on `proxy`.
@@ -21,4 +23,6 @@ pub mod keys;
 pub mod latency;
 pub mod link;
 pub mod runner;
+pub mod sigcache;
+pub mod start_event;
 pub mod swarm;

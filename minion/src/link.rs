@@ -21,6 +21,7 @@ use saltgate_wire::rsa::{PublicKey, SigAlgo};
 use saltgate_wire::zmtp::{Heartbeat, ReconnectPolicy, SubOptions, Subscriber};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::auth::AuthOutcome;
 use crate::channel::{ChannelError, Identity, ReqChannel};
@@ -45,6 +46,8 @@ pub struct Stats {
     pub returns_failed: AtomicU64,
     pub errors: AtomicU64,
     pub auth_pending: AtomicU64,
+    /// Start events (`salt/minion/<id>/start`) the master answered.
+    pub start_events: AtomicU64,
     /// How long after its publish (its JID's moment) each job arrived.
     pub receipt: crate::latency::Histogram,
 }
@@ -78,6 +81,8 @@ pub struct LinkConfig {
     pub pillar: bool,
     /// Local address both connections are dialled from (`source_address`).
     pub source: Option<std::net::IpAddr>,
+    /// Publish signatures verified once for all the links sharing it (a swarm's).
+    pub sig_cache: Option<Arc<crate::sigcache::SigCache>>,
 }
 
 impl LinkConfig {
@@ -96,6 +101,7 @@ impl LinkConfig {
             return_tries: 3,
             pillar: true,
             source: None,
+            sig_cache: None,
         }
     }
 }
@@ -296,6 +302,7 @@ impl Link {
         }
         let mut sub = Subscriber::connect(est.publish_addr, opts);
         sub.subscribe(Bytes::new());
+        let _start_event = self.fire_start_event(&est);
         let check_every = if alive.is_zero() {
             Duration::from_secs(1)
         } else {
@@ -350,6 +357,31 @@ impl Link {
         }
     }
 
+    /// Sends Salt's start event to this link's master in the background on a channel of its
+    /// own (Salt's `_fire_master_minion_start`: a failure is logged, never retried). The task
+    /// ends with the returned handle, i.e. when this serve ends.
+    fn fire_start_event(&self, est: &Established) -> AbortOnDropHandle<()> {
+        let mut chan = self.chan.sibling();
+        let mut session = est.session.clone();
+        let load = crate::start_event::load(&self.ctx.id, &crate::start_event::asctime_now());
+        let (timeout, stats, master) = (
+            self.cfg.request_timeout,
+            self.stats.clone(),
+            self.cfg.req_addr,
+        );
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            match chan.send_aes(&mut session, load, timeout).await {
+                Ok(_) => {
+                    stats.start_events.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%master, "start event delivered");
+                }
+                Err(e) => {
+                    tracing::info!(%master, error = %e, "fire_master failed: start event not delivered")
+                }
+            }
+        }))
+    }
+
     /// Verifies, decrypts and filters one publish; returns a job to run.
     async fn on_publish(&mut self, est: &mut Established, frames: &[Bytes]) -> Option<Job> {
         // With zmq_filtering the topic comes first; the payload is always the last frame.
@@ -367,7 +399,11 @@ impl Link {
                 .as_deref()
                 .and_then(|a| SigAlgo::parse(a).ok())
                 .unwrap_or(SigAlgo::Pkcs1v15Sha1);
-            if !est.master_pub.verify(algo, &env.load, sig) {
+            let ok = match &self.cfg.sig_cache {
+                Some(c) => c.verify(&est.master_pub, algo, &env.load, sig),
+                None => est.master_pub.verify(algo, &env.load, sig),
+            };
+            if !ok {
                 self.stats.error();
                 tracing::warn!(master = %self.cfg.req_addr, "publish signature did not verify; ignored");
                 return None;

@@ -251,6 +251,7 @@ async fn multi_process(
             "returns_failed",
             "errors",
             "auth_pending",
+            "start_events",
             "rss_kib",
         ] {
             let s: i64 = latest

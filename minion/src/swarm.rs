@@ -149,6 +149,7 @@ pub fn snapshot(stats: &Stats, count: usize, started: Instant) -> serde_json::Va
         "returns_failed": stats.returns_failed.load(Ordering::Relaxed),
         "errors": stats.errors.load(Ordering::Relaxed),
         "auth_pending": stats.auth_pending.load(Ordering::Relaxed),
+        "start_events": stats.start_events.load(Ordering::Relaxed),
         "receipt_buckets": stats.receipt.nonzero(),
         "rss_kib": rss,
         "rss_bytes_per_minion": if count > 0 { rss * 1024 / count as u64 } else { 0 },
@@ -204,6 +205,7 @@ pub async fn run_swarm(
     lc.publish_port = opts.publish_port;
     lc.acceptance_wait_time = opts.acceptance_wait_time;
     lc.pillar = opts.pillar;
+    lc.sig_cache = Some(Arc::default());
     let lc = Arc::new(lc);
     let host = Arc::new(HostGrains::collect());
     let statics = Arc::new(Vec::new());

@@ -33,6 +33,11 @@ fn real_master_accepts_our_key_and_its_cli_gets_correct_answers() {
         (v == json!({ id: true })).then_some(v)
     });
     assert_eq!(ping, json!({ id: true }));
+    // Once connected it fired Salt's start event, and the real master answered it.
+    wait_for(Duration::from_secs(30), "start event answered", || {
+        let log = std::fs::read_to_string(mdir.join("minion.log")).unwrap_or_default();
+        log.contains("start event delivered").then_some(())
+    });
     assert!(
         mdir.join("pki/minion_master.pub").exists(),
         "master key cached"
