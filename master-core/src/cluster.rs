@@ -49,7 +49,7 @@ use crate::state::{unix_now, Master, ReturnEvent};
 
 /// Largest peer message.
 pub const MAX_PEER_MESSAGE: usize = 16 * 1024 * 1024;
-const PEER_SIG: SigAlgo = SigAlgo::Pkcs1v15Sha224;
+pub(crate) const PEER_SIG: SigAlgo = SigAlgo::Pkcs1v15Sha224;
 /// Join messages (and MAC'd publishes and returns) older or newer than this are refused.
 const JOIN_WINDOW_SECS: i64 = 300;
 /// What the peer MAC key is derived with (from `cluster_secret`; never the cluster `.aes` key,
@@ -217,13 +217,13 @@ impl ClusterState {
     ) -> Self {
         ClusterState {
             mac_key: peer_mac_key(&config.secret),
+            links: Links::new(own_id, own_key.private.clone()),
             config,
             own_id: own_id.to_string(),
             own_key,
             pool_addr,
             peers: Mutex::new(BTreeMap::new()),
             keys: Mutex::default(),
-            links: Links::default(),
             stats: Arc::default(),
         }
     }

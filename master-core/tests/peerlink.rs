@@ -1,6 +1,8 @@
 //! The cluster's persistent peer links and MAC'd forwards (127.29.0.x): many returns over one
 //! connection, a peer that restarts, and every refusal of a forwarded message (bad mac, unknown
-//! peer, stale ts, replayed publish), with the RSA-signed form still accepted.
+//! peer, stale ts, replayed publish), with the RSA-signed form still accepted. The hello and the
+//! acks (127.34.0.x): an old receiver served one frame per connection, frames a dying peer read
+//! but never acknowledged sent again, an old sender served without hello or acks.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_master::cluster::{self, open_message, Auth, ClusterState};
 use saltgate_master::keys::MasterKey;
-use saltgate_master::peerlink::read_frame_idle;
+use saltgate_master::peerlink::{self, read_frame_idle};
 use saltgate_master::server::build_master;
 use saltgate_master::state::{Master, PublishRequest};
 use saltgate_master::target::{Target, TargetType};
@@ -156,25 +158,20 @@ async fn a_thousand_forwarded_returns_share_one_connection() {
     assert_eq!(n(&cl(&b).stats.sent), 1000);
     assert_eq!(n(&cl(&a).stats.refused), 0);
     assert_eq!(n(&cl(&b).stats.dropped), 0);
+    // The link: its hello answered, nothing one per connection, every frame acknowledged.
+    assert_eq!(n(&cl(&b).stats.hellos), 1);
+    assert_eq!(n(&cl(&b).stats.old_peer), 0);
+    assert_eq!(n(&cl(&b).stats.single), 0);
+    wait_for("1,000 acks", || n(&cl(&b).stats.acked) == 1000).await;
+    assert_eq!(n(&cl(&b).stats.resent), 0);
 }
 
-/// Serves `l` like `cluster::serve` but on one connection, counting the frames handled, until
-/// the task is aborted (its sockets close: the peer "restarts").
-fn fake_serve(
-    l: TcpListener,
-    m: Arc<Master>,
-    count: Arc<AtomicUsize>,
-) -> tokio::task::JoinHandle<()> {
+/// Serves `l` like `cluster::serve` but on one connection (hello, acks and all), until the
+/// task is aborted (its sockets close: the peer "restarts").
+fn fake_serve(l: TcpListener, m: Arc<Master>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let (mut s, _) = l.accept().await.unwrap();
-        while let Ok(Some(f)) = read_frame_idle(&mut s).await {
-            let m2 = m.clone();
-            let r = tokio::task::spawn_blocking(move || cluster::handle_message(&m2, &f))
-                .await
-                .unwrap();
-            assert!(r.is_ok(), "{r:?}");
-            count.fetch_add(1, Ordering::Relaxed);
-        }
+        let (s, from) = l.accept().await.unwrap();
+        peerlink::serve_connection(s, from, m).await;
     })
 }
 
@@ -189,8 +186,8 @@ async fn the_link_reconnects_to_a_restarted_peer() {
     cluster::join(&a, cl(&b).pool_addr).await.expect("join");
     let jid = job_of_ma(&a);
     let mut rx = a.wait_returns(&jid);
-    let count = Arc::new(AtomicUsize::new(0));
-    let first = fake_serve(al, a.clone(), count.clone());
+    let count = || n(&cl(&a).stats.handled) as usize;
+    let first = fake_serve(al, a.clone());
     let send = |from: usize| {
         let (b2, j2) = (b.clone(), jid.clone());
         tokio::task::spawn_blocking(move || {
@@ -200,13 +197,13 @@ async fn the_link_reconnects_to_a_restarted_peer() {
         })
     };
     send(0).await.unwrap();
-    wait_for("the first 100", || count.load(Ordering::Relaxed) == 100).await;
+    wait_for("the first 100", || count() == 100).await;
     // A "restarts": its sockets close, its port is bound again.
     first.abort();
     let _ = first.await;
     let al = TcpListener::bind(a_addr).await.unwrap();
     send(100).await.unwrap();
-    let second = fake_serve(al, a.clone(), count.clone());
+    let second = fake_serve(al, a.clone());
     let mut got = std::collections::BTreeSet::new();
     while got.len() < 200 {
         let st = &cl(&b).stats;
@@ -216,7 +213,7 @@ async fn the_link_reconnects_to_a_restarted_peer() {
                 panic!(
                     "{} of 200 returns; handled {}, B sent {} connects {} dropped {}",
                     got.len(),
-                    count.load(Ordering::Relaxed),
+                    count(),
                     n(&st.sent),
                     n(&st.connects),
                     n(&st.dropped)
@@ -226,6 +223,7 @@ async fn the_link_reconnects_to_a_restarted_peer() {
         got.insert(ev.minion);
     }
     assert_eq!(n(&cl(&b).stats.connects), 2, "one reconnection");
+    assert_eq!(n(&cl(&b).stats.hellos), 2, "both connections are links");
     assert_eq!(n(&cl(&b).stats.dropped), 0);
     second.abort();
 }
@@ -368,4 +366,181 @@ async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
             .is_err_and(|e| e.contains("cluster_secret is empty")),
         "{r:?}"
     );
+}
+
+/// Members `ma` (its peer port bound, not served: the test serves it) and `mb` (served) on
+/// `ips`; `ma` joined `mb`, so `mb` links to `ma`'s port. Returns `ma`'s listener too.
+async fn a_joined_to_b(root: &Path, ips: [&str; 2]) -> (Arc<Master>, Arc<Master>, TcpListener) {
+    let (a, al) = member(root, "ma", ips[0], "s3cret").await;
+    let (b, bl) = member(root, "mb", ips[1], "s3cret").await;
+    tokio::spawn(cluster::serve(bl, b.clone()));
+    cluster::join(&a, cl(&b).pool_addr).await.expect("join");
+    (a, b, al)
+}
+
+/// Forwards returns `from..to` of `jid` from `b` to `ma`.
+async fn forward_returns(b: &Arc<Master>, jid: &str, from: usize, to: usize) {
+    let (b2, j2) = (b.clone(), jid.to_string());
+    tokio::task::spawn_blocking(move || {
+        for i in from..to {
+            cluster::forward(&b2, ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
+        }
+    })
+    .await
+    .unwrap();
+}
+
+/// Waits for `count` distinct returns on `rx`.
+async fn distinct_returns(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<saltgate_master::state::ReturnEvent>,
+    count: usize,
+    b: &Master,
+) {
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < count {
+        let st = &cl(b).stats;
+        let ev = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} of {count} returns; B sent {} resent {} single {} dropped {}",
+                    got.len(),
+                    n(&st.sent),
+                    n(&st.resent),
+                    n(&st.single),
+                    n(&st.dropped)
+                )
+            })
+            .unwrap();
+        got.insert(ev.minion);
+    }
+}
+
+/// The previous saltgate-master's receiver, as it was before the persistent link: one frame per
+/// connection (10 s to read it), handled, the reply written if any, the connection closed. It
+/// knew no MAC: a frame without `sig` (or without `body`, as a hello) is refused unhandled.
+/// Counts the refusals.
+fn old_receiver(l: TcpListener, m: Arc<Master>, refused: Arc<AtomicUsize>) {
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let (m, refused) = (m.clone(), refused.clone());
+            tokio::spawn(async move {
+                let read = tokio::time::timeout(Duration::from_secs(10), read_frame_idle(&mut s));
+                let Ok(Ok(Some(f))) = read.await else { return };
+                if !open_message(&f).is_ok_and(|o| matches!(o.3, Auth::Sig(_))) {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                let r = tokio::task::spawn_blocking(move || cluster::handle_message(&m, &f))
+                    .await
+                    .unwrap();
+                match r {
+                    Ok(Some(reply)) => {
+                        let _ = s.write_u32(reply.len() as u32).await;
+                        let _ = s.write_all(&reply).await;
+                    }
+                    Ok(None) => {}
+                    Err(_) => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_receiver_gets_every_frame_one_per_connection() {
+    let root = root();
+    let (a, b, al) = a_joined_to_b(root.path(), ["127.34.0.1", "127.34.0.2"]).await;
+    let jid = job_of_ma(&a);
+    let mut rx = a.wait_returns(&jid);
+    let refused = Arc::new(AtomicUsize::new(0));
+    old_receiver(al, a.clone(), refused.clone());
+    forward_returns(&b, &jid, 0, 100).await;
+    distinct_returns(&mut rx, 100, &b).await;
+    let st = &cl(&b).stats;
+    assert_eq!(n(&st.old_peer), 1, "one probe: the next comes after 60 s");
+    assert_eq!(n(&st.hellos), 0);
+    // B counts a frame once the receiver closed, just after its return was handled.
+    wait_for("100 frames one per connection", || n(&st.single) == 100).await;
+    assert_eq!(n(&st.acked), 100);
+    assert_eq!(n(&st.dropped), 0);
+    assert_eq!(n(&a.cluster.as_ref().unwrap().stats.handled), 0, "no link");
+    // The old receiver refused the hello (it has no body), and nothing else.
+    assert_eq!(refused.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_received_but_not_acknowledged_are_sent_again() {
+    let root = root();
+    let (a, b, al) = a_joined_to_b(root.path(), ["127.34.0.3", "127.34.0.4"]).await;
+    let a_addr = cl(&a).pool_addr;
+    let jid = job_of_ma(&a);
+    let mut rx = a.wait_returns(&jid);
+    // A dies after reading 50 frames it never handled nor acknowledged.
+    let dying = tokio::spawn(async move {
+        let (mut s, _) = al.accept().await.unwrap();
+        let hello = read_frame_idle(&mut s).await.unwrap().unwrap();
+        assert!(saltgate_master::peerproto::is_hello(&hello));
+        let answer = saltgate_master::peerproto::hello_frame("ma");
+        s.write_u32(answer.len() as u32).await.unwrap();
+        s.write_all(&answer).await.unwrap();
+        for _ in 0..50 {
+            read_frame_idle(&mut s).await.unwrap().unwrap();
+        }
+    });
+    forward_returns(&b, &jid, 0, 100).await;
+    dying.await.unwrap();
+    // A restarts on the same address.
+    let al = TcpListener::bind(a_addr).await.unwrap();
+    tokio::spawn(cluster::serve(al, a.clone()));
+    distinct_returns(&mut rx, 100, &b).await;
+    let st = &cl(&b).stats;
+    assert!(n(&st.resent) >= 50, "resent {}", n(&st.resent));
+    assert_eq!(
+        n(&st.hellos),
+        2,
+        "the dying peer's link and the restarted one's"
+    );
+    assert_eq!(n(&st.dropped), 0);
+    wait_for("every frame acknowledged", || n(&st.acked) == 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_sender_is_served_without_hello_or_acks() {
+    let root = root();
+    let (a, al) = member(root.path(), "ma", "127.34.0.5", "s3cret").await;
+    let (b, _bl) = member(root.path(), "mb", "127.34.0.6", "s3cret").await;
+    tokio::spawn(cluster::serve(al, a.clone()));
+    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    let jid = job_of_ma(&a);
+    let handled = || n(&cl(&a).stats.handled);
+    // The previous saltgate-master's sender: one RSA-signed frame per connection, no hello;
+    // then the first persistent sender's way: several frames on one connection, no hello.
+    // Neither gets a byte back (a hello answer or an ack would be read as a reply).
+    for frames in [1, 1, 3] {
+        let before = handled();
+        let mut s = tokio::net::TcpStream::connect(cl(&a).pool_addr)
+            .await
+            .unwrap();
+        for i in 0..frames {
+            let f = cl(&b).seal(&ret_body(&jid, &format!("m-{before}-{i}")));
+            s.write_u32(f.len() as u32).await.unwrap();
+            s.write_all(&f).await.unwrap();
+        }
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut back)
+            .await
+            .unwrap();
+        assert!(
+            back.is_empty(),
+            "{} bytes written to an old sender",
+            back.len()
+        );
+        assert_eq!(handled(), before + frames, "handled before the close");
+    }
+    assert_eq!(n(&cl(&a).stats.refused), 0);
 }
