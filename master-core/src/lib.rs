@@ -4,12 +4,14 @@
 //! * [`id`] — minion id validation (before any path is built);
 //! * [`keys`] — the PKI directory in Salt's layout, the master key pair;
 //! * [`auth`] — Salt's key-state rules for `_auth`, `autosign_file`;
+//! * [`fileserver`] — Salt's `roots` file server (`_file_list`, `_serve_file`, `_master_opts`, …);
 //! * [`request`] — the request port: decoding, refusals, `_auth`, `_pillar`, `_return`, ...;
 //! * [`state`] — shared state: AES keys, sessions, replay guard, publishing;
 //! * [`jobs`] — JIDs and the job cache; [`pillar`] — `pillar_roots`; [`target`] — matching;
 //! * [`server`] — `run`: the sockets; [`cli`] — the local publish socket and its client;
 //! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns;
 //! * [`peerlink`] — the peer protocol's transport: a persistent connection per peer;
+//!   [`peerproto`] — its hello and acks, and the fallback for an old peer;
 //! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`).
 //!
 //! Depends on `wire` and `config`, never on `proxy`.
@@ -18,10 +20,12 @@ pub mod auth;
 pub mod cli;
 pub mod cluster;
 pub mod convert;
+pub mod fileserver;
 pub mod id;
 pub mod jobs;
 pub mod keys;
 pub mod peerlink;
+pub mod peerproto;
 pub mod pillar;
 pub mod request;
 pub mod rotate;

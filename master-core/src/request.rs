@@ -402,14 +402,14 @@ fn handle_aes(
             send(Value::Nil)
         }
         "_minion_event" | "_register_resources" | "_master_tops" => send(Value::Map(Vec::new())),
-        "_file_envs" => send(Value::Array(
-            master.config.file_roots.keys().map(|e| text(e)).collect(),
-        )),
-        c if c.starts_with("__") => send(Value::Map(Vec::new())),
-        other => {
-            tracing::debug!(minion = %id, cmd = %other, "command not available on this master");
-            send(Value::Boolean(false))
-        }
+        other => match crate::fileserver::handle(&master.config.file_roots, id, other, &load) {
+            Some(v) => send(v),
+            None if other.starts_with("__") => send(Value::Map(Vec::new())),
+            None => {
+                tracing::debug!(minion = %id, cmd = %other, "command not available on this master");
+                send(Value::Boolean(false))
+            }
+        },
     })
 }
 

@@ -481,10 +481,7 @@ impl Master {
             }
         }
         use sha2::Digest;
-        let digest: String = sha2::Sha256::digest(aes.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = saltgate_wire::hex(&sha2::Sha256::digest(aes.as_bytes()));
         let sig = self
             .master_key
             .private

@@ -27,7 +27,12 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
         .prefix("sgm")
         .tempdir_in("/tmp")
         .unwrap();
-    let config = write_master_config(dir.path(), IP, "");
+    let config = write_master_config(
+        dir.path(),
+        IP,
+        &format!("file_roots: {{base: [{}/salt]}}\n", dir.path().display()),
+    );
+    write_file_roots(dir.path());
     let master = start_master(&config, &dir.path().join("master.log"));
     assert_eq!(master.ret.ip().to_string(), IP);
 
@@ -135,6 +140,10 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
         "{ret}"
     );
 
+    // The file server: state.apply (top.sls, a file.managed from salt://, a cmd.run),
+    // cp.get_file of a binary file larger than one chunk, cp.list_master.
+    check_file_server(&config, dir.path(), &logs);
+
     // 4. A target matching no accepted key: nothing expected, non-zero exit.
     let o = publish(&config, &["nobody*", "test.ping"]);
     assert!(!o.status.success());
@@ -183,4 +192,68 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
     let shown = stdout_json(&cli(&config, &["jobs", "show", &jid]));
     assert_eq!(shown["returns"][MINION]["return"], json!("hello world"));
     assert_eq!(shown["load"]["minions"], json!([MINION]));
+}
+
+/// `file_roots` for the file server checks: a top file, one state and two files, one of them
+/// binary (every byte value) and larger than one `_serve_file` chunk (256 KiB).
+fn write_file_roots(dir: &std::path::Path) {
+    let root = dir.join("salt");
+    std::fs::create_dir_all(root.join("files")).unwrap();
+    std::fs::write(root.join("top.sls"), "base:\n  '*':\n    - hello\n").unwrap();
+    std::fs::write(
+        root.join("hello.sls"),
+        format!(
+            "hello:\n  file.managed:\n    - name: {}/out/hello.txt\n    - source: salt://files/hello.txt\n    - makedirs: True\ngreet:\n  cmd.run:\n    - name: echo state-ran\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(root.join("files/hello.txt"), "hello from saltgate-master\n").unwrap();
+    let blob: Vec<u8> = (0..1200).flat_map(|_| 0u8..=255).collect();
+    std::fs::write(root.join("files/blob.bin"), blob).unwrap();
+}
+
+fn check_file_server(config: &std::path::Path, dir: &std::path::Path, logs: &dyn Fn() -> String) {
+    let long = |args: &[&str]| {
+        let mut all = vec!["publish", "--out", "json", "--timeout", "90", MINION];
+        all.extend_from_slice(args);
+        let o = cli(config, &all);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            logs()
+        );
+        stdout_json(&o)[MINION].clone()
+    };
+    let states = long(&["state.apply"]);
+    let states = states
+        .as_object()
+        .unwrap_or_else(|| panic!("state.apply: {states}"));
+    assert_eq!(states.len(), 2, "{states:?}");
+    for (id, r) in states {
+        assert_eq!(r["result"], json!(true), "{id}: {r}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.join("out/hello.txt")).unwrap(),
+        "hello from saltgate-master\n"
+    );
+    let dest = dir.join("out/blob.bin");
+    let got = long(&[
+        "cp.get_file",
+        "salt://files/blob.bin",
+        &dest.to_string_lossy(),
+    ]);
+    assert_eq!(got, json!(dest.to_string_lossy()));
+    assert_eq!(
+        std::fs::read(&dest).unwrap(),
+        std::fs::read(dir.join("salt/files/blob.bin")).unwrap(),
+        "cp.get_file must copy every byte"
+    );
+    let listed = long(&["cp.list_master"]);
+    assert_eq!(
+        listed,
+        json!(["files/blob.bin", "files/hello.txt", "hello.sls", "top.sls"])
+    );
 }
