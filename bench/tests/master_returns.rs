@@ -7,6 +7,9 @@
 //! channel; once the channel filled (after some 800 requests in a burst), the master stopped
 //! answering for good (docs/master.md, "1,000 minions").
 //!
+//! Each minion also fires Salt's start event (`salt/minion/<id>/start`) once connected; the
+//! swarm's summary must count an answer from the master for every one.
+//!
 //! Then it failed differently: one of the three concurrent jobs lost (almost) all its returns,
 //! `(300, 0, 300)`. The master took each job's `serial` (the minion's replay guard) in one order
 //! and queued the jobs in another, so a minion dropped the job whose serial came late as a
@@ -99,7 +102,14 @@ fn a_burst_of_900_returns_from_300_minions_all_arrive() {
         assert_eq!(got, (N, N, N), "returns collected per job");
 
         let _ = stop_tx.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(30), swarm).await;
+        let summary = tokio::time::timeout(Duration::from_secs(30), swarm)
+            .await
+            .expect("swarm stops")
+            .expect("swarm task")
+            .expect("swarm summary");
+        // Each minion fired Salt's start event once it was connected, and the master answered
+        // it (so each `tok` was checked before the first job, as with stock minions).
+        assert_eq!(summary["start_events"], json!(N), "{summary}");
         master.kill().await;
     });
 }

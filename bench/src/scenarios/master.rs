@@ -235,6 +235,7 @@ async fn measure(
         procfs::sys_sample()?,
         proctree::sample(&swarm.pids())?.ticks,
     );
+    let profiler = JobProfiler::start().await?;
     let t0 = Instant::now();
     let mut after: Vec<Duration> = match m {
         Running::Salt(s) => saltmaster::publish(venv, s, "swarm-*", "test.ping", timeout).await?,
@@ -254,6 +255,9 @@ async fn measure(
     let _wall = t0.elapsed();
     let c1 = proctree::sample(&root)?.ticks;
     let w1 = proctree::sample(&swarm.pids())?.ticks;
+    if let Some(p) = profiler {
+        p.stop().await;
+    }
     let s1 = procfs::sys_sample()?;
     let job = c1.saturating_sub(c0);
     let fg = foreign_pct(s0, s1, job + w1.saturating_sub(w0));
@@ -275,13 +279,43 @@ async fn measure(
         fg,
     );
     eprintln!(
-        "saltgate-bench: master {kind:?} n={n}: auth {:.1} s, {got} returns, master CPU {:.2} s auth / {:.2} s job",
+        "saltgate-bench: master {kind:?} n={n}: auth {:.1} s, {got} returns, master CPU {:.2} s auth / {:.2} s job, swarm CPU {:.2} s job",
         up.duration_since(swarm.started).as_secs_f64(),
         auth as f64 / tck,
-        job as f64 / tck
+        job as f64 / tck,
+        w1.saturating_sub(w0) as f64 / tck
     );
     swarm.stop().await;
     Ok(out)
+}
+
+/// `SALTGATE_BENCH_JOB_PROFILE`: a shell command (e.g. `perf record -a -g -o /tmp/job.data`)
+/// run over the `test.ping` job only, and stopped with SIGINT once every return is in, so a
+/// profile holds the job and not the authentication before it.
+struct JobProfiler(tokio::process::Child);
+
+impl JobProfiler {
+    async fn start() -> Result<Option<Self>, BenchError> {
+        let Ok(cmd) = std::env::var("SALTGATE_BENCH_JOB_PROFILE") else {
+            return Ok(None);
+        };
+        let child = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {cmd}"))
+            .spawn()
+            .map_err(|e| BenchError::Io(format!("SALTGATE_BENCH_JOB_PROFILE `{cmd}`: {e}")))?;
+        // The profiler needs a moment to attach; this is the bench's own pacing, not a test's.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(Some(JobProfiler(child)))
+    }
+
+    async fn stop(mut self) {
+        if let Some(pid) = self.0.id() {
+            // SAFETY: kill(2) on the profiler this bench started.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+        }
+        let _ = self.0.wait().await;
+    }
 }
 
 fn goal(figure: &str, case_n: usize) -> Option<String> {
