@@ -28,6 +28,7 @@ class Cluster:
             "PYTHONPATH": os.path.join(INTEROP_DIR, "pyshim"), "INTEROP_REQ_SOURCE": "1"})
         self.master_log_off = {}
         self.key_changed = False
+        self.joined = []  # masters started outside MASTERS (scenario 7's joiner): they stay in the cluster
 
     # -- masters: files ---------------------------------------------------------------------
     def mdir(self, ip):
@@ -95,6 +96,10 @@ pillar_roots:
 
     def running(self):
         return [ip for ip in MASTERS if self.alive(ip)]
+
+    def publishers(self):
+        """every running master a round publishes through: the suite's three and any that joined"""
+        return self.running() + [ip for ip in self.joined if self.alive(ip)]
 
     # -- the shared cluster key -------------------------------------------------------------
     def ensure_cluster_key(self):
@@ -172,6 +177,7 @@ pillar_roots:
         mode = self._prepare_shared()
         keysum = self.cluster_key_sum() if mode == "fresh" else None
         log(f"starting masters {' '.join(ips)} ({mode})")
+        self.joined += [ip for ip in ips if ip not in MASTERS and ip not in self.joined]
         t0 = now()
         for n, ip in enumerate(ips):
             if n == 1 and mode != "partial":

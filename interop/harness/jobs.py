@@ -6,10 +6,14 @@ minions' own logs (connection lost / ready again)."""
 import datetime
 import json
 import os
+import re
 import subprocess
 import time
 
 from .common import GRACE_S, PRE_S, SALTJOB, SETTLE_S, Failure, log, now, pct, wait_for
+
+
+JID_START = re.compile(r"Executing command \S+ with jid (\d{20})")
 
 
 def group_of(minion):
@@ -59,9 +63,10 @@ class Jobs:
             return {"error": (r.stderr or r.stdout)[-500:], "returns": {}}
 
     def job_round(self, fun="test.ping", timeout=15):
-        """one job through every running master at the same time; minion -> fastest return"""
+        """one job through every running master (a master that joined the cluster too) at the same
+        time; minion -> fastest return"""
         ps = [subprocess.Popen(self._once_argv(ip, fun, (), timeout), stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True) for ip in self.cluster.running()]
+                               stderr=subprocess.DEVNULL, text=True) for ip in self.cluster.publishers()]
         got = {}
         for p in ps:
             try:
@@ -75,8 +80,8 @@ class Jobs:
         return got
 
     def wait_healthy(self, why, timeout=90):
-        """until every minion answers a round of test.ping (one job through each running master, at once);
-        returns the minions that still did not answer when the time was up"""
+        """until every minion answers a round of test.ping (one job through each running master, a
+        joined one too, at once); returns the minions that still did not answer when the time was up"""
         t0 = now()
         while True:
             got = self.job_round()
@@ -232,17 +237,7 @@ class Jobs:
         res = {}
         for m in self.minions:
             ev = []
-            try:
-                lines = open(self.cluster.minion_log(m), errors="replace").read().splitlines()
-            except OSError:
-                continue
-            for line in lines:
-                try:
-                    ts = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                except ValueError:
-                    continue
-                if not t0 - 2 <= ts <= t1:
-                    continue
+            for ts, line in log_lines(self.cluster.minion_log(m), t0 - 2, t1):
                 for key, label in (("Connection to master", "lost"), ("ready to receive requests", "ready"),
                                    ("failed to return the job", "return-failed"),
                                    ("Trying to tune in", "tune-in")):
@@ -251,6 +246,36 @@ class Jobs:
             if ev:
                 res[m] = ev
         return res
+
+
+def log_lines(path, t0, t1):
+    """(time, line) for the lines of a Salt log stamped between t0 and t1 (unreadable file: none)"""
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        try:
+            ts = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        if t0 <= ts <= t1:
+            yield ts, line
+
+
+def forward_lag(log_path, t0, t1):
+    """from a minion's own log: the largest delay (s) between a job's jid time (the publishing master's
+    clock, to the second) and the minion starting it, for jobs started between t0 and t1; None if none"""
+    worst = None
+    for ts, line in log_lines(log_path, t0, t1):
+        m = JID_START.search(line)
+        try:
+            jt = datetime.datetime.strptime(m.group(1)[:14], "%Y%m%d%H%M%S").timestamp() if m else None
+        except ValueError:
+            jt = None
+        if jt is not None:
+            worst = max(worst or 0.0, ts - jt)
+    return worst
 
 
 def reconnect_time(events, minions):

@@ -3,8 +3,16 @@
 config has `discovery.cluster_pki_dir` on the cluster's key directory from the start (run.sh adds it
 when SCENARIOS lists 7), adds it without any edit to its config: /api/v1/masters lists it, its checks
 bring it UP, rebalancing moves publish sessions onto it, new request sessions reach it (a real
-minion's `salt-call` through saltgate), and a round of test.ping through the three original masters
-still reaches every minion, those now attached to the new master included.
+minion's `salt-call` through saltgate), and every minion, those now attached to the new master
+included, answers a round of test.ping (one job through each running master, the new one too).
+
+The round includes the new master because a minion whose publish session sits on it gets the other
+masters' jobs only through Salt's peer forwarding (`cluster/event` on port 4520, re-published by the
+new master), and on this suite's shared 2-core host that forwarding falls minutes behind after the
+kill and restart of scenarios 2 and 4: the minions' own logs show jobs of the original masters
+started up to ~190 s after their jid, on HAProxy's minions as much as on saltgate's. That lag is
+Salt's; the note `forwarded-job lag` reports it per group (from the minions' logs, `forward_lag`),
+so a regression in it stays visible without failing saltgate for it.
 
 The new master stays in the cluster afterwards (Salt has no clean peer removal: peers/<id>.pub and
 every master's peer list keep it), so this scenario runs after 2 and 4 (whose Raft quorum it would
@@ -16,6 +24,7 @@ import subprocess
 import threading
 
 from ..common import Failure, fmt_s, log, now, read_from, wait_for
+from ..jobs import forward_lag, group_of
 from .base import start_saltgate_scenario
 
 ID, NAME = 7, "master joins the cluster (discovery)"
@@ -148,8 +157,8 @@ def run(s):
             n_req_closed = _request_sessions(sg, log_off)
             if n_req_closed:
                 break
-    # a round through the original three masters reaches every minion (those moved to JOINER too),
-    # and one job published by JOINER itself
+    # a round through every master, JOINER included, reaches every minion (those moved to JOINER
+    # too), and one job published by JOINER itself
     missing = s.jobs.wait_healthy("after the join", timeout=90)
     own = s.jobs.job_once(JOINER, "test.ping", timeout=20) if join_err is None else {}
     own_got = sorted(own.get("returns", {}))
@@ -178,8 +187,18 @@ def run(s):
         notes.append(f"salt-call test.ping through saltgate from {tried}: "
                      f"{n_req_closed} request session(s) served by {JOINER} (saltgate's access log)")
     notes.append(f"minions whose publish session sits on {JOINER} (presence): {', '.join(on_joiner) or 'none'}; "
-                 + ("every minion answered a round through the three original masters" if not missing else
+                 + (f"every minion answered a round through every running master ({JOINER} included)" if not missing else
                     f"{missing} did not answer a round within 90 s"))
+    lag = {}
+    for mid in s.minions:
+        v = forward_lag(s.cluster.minion_log(mid), t0, now())
+        if v is not None:
+            key = "on " + JOINER if mid in on_joiner else group_of(mid)
+            lag[key] = max(lag.get(key, 0.0), v)
+    if lag:
+        notes.append("forwarded-job lag during the scenario (Salt's peer forwarding; the most a job started "
+                     "after its jid, from the minions' logs): "
+                     + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(lag.items())))
     if join_err is None:
         notes.append(f"a test.ping published by {JOINER} itself: {len(own_got)} of {len(s.minions)} minions answered"
                      + (f" (error: {own['error'][-200:]})" if own.get("error") else ""))
