@@ -6,7 +6,7 @@
 //! line, key and the fix. Does not touch the file system beyond reading the file.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -60,6 +60,7 @@ const KNOWN_KEYS: &[&str] = &[
     "cluster_pool_port",
     "cluster_secret",
     "cluster_allow_insecure_empty_secret",
+    "saltgate_metrics_bind",
 ];
 
 /// Keys that do not change what a stock minion sees, accepted silently (common in real files).
@@ -100,6 +101,7 @@ struct RawSaltMaster {
     cluster_pool_port: Option<Sp<u16>>,
     cluster_secret: Option<Sp<String>>,
     cluster_allow_insecure_empty_secret: Option<Sp<bool>>,
+    saltgate_metrics_bind: Option<Sp<String>>,
 }
 
 /// Salt 3008 cluster settings (`cluster_id` set).
@@ -159,6 +161,9 @@ pub struct SaltMasterConfig {
     /// a removed minion can no longer read publishes.
     pub rotate_aes_key: bool,
     pub cluster: Option<ClusterConfig>,
+    /// Where the Prometheus metrics endpoint listens (`saltgate_metrics_bind`, a saltgate
+    /// extension Salt does not have); `None`: no endpoint.
+    pub metrics_bind: Option<SocketAddr>,
 }
 
 impl SaltMasterConfig {
@@ -182,6 +187,7 @@ impl SaltMasterConfig {
             publish_session_secs: defaults::PUBLISH_SESSION_SECS,
             rotate_aes_key: true,
             cluster: None,
+            metrics_bind: None,
         }
     }
 }
@@ -381,6 +387,18 @@ pub fn parse_salt_master(
                 out.insert(env.clone(), dirs.iter().map(PathBuf::from).collect());
             }
             *slot = out;
+        }
+    }
+    if let Some(b) = &raw.saltgate_metrics_bind {
+        match b.value.trim().parse::<SocketAddr>() {
+            Ok(a) => c.metrics_bind = Some(a),
+            Err(_) => errors.push(ConfigError::new(
+                span!(b),
+                "saltgate_metrics_bind",
+                format!("{:?} is not an address and port", b.value),
+                "write IP:PORT, e.g. 127.0.0.1:9506 ([::1]:9506 for IPv6), or remove the key \
+                 to serve no metrics",
+            )),
         }
     }
     if let Some(w) = &raw.worker_threads {
@@ -613,6 +631,31 @@ mod tests {
         assert_eq!(e.first().field, "ret_port");
         let e = parse_salt_master("id: ../etc\n", None).unwrap_err();
         assert_eq!(e.first().field, "id");
+    }
+
+    #[test]
+    fn the_metrics_endpoint_is_opt_in_and_its_address_checked() {
+        assert_eq!(
+            parse_salt_master("id: m\n", None)
+                .unwrap()
+                .config
+                .metrics_bind,
+            None
+        );
+        let c = parse_salt_master("id: m\nsaltgate_metrics_bind: '[::1]:9506'\n", None).unwrap();
+        assert_eq!(c.config.metrics_bind, Some("[::1]:9506".parse().unwrap()));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        for bad in ["9506", "localhost:9506", "10.0.0.1"] {
+            let text = format!("id: m\nsaltgate_metrics_bind: {bad}\n");
+            let e = parse_salt_master(&text, None).unwrap_err();
+            let f = e.first();
+            assert_eq!(
+                (f.field.as_str(), f.at.line),
+                ("saltgate_metrics_bind", 2),
+                "{bad}"
+            );
+            assert!(f.fix.contains("IP:PORT"), "{bad}: {}", f.fix);
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use saltgate_master::fileserver::{clean_rel, handle, Roots, COMMANDS};
+use saltgate_master::metrics::Refusals;
 use saltgate_wire::envelope;
 
 fn roots() -> &'static Roots {
@@ -26,6 +27,8 @@ fn roots() -> &'static Roots {
     })
 }
 
+static REFUSALS: Refusals = Refusals::new();
+
 fuzz_target!(|data: &[u8]| {
     if let Ok(s) = std::str::from_utf8(data) {
         if let Ok(rel) = clean_rel(s) {
@@ -36,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for cmd in COMMANDS {
-        if let Some(reply) = handle(roots(), "fuzz", cmd, &load) {
+        if let Some(reply) = handle(roots(), &REFUSALS, "fuzz", cmd, &load) {
             let bytes = envelope::encode(&reply);
             assert!(
                 !bytes.windows(19).any(|w| w == b"SECRET-OUTSIDE-ROOT"),

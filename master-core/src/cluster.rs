@@ -43,6 +43,7 @@ use tokio::net::TcpStream;
 
 use crate::id::validate_minion_id;
 use crate::keys::{make_dir, same_key, KeyError, MasterKey};
+use crate::metrics::Refused;
 pub use crate::peerlink::serve;
 use crate::peerlink::{read_frame_idle, write_frame, Links, PeerStats};
 use crate::state::{unix_now, Master, ReturnEvent};
@@ -474,8 +475,30 @@ async fn send(addr: SocketAddr, frame: &[u8], want_reply: bool) -> Result<Option
         .map_err(|e| format!("peer {addr}: {e}"))
 }
 
-/// Handles one peer message; returns the reply frame for a join.
+/// Handles one peer message; returns the reply frame for a join. A refusal is counted
+/// ([`Refused::PeerJoin`] for a join, else [`Refused::PeerMessage`]); the caller logs it.
 pub fn handle_message(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let r = handle_message_uncounted(master, frame);
+    if r.is_err() {
+        master.refusals.count(if is_join(frame) {
+            Refused::PeerJoin
+        } else {
+            Refused::PeerMessage
+        });
+    }
+    r
+}
+
+/// Whether a frame reads as a join, whatever else is wrong with it (a refusal's class).
+fn is_join(frame: &[u8]) -> bool {
+    envelope::decode(frame)
+        .ok()
+        .and_then(|v| get(&v, "body").and_then(as_bytes).map(envelope::decode))
+        .and_then(Result::ok)
+        .is_some_and(|b| get(&b, "kind").and_then(as_str) == Some("join"))
+}
+
+fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
     let (peer_id, body, body_bytes, auth) = open_message(frame)?;
     if peer_id == cl.own_id {

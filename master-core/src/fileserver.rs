@@ -18,6 +18,8 @@ use saltgate_wire::envelope::{self, as_str, get, text, Value};
 use saltgate_wire::hex;
 use sha2::{Digest, Sha256};
 
+use crate::metrics::{Refusals, Refused};
+
 /// Salt's master default `file_buffer_size`: the most `_serve_file` returns per request.
 pub const FILE_BUFFER_SIZE: usize = 262_144;
 /// Salt's master default `hash_type`.
@@ -44,7 +46,13 @@ pub type Roots = BTreeMap<String, Vec<PathBuf>>;
 
 /// Answers file server command `cmd` (one of [`COMMANDS`]) for minion `id`; `None` for any
 /// other command.
-pub fn handle(roots: &Roots, id: &str, cmd: &str, load: &Value) -> Option<Value> {
+pub fn handle(
+    roots: &Roots,
+    refusals: &Refusals,
+    id: &str,
+    cmd: &str,
+    load: &Value,
+) -> Option<Value> {
     Some(match cmd {
         // Salt's `envs()`: the `file_roots` keys, sorted.
         "_file_envs" => Value::Array(roots.keys().map(|e| text(e)).collect()),
@@ -73,18 +81,18 @@ pub fn handle(roots: &Roots, id: &str, cmd: &str, load: &Value) -> Option<Value>
                 ),
             }
         }
-        "_file_hash" => match find(roots, id, load) {
+        "_file_hash" => match find(roots, refusals, id, load) {
             Some(f) => hash_reply(&f.full).unwrap_or_else(|| text("")),
             None => text(""),
         },
-        "_file_hash_and_stat" => match find(roots, id, load) {
+        "_file_hash_and_stat" => match find(roots, refusals, id, load) {
             Some(f) => Value::Array(vec![
                 hash_reply(&f.full).unwrap_or_else(|| text("")),
                 stat_list(&f.full),
             ]),
             None => Value::Array(vec![text(""), Value::Nil]),
         },
-        "_file_find" => match find(roots, id, load) {
+        "_file_find" => match find(roots, refusals, id, load) {
             Some(f) => envelope::map(vec![
                 ("path", text(&f.full.to_string_lossy())),
                 ("rel", text(&f.rel)),
@@ -92,7 +100,7 @@ pub fn handle(roots: &Roots, id: &str, cmd: &str, load: &Value) -> Option<Value>
             ]),
             None => envelope::map(vec![("path", text("")), ("rel", text(""))]),
         },
-        "_serve_file" => serve(roots, id, load),
+        "_serve_file" => serve(roots, refusals, id, load),
         "_master_opts" => master_opts(roots, load),
         _ => return None,
     })
@@ -162,7 +170,7 @@ struct Found {
 
 /// Salt's `find_file`: the load's `path` (with `?saltenv=` honoured, `|` escaping as Salt's
 /// `salt.utils.url`) in the load's saltenv, first root first. Refused paths are logged.
-fn find(roots: &Roots, id: &str, load: &Value) -> Option<Found> {
+fn find(roots: &Roots, refusals: &Refusals, id: &str, load: &Value) -> Option<Found> {
     let raw = get(load, "path").and_then(as_str)?;
     let mut saltenv = get(load, "saltenv").map(env_string)?;
     let path = if let Some(escaped) = raw.strip_prefix('|') {
@@ -180,6 +188,7 @@ fn find(roots: &Roots, id: &str, load: &Value) -> Option<Found> {
     let rel = match clean_rel(path) {
         Ok(r) => r,
         Err(why) => {
+            refusals.count(Refused::FilePath);
             tracing::warn!(minion = %id, path = %raw.escape_debug(), reason = why, "file server: path refused");
             return None;
         }
@@ -190,6 +199,7 @@ fn find(roots: &Roots, id: &str, load: &Value) -> Option<Found> {
             continue;
         }
         if !inside(&root, &full) {
+            refusals.count(Refused::FilePath);
             tracing::warn!(minion = %id, path = %rel, root = %root.display(),
                 "file server: path leads outside its root (symlink); not served");
         } else if full.is_file() {
@@ -243,12 +253,12 @@ fn stat_list(path: &Path) -> Value {
 /// Salt's `serve_file`: up to [`FILE_BUFFER_SIZE`] bytes from `loc`; `{"data": "", "dest": ""}`
 /// when the file is not there. A `gzip` request is answered uncompressed (the minion
 /// decompresses only when the reply carries `gzip`).
-fn serve(roots: &Roots, id: &str, load: &Value) -> Value {
+fn serve(roots: &Roots, refusals: &Refusals, id: &str, load: &Value) -> Value {
     let none = || envelope::map(vec![("data", text("")), ("dest", text(""))]);
     let Some(loc) = get(load, "loc").and_then(Value::as_u64) else {
         return none();
     };
-    let Some(f) = find(roots, id, load) else {
+    let Some(f) = find(roots, refusals, id, load) else {
         return none();
     };
     let chunk = (|| {

@@ -1,5 +1,8 @@
 use super::*;
 
+/// The refusal counters of the tests that do not check them.
+static RF: Refusals = Refusals::new();
+
 fn load(pairs: Vec<(&str, Value)>) -> Value {
     envelope::map(pairs)
 }
@@ -55,7 +58,7 @@ fn clean_rel_refuses_traversal_absolute_and_nul() {
 fn lists_files_dirs_empty_dirs_and_inner_links_only() {
     let (_d, roots) = tree();
     let env = load(vec![("saltenv", s("base"))]);
-    let files = strings(&handle(&roots, "m", "_file_list", &env).unwrap());
+    let files = strings(&handle(&roots, &RF, "m", "_file_list", &env).unwrap());
     assert_eq!(
         files,
         [
@@ -66,20 +69,20 @@ fn lists_files_dirs_empty_dirs_and_inner_links_only() {
         ],
         "the links leading outside the root (leak, up) are not listed"
     );
-    let dirs = strings(&handle(&roots, "m", "_dir_list", &env).unwrap());
+    let dirs = strings(&handle(&roots, &RF, "m", "_dir_list", &env).unwrap());
     assert_eq!(dirs, ["empty", "web", "web/files"]);
-    let empty = strings(&handle(&roots, "m", "_file_list_emptydirs", &env).unwrap());
+    let empty = strings(&handle(&roots, &RF, "m", "_file_list_emptydirs", &env).unwrap());
     assert_eq!(empty, ["empty"]);
-    let links = handle(&roots, "m", "_symlink_list", &env).unwrap();
+    let links = handle(&roots, &RF, "m", "_symlink_list", &env).unwrap();
     assert_eq!(links, Value::Map(vec![(s("alias.sls"), s("web/init.sls"))]));
     // prefix, as Salt filters it
     let web = load(vec![("saltenv", s("base")), ("prefix", s("/web/"))]);
-    let files = strings(&handle(&roots, "m", "_file_list", &web).unwrap());
+    let files = strings(&handle(&roots, &RF, "m", "_file_list", &web).unwrap());
     assert_eq!(files, ["web/files/index.html", "web/init.sls"]);
     // an unknown saltenv, or none: empty, as Salt
     let other = load(vec![("saltenv", s("dev"))]);
-    assert!(strings(&handle(&roots, "m", "_file_list", &other).unwrap()).is_empty());
-    assert!(strings(&handle(&roots, "m", "_file_list", &load(vec![])).unwrap()).is_empty());
+    assert!(strings(&handle(&roots, &RF, "m", "_file_list", &other).unwrap()).is_empty());
+    assert!(strings(&handle(&roots, &RF, "m", "_file_list", &load(vec![])).unwrap()).is_empty());
 }
 
 #[test]
@@ -97,7 +100,14 @@ fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
         Some(v) if as_str(v) == Some("") => 0,
         other => panic!("data: {other:?}"),
     };
-    let first = handle(&roots, "m", "_serve_file", &req("web/files/index.html", 0)).unwrap();
+    let first = handle(
+        &roots,
+        &RF,
+        "m",
+        "_serve_file",
+        &req("web/files/index.html", 0),
+    )
+    .unwrap();
     assert_eq!(chunk(&first), FILE_BUFFER_SIZE);
     assert_eq!(
         get(&first, "dest").and_then(as_str),
@@ -105,6 +115,7 @@ fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
     );
     let rest = handle(
         &roots,
+        &RF,
         "m",
         "_serve_file",
         &req("web/files/index.html", FILE_BUFFER_SIZE as u64),
@@ -113,6 +124,7 @@ fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
     assert_eq!(chunk(&rest), 300_000 - FILE_BUFFER_SIZE);
     let end = handle(
         &roots,
+        &RF,
         "m",
         "_serve_file",
         &req("web/files/index.html", 300_000),
@@ -124,6 +136,8 @@ fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
         "past the end: empty data ends the minion's loop"
     );
     let none = envelope::map(vec![("data", s("")), ("dest", s(""))]);
+    // Each refusal is counted: a path that is not clean, or one leading out of its root.
+    let counted = Refusals::new();
     for bad in [
         "leak",
         "up/secret",
@@ -132,40 +146,46 @@ fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
         "nothere.sls",
     ] {
         assert_eq!(
-            handle(&roots, "m", "_serve_file", &req(bad, 0)).unwrap(),
+            handle(&roots, &counted, "m", "_serve_file", &req(bad, 0)).unwrap(),
             none,
             "{bad}"
         );
     }
+    // leak and up/secret leave the root; ../secret and /etc/passwd are not clean; a missing
+    // file is no refusal.
+    assert_eq!(counted.get(Refused::FilePath), 4);
     // ?saltenv= in the path is honoured, as Salt's find_file does
     let q = load(vec![
         ("path", s("top.sls?saltenv=base")),
         ("saltenv", s("dev")),
         ("loc", Value::from(0)),
     ]);
-    assert_eq!(chunk(&handle(&roots, "m", "_serve_file", &q).unwrap()), 23);
+    assert_eq!(
+        chunk(&handle(&roots, &RF, "m", "_serve_file", &q).unwrap()),
+        23
+    );
 }
 
 #[test]
 fn hash_and_stat_match_the_file() {
     let (_d, roots) = tree();
     let req = |path: &str| load(vec![("path", s(path)), ("saltenv", s("base"))]);
-    let h = handle(&roots, "m", "_file_hash", &req("top.sls")).unwrap();
+    let h = handle(&roots, &RF, "m", "_file_hash", &req("top.sls")).unwrap();
     assert_eq!(get(&h, "hash_type").and_then(as_str), Some("sha256"));
     let want = saltgate_wire::hex(&Sha256::digest(b"base:\n  '*':\n    - web\n"));
     assert_eq!(get(&h, "hsum").and_then(as_str), Some(want.as_str()));
     assert_eq!(
-        handle(&roots, "m", "_file_hash", &req("leak")).unwrap(),
+        handle(&roots, &RF, "m", "_file_hash", &req("leak")).unwrap(),
         s("")
     );
-    let hs = handle(&roots, "m", "_file_hash_and_stat", &req("top.sls")).unwrap();
+    let hs = handle(&roots, &RF, "m", "_file_hash_and_stat", &req("top.sls")).unwrap();
     let Value::Array(a) = hs else { panic!() };
     let Value::Array(st) = &a[1] else {
         panic!("{:?}", a[1])
     };
     assert_eq!(st.len(), 10);
     assert_eq!(st[6].as_i64(), Some(23), "st_size");
-    let missing = handle(&roots, "m", "_file_hash_and_stat", &req("x")).unwrap();
+    let missing = handle(&roots, &RF, "m", "_file_hash_and_stat", &req("x")).unwrap();
     assert_eq!(missing, Value::Array(vec![s(""), Value::Nil]));
 }
 
@@ -185,7 +205,7 @@ fn env_template_substitutes_only_safe_names() {
 #[test]
 fn master_opts_has_salts_keys() {
     let (_d, roots) = tree();
-    let full = handle(&roots, "m", "_master_opts", &load(vec![])).unwrap();
+    let full = handle(&roots, &RF, "m", "_master_opts", &load(vec![])).unwrap();
     assert_eq!(
         get(&full, "state_top").and_then(as_str),
         Some("salt://top.sls")
@@ -197,6 +217,7 @@ fn master_opts_has_salts_keys() {
     assert_eq!(fr, &vec![(s("base"), Value::Array(vec![]))]);
     let only = handle(
         &roots,
+        &RF,
         "m",
         "_master_opts",
         &load(vec![("env_only", Value::Boolean(true))]),

@@ -12,7 +12,8 @@
 //! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns;
 //! * [`peerlink`] — the peer protocol's transport: a persistent connection per peer;
 //!   [`peerproto`] — its hello and acks, and the fallback for an old peer;
-//! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`).
+//! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`);
+//! * [`metrics`] — refusals by reason, request outcomes, and the opt-in Prometheus endpoint.
 //!
 //! Depends on `wire` and `config`, never on `proxy`.
 
@@ -24,6 +25,7 @@ pub mod fileserver;
 pub mod id;
 pub mod jobs;
 pub mod keys;
+pub mod metrics;
 pub mod peerlink;
 pub mod peerproto;
 pub mod pillar;

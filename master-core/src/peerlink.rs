@@ -94,6 +94,26 @@ pub struct PeerStats {
 }
 
 impl PeerStats {
+    /// Every counter with its `event` label (the metrics endpoint's).
+    pub fn snapshot(&self) -> [(&'static str, u64); 13] {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("queued", g(&self.queued)),
+            ("dropped", g(&self.dropped)),
+            ("sent", g(&self.sent)),
+            ("resent", g(&self.resent)),
+            ("acked", g(&self.acked)),
+            ("connects", g(&self.connects)),
+            ("hellos", g(&self.hellos)),
+            ("old_peer", g(&self.old_peer)),
+            ("single", g(&self.single)),
+            ("accepted", g(&self.accepted)),
+            ("handled", g(&self.handled)),
+            ("refused", g(&self.refused)),
+            ("replayed", g(&self.replayed)),
+        ]
+    }
+
     /// Counts a drop; warns at most every [`WARN_EVERY_SECS`].
     fn drop_frames(&self, peer: &str, n: u64, why: &str) {
         if n == 0 {
@@ -455,9 +475,10 @@ pub async fn read_frame_idle(s: &mut TcpStream) -> std::io::Result<Option<Vec<u8
         s.read_exact(&mut hdr[1..]).await?;
         let len = u32::from_be_bytes(hdr) as usize;
         if len > MAX_PEER_MESSAGE {
-            return Err(std::io::Error::other(format!(
-                "peer message of {len} bytes is over the limit"
-            )));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("peer message of {len} bytes is over the limit of {MAX_PEER_MESSAGE}"),
+            ));
         }
         let mut buf = vec![0u8; len];
         s.read_exact(&mut buf).await?;
@@ -512,6 +533,9 @@ pub async fn serve_connection(mut s: TcpStream, from: SocketAddr, m: Arc<Master>
             Ok(Some(f)) => f,
             Ok(None) => return,
             Err(e) => {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    m.refusals.count(crate::metrics::Refused::PeerOversized);
+                }
                 tracing::warn!(%from, error = %e, "cluster connection closed");
                 return;
             }

@@ -18,6 +18,7 @@ use saltgate_wire::rsa::{EncAlgo, PublicKey, SigAlgo};
 use crate::auth::{autosign_file_matches, decide, AuthDecision};
 use crate::convert;
 use crate::id::validate_minion_id;
+use crate::metrics::Refused;
 use crate::state::{unix_now, Master, NonceRefusal, ReturnEvent};
 
 /// Salt 3008's `minimum_auth_version`.
@@ -43,13 +44,16 @@ pub enum Request {
 /// Why a request was refused, and Salt's reply to it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
+    /// Its class: the metric's `reason` label.
+    pub kind: Refused,
     pub reason: String,
     pub reply: Value,
 }
 
 impl Refusal {
-    fn bad_load(reason: impl Into<String>) -> Self {
+    fn bad_load(kind: Refused, reason: impl Into<String>) -> Self {
         Refusal {
+            kind,
             reason: reason.into(),
             reply: text("bad load"),
         }
@@ -58,25 +62,34 @@ impl Refusal {
 
 /// Parses one request frame. Never panics; never touches state.
 pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
-    let v = envelope::decode(frame).map_err(|e| Refusal::bad_load(format!("not msgpack: {e}")))?;
+    let v = envelope::decode(frame)
+        .map_err(|e| Refusal::bad_load(Refused::Malformed, format!("not msgpack: {e}")))?;
     if !v.is_map() {
-        return Err(Refusal::bad_load("request is not a map"));
+        return Err(Refusal::bad_load(
+            Refused::Malformed,
+            "request is not a map",
+        ));
     }
     let enc = get(&v, "enc").and_then(as_str);
     let load = get(&v, "load");
     let (Some(enc), Some(load)) = (enc, load) else {
-        return Err(Refusal::bad_load("request without enc or load"));
+        return Err(Refusal::bad_load(
+            Refused::Malformed,
+            "request without enc or load",
+        ));
     };
     let version = get(&v, "version").and_then(Value::as_i64).unwrap_or(0);
     if version < MIN_VERSION {
-        return Err(Refusal::bad_load(format!(
-            "protocol version {version} is below the minimum {MIN_VERSION}"
-        )));
+        return Err(Refusal::bad_load(
+            Refused::ProtocolVersion,
+            format!("protocol version {version} is below the minimum {MIN_VERSION}"),
+        ));
     }
     match enc {
         "clear" => {
             if !load.is_map() {
                 return Err(Refusal {
+                    kind: Refused::Malformed,
                     reason: "clear load is not a map".into(),
                     reply: text("payload and load must be a dict"),
                 });
@@ -84,6 +97,7 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
             let cmd = get(load, "cmd").and_then(as_str).unwrap_or("");
             if !CLEAR_ALLOWLIST.contains(&cmd) {
                 return Err(Refusal {
+                    kind: Refused::ClearCommand,
                     reason: format!("clear command {cmd:?} is not allowed"),
                     reply: Value::Map(Vec::new()),
                 });
@@ -96,16 +110,20 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
         "aes" => {
             let id = get(&v, "id")
                 .and_then(as_str)
-                .ok_or_else(|| Refusal::bad_load("aes request without id"))?;
-            validate_minion_id(id).map_err(|e| Refusal::bad_load(format!("invalid id: {e}")))?;
+                .ok_or_else(|| Refusal::bad_load(Refused::Malformed, "aes request without id"))?;
+            validate_minion_id(id)
+                .map_err(|e| Refusal::bad_load(Refused::InvalidId, format!("invalid id: {e}")))?;
             let ciphertext = as_bytes(load)
-                .ok_or_else(|| Refusal::bad_load("aes load is not bytes"))?
+                .ok_or_else(|| Refusal::bad_load(Refused::Malformed, "aes load is not bytes"))?
                 .to_vec();
             let algo = |k: &str| get(&v, k).and_then(as_str);
-            let enc_algo = EncAlgo::parse(algo("enc_algo").unwrap_or("OAEP-SHA1"))
-                .map_err(|e| Refusal::bad_load(e.to_string()))?;
-            let sig_algo = SigAlgo::parse(algo("sig_algo").unwrap_or("PKCS1v15-SHA1"))
-                .map_err(|e| Refusal::bad_load(e.to_string()))?;
+            let malformed = |e: saltgate_wire::rsa::RsaError| {
+                Refusal::bad_load(Refused::Malformed, e.to_string())
+            };
+            let enc_algo =
+                EncAlgo::parse(algo("enc_algo").unwrap_or("OAEP-SHA1")).map_err(malformed)?;
+            let sig_algo =
+                SigAlgo::parse(algo("sig_algo").unwrap_or("PKCS1v15-SHA1")).map_err(malformed)?;
             Ok(Request::Aes {
                 id: id.to_string(),
                 ciphertext,
@@ -113,7 +131,10 @@ pub fn decode_request(frame: &[u8]) -> Result<Request, Refusal> {
                 sig_algo,
             })
         }
-        other => Err(Refusal::bad_load(format!("unknown enc {other:?}"))),
+        other => Err(Refusal::bad_load(
+            Refused::Malformed,
+            format!("unknown enc {other:?}"),
+        )),
     }
 }
 
@@ -139,6 +160,7 @@ pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>
     }
     let reply = match request {
         Err(r) => {
+            master.refusals.count(r.kind);
             tracing::warn!(reason = %r.reason, "request refused");
             r.reply
         }
@@ -155,6 +177,7 @@ pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>
         }) => match handle_aes(master, &id, &ciphertext, enc_algo, sig_algo) {
             Ok(v) => v,
             Err(r) => {
+                master.refusals.count(r.kind);
                 tracing::warn!(minion = %id, reason = %r.reason, "request refused");
                 r.reply
             }
@@ -190,16 +213,21 @@ fn auth_ret(master: &Master, ret: Value, nonce: &str, sig_algo: SigAlgo) -> Valu
 fn handle_auth(master: &Master, load: &Value) -> Value {
     let field = |k: &str| get(load, k).and_then(as_str);
     let Some(nonce) = field("nonce") else {
+        master.refusals.count(Refused::Malformed);
         tracing::warn!("_auth without a nonce refused");
         return text("bad load");
     };
     let Ok(enc_algo) = EncAlgo::parse(field("enc_algo").unwrap_or("OAEP-SHA1")) else {
+        master.refusals.count(Refused::Malformed);
+        tracing::warn!("_auth with an unknown enc_algo refused");
         return envelope::map(vec![
             ("enc", text("clear")),
             ("load", envelope::map(vec![("ret", text("bad enc algo"))])),
         ]);
     };
     let Ok(sig_algo) = SigAlgo::parse(field("sig_algo").unwrap_or("PKCS1v15-SHA1")) else {
+        master.refusals.count(Refused::Malformed);
+        tracing::warn!("_auth with an unknown sig_algo refused");
         return envelope::map(vec![
             ("enc", text("clear")),
             ("load", envelope::map(vec![("ret", text("bad sig algo"))])),
@@ -207,6 +235,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
     };
     let id = field("id").unwrap_or("");
     if let Err(e) = validate_minion_id(id) {
+        master.refusals.count(Refused::InvalidId);
         tracing::warn!(minion = ?id, reason = %e, "_auth from an invalid id refused");
         return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
     }
@@ -214,6 +243,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
     let minion_pub = match PublicKey::from_pem(&offered) {
         Ok(k) => k,
         Err(e) => {
+            master.refusals.count(Refused::AuthUnusableKey);
             tracing::warn!(minion = %id, reason = %e, "_auth with an unusable public key refused");
             return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
         }
@@ -221,6 +251,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
     let existing = match master.keys.fetch(id) {
         Ok(e) => e,
         Err(e) => {
+            master.refusals.count(Refused::MasterError);
             tracing::error!(minion = %id, error = %e, "cannot read the key store");
             return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
         }
@@ -254,6 +285,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
         _ => Ok(()),
     };
     if let Err(e) = stored {
+        master.refusals.count(Refused::MasterError);
         tracing::error!(minion = %id, error = %e, "cannot store the key");
         return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
     }
@@ -264,10 +296,12 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
             return auth_ret(master, Value::Boolean(true), nonce, sig_algo);
         }
         AuthDecision::Rejected => {
+            master.refusals.count(Refused::AuthRejected);
             tracing::warn!(minion = %id, "_auth refused: key rejected");
             return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
         }
         AuthDecision::Denied => {
+            master.refusals.count(Refused::AuthDenied);
             tracing::error!(minion = %id, "_auth refused: the key differs from the stored one (denied)");
             return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
         }
@@ -278,6 +312,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
             clear_signed(master, inner, sig_algo)
         }
         Err(e) => {
+            master.refusals.count(Refused::MasterError);
             tracing::error!(minion = %id, error = %e, "cannot build the auth reply");
             auth_ret(master, Value::Boolean(false), nonce, sig_algo)
         }
@@ -334,15 +369,23 @@ fn handle_aes(
     enc_algo: EncAlgo,
     sig_algo: SigAlgo,
 ) -> Result<Value, Refusal> {
-    let session = master
-        .sessions
-        .get(id)
-        .ok_or_else(|| Refusal::bad_load("no session key for this id (re-auth needed)"))?;
+    let session = master.sessions.get(id).ok_or_else(|| {
+        Refusal::bad_load(
+            Refused::NoSession,
+            "no session key for this id (re-auth needed)",
+        )
+    })?;
     let mut load = Crypticle::new(session.clone())
         .loads(ciphertext, None)
-        .map_err(|e| Refusal::bad_load(format!("does not decrypt with the session key: {e}")))?;
+        .map_err(|e| {
+            Refusal::bad_load(
+                Refused::Undecryptable,
+                format!("does not decrypt with the session key: {e}"),
+            )
+        })?;
     if !load.is_map() {
         return Err(Refusal {
+            kind: Refused::Malformed,
             reason: "decrypted load is not a map".into(),
             reply: text("payload and load must be a dict"),
         });
@@ -352,25 +395,27 @@ fn handle_aes(
         .as_ref()
         .and_then(as_str)
         .filter(|n| n.len() == 32 && n.bytes().all(|b| b.is_ascii_alphanumeric()))
-        .ok_or_else(|| Refusal::bad_load("missing or malformed nonce"))?
+        .ok_or_else(|| Refusal::bad_load(Refused::BadNonce, "missing or malformed nonce"))?
         .to_string();
     if get(&load, "id").and_then(as_str) != Some(id) {
-        return Err(Refusal::bad_load("load id differs from the envelope id"));
+        return Err(Refusal::bad_load(
+            Refused::IdMismatch,
+            "load id differs from the envelope id",
+        ));
     }
     let tok = pop(&mut load, "tok");
     let tok = tok
         .as_ref()
         .and_then(as_bytes)
-        .ok_or_else(|| Refusal::bad_load("no tok"))?;
-    let accepted = master
-        .keys
-        .accepted(id)
-        .ok()
-        .flatten()
-        .ok_or_else(|| Refusal::bad_load("no accepted key for this id"))?;
+        .ok_or_else(|| Refusal::bad_load(Refused::BadTok, "no tok"))?;
+    let accepted =
+        master.keys.accepted(id).ok().flatten().ok_or_else(|| {
+            Refusal::bad_load(Refused::NotAccepted, "no accepted key for this id")
+        })?;
     let pubkey = || {
-        PublicKey::from_pem(&accepted)
-            .map_err(|e| Refusal::bad_load(format!("accepted key unusable: {e}")))
+        PublicKey::from_pem(&accepted).map_err(|e| {
+            Refusal::bad_load(Refused::NotAccepted, format!("accepted key unusable: {e}"))
+        })
     };
     // A minion's `tok` is deterministic (X9.31 over "salt"): once it verified against the
     // accepted key, the same pair is known good without the RSA operation (it was a third of
@@ -379,6 +424,7 @@ fn handle_aes(
     if let Err(digest) = master.toks.known_good(id, &accepted, tok) {
         if pubkey()?.public_decrypt_x931(tok).ok().as_deref() != Some(b"salt") {
             return Err(Refusal::bad_load(
+                Refused::BadTok,
                 "tok does not verify against the accepted key",
             ));
         }
@@ -389,8 +435,12 @@ fn handle_aes(
         .nonces
         .check(id, &nonce, ts, unix_now())
         .map_err(|r| match r {
-            NonceRefusal::Stale => Refusal::bad_load("ts outside the request window (stale)"),
-            NonceRefusal::Replay => Refusal::bad_load("nonce already seen (replay)"),
+            NonceRefusal::Stale => {
+                Refusal::bad_load(Refused::Stale, "ts outside the request window (stale)")
+            }
+            NonceRefusal::Replay => {
+                Refusal::bad_load(Refused::Replayed, "nonce already seen (replay)")
+            }
         })?;
     let cmd = get(&load, "cmd").and_then(as_str).unwrap_or("").to_string();
     let session = Crypticle::new(session);
@@ -402,7 +452,13 @@ fn handle_aes(
             send(Value::Nil)
         }
         "_minion_event" | "_register_resources" | "_master_tops" => send(Value::Map(Vec::new())),
-        other => match crate::fileserver::handle(&master.config.file_roots, id, other, &load) {
+        other => match crate::fileserver::handle(
+            &master.config.file_roots,
+            &master.refusals,
+            id,
+            other,
+            &load,
+        ) {
             Some(v) => send(v),
             None if other.starts_with("__") => send(Value::Map(Vec::new())),
             None => {
@@ -432,6 +488,7 @@ fn pillar_reply(
     let pillar = convert::from_json(&crate::pillar::compile(&roots, id));
     let k = CrypticleKey::generate();
     let internal = |e: saltgate_wire::rsa::RsaError| Refusal {
+        kind: Refused::MasterError,
         reason: format!("pillar reply: {e}"),
         reply: text("Some exception handling minion payload"),
     };
@@ -460,6 +517,7 @@ fn pillar_reply(
 
 fn store_return(master: &Master, id: &str, load: &Value) {
     let Some(jid) = get(load, "jid").and_then(as_str) else {
+        master.refusals.count(Refused::UnknownJob);
         tracing::warn!(minion = %id, "_return without a jid dropped");
         return;
     };
@@ -509,7 +567,11 @@ fn store_return(master: &Master, id: &str, load: &Value) {
                 },
             );
         }
-        Err(e) => tracing::warn!(minion = %id, %jid, error = %e, "return refused"),
+        Err(e @ (crate::jobs::JobError::NotFound(_) | crate::jobs::JobError::BadJid(_))) => {
+            master.refusals.count(Refused::UnknownJob);
+            tracing::warn!(minion = %id, %jid, error = %e, "return refused")
+        }
+        Err(e) => tracing::error!(minion = %id, %jid, error = %e, "return not stored"),
     }
 }
 

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +17,7 @@ use saltgate_wire::zmtp::{PubOptions, Publisher, Router, RouterOptions, RouterSe
 use thiserror::Error;
 
 use crate::keys::{make_dir, KeyError, MasterKey};
+use crate::metrics::RequestCounters;
 use crate::state::Master;
 
 /// Largest request frame accepted on the request port; larger ones close the connection
@@ -60,6 +61,8 @@ pub struct Bound {
     pub cli_socket: PathBuf,
     /// The cluster peer port, when `cluster_id` is set.
     pub cluster: Option<SocketAddr>,
+    /// The metrics endpoint, when `saltgate_metrics_bind` is set.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// The CLI socket of a configuration.
@@ -147,6 +150,20 @@ pub async fn run(
             source,
         })?;
     let bound_pub = publisher.local_addr();
+    let metrics_listener = match config.metrics_bind {
+        Some(addr) => {
+            Some(
+                crate::metrics::bind(addr)
+                    .await
+                    .map_err(|source| ServeError::Bind {
+                        what: "metrics (saltgate_metrics_bind)",
+                        addr,
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
     let sock_path = cli_socket_path(&config);
     let _ = std::fs::remove_file(&sock_path);
     let listener =
@@ -167,9 +184,10 @@ pub async fn run(
         publish: bound_pub,
         cli_socket: sock_path.clone(),
         cluster: master.cluster.as_ref().map(|c| c.pool_addr),
+        metrics: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
     };
     tracing::info!(ret = %bound.ret, publish = %bound.publish, socket = %sock_path.display(),
-        id = %master.config.id, "saltgate-master ready");
+        metrics = ?bound.metrics, id = %master.config.id, "saltgate-master ready");
     on_ready(&bound);
 
     let cli_task = tokio::spawn(crate::cli::serve(listener, master.clone()));
@@ -184,6 +202,15 @@ pub async fn run(
     let counters = Arc::new(RequestCounters::default());
     let sender = router.sender();
     let report_task = tokio::spawn(report_loop(counters.clone(), sender.clone()));
+    let metrics_task = metrics_listener.map(|l| {
+        let sources = crate::metrics::Sources {
+            master: master.clone(),
+            requests: counters.clone(),
+            router: sender.clone(),
+            router_refusals: router.refusals(),
+        };
+        tokio::spawn(crate::metrics::serve(l, Arc::new(sources)))
+    });
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT));
     tokio::pin!(shutdown);
     loop {
@@ -202,6 +229,7 @@ pub async fn run(
         let frames = msg.frames;
         if frames.len() != 2 || !frames[0].is_empty() {
             counters.malformed.fetch_add(1, Ordering::Relaxed);
+            master.refusals.count(crate::metrics::Refused::NotReq);
             tracing::warn!(
                 frames = frames.len(),
                 "request without the REQ envelope ignored"
@@ -251,6 +279,9 @@ pub async fn run(
         });
     }
     report_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     counters.log(router.paused_inbound());
     cli_task.abort();
     prune_task.abort();
@@ -262,46 +293,6 @@ pub async fn run(
     let _ = std::fs::remove_file(&sock_path);
     tracing::info!("saltgate-master stopped");
     Ok(())
-}
-
-/// What became of the requests received on the request port (logged every 10 s while they
-/// change, and at shutdown).
-#[derive(Debug, Default)]
-struct RequestCounters {
-    received: AtomicU64,
-    /// Not a REQ envelope.
-    malformed: AtomicU64,
-    /// The sender had disconnected before a handler was free (it retries on a new connection).
-    stale: AtomicU64,
-    replied: AtomicU64,
-    /// Waited longer than its sender waits for it (`request::AUTH_MAX_WAIT`,
-    /// `REQUEST_MAX_WAIT`): skipped, not answered.
-    expired: AtomicU64,
-    /// Handled, but the sender had gone by the time of the reply.
-    undelivered: AtomicU64,
-    /// The handler task failed.
-    failed: AtomicU64,
-}
-
-impl RequestCounters {
-    fn total(&self) -> u64 {
-        self.received.load(Ordering::Relaxed)
-    }
-
-    fn log(&self, paused: u64) {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        tracing::info!(
-            received = g(&self.received),
-            replied = g(&self.replied),
-            stale = g(&self.stale),
-            expired = g(&self.expired),
-            undelivered = g(&self.undelivered),
-            malformed = g(&self.malformed),
-            failed = g(&self.failed),
-            paused_peers = paused,
-            "request counters"
-        );
-    }
 }
 
 async fn report_loop(c: Arc<RequestCounters>, router: RouterSender) {

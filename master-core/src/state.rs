@@ -178,6 +178,8 @@ pub struct Master {
     aes_sig: Mutex<Option<(String, Vec<u8>)>>,
     /// `tok`s that verified, per minion and accepted key.
     pub toks: VerifiedToks,
+    /// Refusals by reason (the metrics endpoint's `saltgate_master_refusals_total`).
+    pub refusals: crate::metrics::Refusals,
 }
 
 /// For each minion, a digest of (accepted key, `tok`) that verified: the same pair needs no
@@ -307,6 +309,7 @@ impl Master {
             origins: Mutex::default(),
             aes_sig: Mutex::default(),
             toks: VerifiedToks::default(),
+            refusals: crate::metrics::Refusals::new(),
             config,
         }
     }

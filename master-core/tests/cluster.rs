@@ -29,7 +29,7 @@ fn config(root: &Path, name: &str, ip: &str, peers: &str, secret: &str) -> SaltM
         "id: {name}\ninterface: {ip}\npublish_port: 0\nret_port: 0\npki_dir: {d}/{name}/pki\n\
          cachedir: {d}/shared/cache\nsock_dir: {d}/{name}/sock\nauto_accept: True\n\
          cluster_id: c1\ncluster_peers: [{peers}]\ncluster_pki_dir: {d}/shared/cpki\n\
-         cluster_pool_port: 0\ncluster_secret: {secret}\n"
+         cluster_pool_port: 0\ncluster_secret: {secret}\nsaltgate_metrics_bind: {ip}:0\n"
     );
     parse_salt_master(&text, None).unwrap().config
 }
@@ -258,6 +258,9 @@ async fn a_job_published_on_one_master_is_answered_through_another() {
         assert!(!root.path().join("shared/cpki/evil.pub").exists());
     }
     assert!(root.path().join("shared/cpki/peers/legit.pub").exists());
+    // A counted both refused joins (the unsafe id's too: it is classed by its kind).
+    let counted = common::refusals(a.bound.metrics.expect("A's metrics endpoint")).await;
+    assert_eq!(counted.get("cluster/peer_join"), Some(&2), "{counted:?}");
     drop(sub);
     drop(a);
     drop(b);

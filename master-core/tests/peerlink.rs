@@ -13,6 +13,7 @@ use std::time::Duration;
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_master::cluster::{self, open_message, Auth, ClusterState};
 use saltgate_master::keys::MasterKey;
+use saltgate_master::metrics::Refused;
 use saltgate_master::peerlink::{self, read_frame_idle};
 use saltgate_master::server::build_master;
 use saltgate_master::state::{Master, PublishRequest};
@@ -303,6 +304,19 @@ async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
         ("sig", raw_str(vec![0u8; 256])),
     ]));
     refused(&forged, "bad signature");
+    // Each refusal is counted as a peer message (none of them is a join).
+    assert_eq!(a.refusals.get(Refused::PeerMessage), 6);
+    assert_eq!(a.refusals.get(Refused::PeerJoin), 0);
+    // A frame announcing more than the peer message limit closes its connection, counted.
+    let mut s = tokio::net::TcpStream::connect(cl(&a).pool_addr)
+        .await
+        .unwrap();
+    s.write_u32(u32::MAX).await.unwrap();
+    wait_for("the oversized frame's refusal", || {
+        a.refusals.get(Refused::PeerOversized) == 1
+    })
+    .await;
+    drop(s);
     // An old one-message-per-connection sender: connect, one frame, close.
     let before = n(&cl(&a).stats.handled);
     let mut s = tokio::net::TcpStream::connect(cl(&a).pool_addr)

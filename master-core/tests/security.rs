@@ -1,5 +1,7 @@
 //! Every refusal of the request port and every key-state rule, against an in-process master on
-//! 127.0.1.20 driven by a Rust client (the wire crate's REQ socket): no real Salt needed.
+//! 127.0.1.20 driven by a Rust client (the wire crate's REQ socket): no real Salt needed. Each
+//! test ends by reading the refusal counters off the metrics endpoint: every refusal it caused
+//! is counted under its reason, and nothing else is.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,9 @@ use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, text, RequestEnv
 use saltgate_wire::rsa::{EncAlgo, PrivateKey, PublicKey, SigAlgo};
 use saltgate_wire::zmtp::{ReqOptions, ReqSocket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod common;
+use common::counts;
 
 const IP: &str = "127.0.1.20";
 
@@ -41,7 +46,8 @@ impl TestMaster {
         let d = dir.path().display();
         let text = format!(
             "id: sec\ninterface: {IP}\npublish_port: 0\nret_port: 0\npki_dir: {d}/pki\n\
-             cachedir: {d}/cache\nsock_dir: {d}/sock\npillar_roots: {{base: [{d}/pillar]}}\n{extra}"
+             cachedir: {d}/cache\nsock_dir: {d}/sock\npillar_roots: {{base: [{d}/pillar]}}\n\
+             saltgate_metrics_bind: {IP}:0\n{extra}"
         );
         let config = parse_salt_master(&text, None).unwrap().config;
         // An openssl key instead of a debug-build RSA key generation (tens of seconds).
@@ -83,6 +89,11 @@ impl TestMaster {
 
     fn keys(&self) -> KeyStore {
         KeyStore::new(self.pki())
+    }
+
+    /// The refusal counters that are not zero (`"port/reason"` → count).
+    async fn refusals(&self) -> std::collections::BTreeMap<String, u64> {
+        common::refusals(self.bound.metrics.expect("saltgate_metrics_bind is set")).await
     }
 
     async fn stop(mut self) {
@@ -291,6 +302,15 @@ async fn clear_commands_are_an_allowlist_and_refusals_touch_no_disk() {
     // The clear ping is echoed.
     let pong = request(m.bound.ret, RequestEnvelope::ping().encode()).await;
     assert_eq!(get(&pong, "cmd").and_then(as_str), Some("ping"));
+    assert_eq!(
+        m.refusals().await,
+        counts(&[
+            ("request/clear_command", 8),
+            ("request/malformed", 4),
+            ("request/protocol_version", 2),
+            ("request/invalid_id", 2),
+        ])
+    );
     m.stop().await;
 }
 
@@ -410,6 +430,15 @@ async fn auth_follows_salt_key_state_rules() {
         Some(&Value::Boolean(false))
     );
     assert_eq!(tree(m.dir.path()), before);
+    assert_eq!(
+        m.refusals().await,
+        counts(&[
+            ("request/auth_denied", 2),
+            ("request/auth_rejected", 1),
+            ("request/invalid_id", 6),
+            ("request/auth_unusable_key", 1),
+        ])
+    );
     m.stop().await;
 }
 
@@ -531,6 +560,14 @@ async fn encrypted_requests_check_session_id_tok_nonce_and_time() {
         );
     }
     // Envelope id differs from the load id; an id with no session; garbage ciphertext.
+    let r = a
+        .aes(
+            &m,
+            vec![("cmd", text("_minion_event")), ("id", text("m-other"))],
+            &nonce(),
+        )
+        .await;
+    assert_eq!(r, bad_load(), "a load naming another id");
     let body = a.aes_body(vec![("cmd", text("_minion_event"))], &nonce(), "m-other");
     assert_eq!(request(m.bound.ret, body).await, bad_load());
     let body = RequestEnvelope::aes("m-nobody", &[0u8; 96]).encode();
@@ -544,6 +581,20 @@ async fn encrypted_requests_check_session_id_tok_nonce_and_time() {
         .aes(&m, vec![("cmd", text("_minion_event"))], &nonce())
         .await;
     assert_eq!(r, bad_load());
+    assert_eq!(
+        m.refusals().await,
+        counts(&[
+            ("request/replayed", 1),
+            ("request/stale", 2),
+            ("request/bad_tok", 3),
+            ("request/bad_nonce", 3),
+            ("request/id_mismatch", 1),
+            // an envelope id without a session (m-other, m-nobody)
+            ("request/no_session", 2),
+            ("request/undecryptable", 1),
+            ("request/not_accepted", 1),
+        ])
+    );
     m.stop().await;
 }
 
@@ -585,30 +636,32 @@ async fn returns_are_stored_only_for_known_jobs() {
         cache.show(&jid).unwrap()["returns"]["m-ret"]["return"],
         serde_json::json!(true)
     );
+    assert_eq!(m.refusals().await, counts(&[("request/unknown_job", 2)]));
     m.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_frames_close_the_connection_before_allocation() {
-    let m = TestMaster::start("").await;
-    let mut s = tokio::net::TcpStream::connect(m.bound.ret).await.unwrap();
-    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 1];
+/// A ZMTP 3.0 NULL greeting and READY as `socket_type`, written raw (so a test can then send
+/// what no well-behaved peer would).
+async fn zmtp_hello(addr: SocketAddr, socket_type: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0];
     greeting.extend_from_slice(b"NULL");
     greeting.resize(64, 0);
     s.write_all(&greeting).await.unwrap();
     let mut ready = b"\x05READY".to_vec();
     ready.push(11);
     ready.extend_from_slice(b"Socket-Type");
-    ready.extend_from_slice(&3u32.to_be_bytes());
-    ready.extend_from_slice(b"REQ");
+    ready.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+    ready.extend_from_slice(socket_type.as_bytes());
     s.write_all(&[0x04, ready.len() as u8]).await.unwrap();
     s.write_all(&ready).await.unwrap();
-    // A long frame announcing 1 TiB.
-    let mut hdr = vec![0x02];
-    hdr.extend_from_slice(&(1u64 << 40).to_be_bytes());
-    s.write_all(&hdr).await.unwrap();
+    s
+}
+
+/// True once the master closes `s` (reads EOF or an error), false after 10 s.
+async fn closed_by_peer(s: &mut tokio::net::TcpStream) -> bool {
     let mut buf = vec![0u8; 4096];
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+    tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match s.read(&mut buf).await {
                 Ok(0) | Err(_) => return true,
@@ -617,14 +670,65 @@ async fn oversized_frames_close_the_connection_before_allocation() {
         }
     })
     .await
-    .unwrap_or(false);
+    .unwrap_or(false)
+}
+
+/// A long frame header announcing 1 TiB.
+fn huge_frame_header() -> Vec<u8> {
+    let mut hdr = vec![0x02];
+    hdr.extend_from_slice(&(1u64 << 40).to_be_bytes());
+    hdr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_close_the_connection_before_allocation() {
+    let m = TestMaster::start("").await;
+    let mut s = zmtp_hello(m.bound.ret, "REQ").await;
+    s.write_all(&huge_frame_header()).await.unwrap();
     assert!(
-        closed,
+        closed_by_peer(&mut s).await,
         "the master kept a connection that announced a 1 TiB frame"
     );
+    // The same on the publish port, from a subscriber.
+    let mut s = zmtp_hello(m.bound.publish, "SUB").await;
+    s.write_all(&huge_frame_header()).await.unwrap();
+    assert!(
+        closed_by_peer(&mut s).await,
+        "publish port kept a 1 TiB frame"
+    );
+    // Not ZMTP at all.
+    let mut s = tokio::net::TcpStream::connect(m.bound.ret).await.unwrap();
+    s.write_all(&[b'G'; 64]).await.unwrap();
+    assert!(closed_by_peer(&mut s).await, "a non-ZMTP peer was kept");
+    // A message without the REQ envelope (one frame, no empty delimiter): ignored, counted.
+    let mut s = zmtp_hello(m.bound.ret, "DEALER").await;
+    s.write_all(&[0x00, 4, b'p', b'i', b'n', b'g'])
+        .await
+        .unwrap();
     // And it still serves others.
     let pong = request(m.bound.ret, RequestEnvelope::ping().encode()).await;
     assert_eq!(get(&pong, "cmd").and_then(as_str), Some("ping"));
+    let want = counts(&[
+        ("request/oversized", 1),
+        ("publish/oversized", 1),
+        ("request/zmtp_protocol", 1),
+        ("request/not_req", 1),
+    ]);
+    // Counted as each connection ends (asynchronously): wait for the counters to get there.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut got = m.refusals().await;
+    while got != want && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        got = m.refusals().await;
+    }
+    assert_eq!(got, want);
+    // The endpoint serves GET /metrics and nothing else.
+    let ep = m.bound.metrics.unwrap();
+    assert!(common::http_status(ep, "GET", "/").await.contains(" 404 "));
+    assert!(common::http_status(ep, "POST", "/metrics")
+        .await
+        .contains(" 405 "));
+    drop(s);
     m.stop().await;
 }
 

@@ -162,3 +162,53 @@ pub fn start_cluster_pair(root: &Path, ips: [&str; 2]) -> (RunningMaster, Runnin
     let b = start_master(&conf_b, &root.join("b/master.log"));
     (a, b)
 }
+
+/// The status line of `method path` on the metrics endpoint.
+pub async fn http_status(metrics: SocketAddr, method: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(metrics)
+        .await
+        .expect("metrics endpoint");
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: master\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    raw.lines().next().unwrap_or("").to_string()
+}
+
+/// Scrapes a master's metrics endpoint (`saltgate_metrics_bind`), checks that the text parses
+/// as Prometheus's exposition format, and returns every refusal counter that is not zero, as
+/// `"port/reason"` → count.
+pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String, u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(metrics)
+        .await
+        .expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: master\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP reply");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("valid exposition format");
+    scrape
+        .samples
+        .iter()
+        .filter(|x| x.metric == "saltgate_master_refusals_total")
+        .filter_map(|x| match x.value {
+            prometheus_parse::Value::Counter(v) if v > 0.0 => Some((
+                format!("{}/{}", x.labels.get("port")?, x.labels.get("reason")?),
+                v as u64,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `[("port/reason", n), …]` as the map [`refusals`] returns.
+pub fn counts(pairs: &[(&str, u64)]) -> std::collections::BTreeMap<String, u64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}

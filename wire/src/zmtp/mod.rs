@@ -36,6 +36,7 @@ pub use socket::publisher::{PubOptions, PublishReport, Publisher};
 pub use socket::req::{ReqError, ReqOptions, ReqSocket};
 pub use socket::router::{Router, RouterError, RouterMessage, RouterOptions, RouterSender};
 pub use socket::subscriber::{ReconnectPolicy, SubOptions, Subscriber};
+pub use socket::ProtocolRefusals;
 
 /// Errors on one ZMTP connection. Each says whose fault it is via [`ZmtpError::side`].
 #[derive(Debug, Error)]

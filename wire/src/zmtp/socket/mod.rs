@@ -8,3 +8,83 @@ pub mod publisher;
 pub mod req;
 pub mod router;
 pub mod subscriber;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::frame::FrameError;
+use super::{CloseReason, ZmtpError};
+
+/// Connections a bound socket ([`router::Router`], [`publisher::Publisher`]) closed because the
+/// peer broke the protocol, by class: what an operator counts as refusals. A peer that closes,
+/// times out or resets is not counted.
+#[derive(Debug, Default)]
+pub struct ProtocolRefusals {
+    /// A frame or message over the size limit, refused before its body was allocated.
+    oversized: AtomicU64,
+    /// Anything else the peer got wrong: not a ZMTP greeting, another version or mechanism, a
+    /// malformed frame or command, an incompatible socket type.
+    malformed: AtomicU64,
+}
+
+impl ProtocolRefusals {
+    /// Frames or messages over the size limit so far.
+    pub fn oversized(&self) -> u64 {
+        self.oversized.load(Ordering::Relaxed)
+    }
+
+    /// Other protocol violations so far.
+    pub fn malformed(&self) -> u64 {
+        self.malformed.load(Ordering::Relaxed)
+    }
+
+    /// Counts `e` if it is the peer's protocol violation; returns whether it was.
+    pub(crate) fn count(&self, e: &ZmtpError) -> bool {
+        let counter = match e {
+            ZmtpError::Frame(FrameError::TooLarge { .. } | FrameError::MessageTooLarge { .. }) => {
+                &self.oversized
+            }
+            ZmtpError::BadSignature
+            | ZmtpError::UnsupportedVersion { .. }
+            | ZmtpError::UnsupportedMechanism(_)
+            | ZmtpError::Frame(_)
+            | ZmtpError::Command(_)
+            | ZmtpError::ExpectedReady(_)
+            | ZmtpError::IncompatibleSocketType { .. } => &self.malformed,
+            ZmtpError::Io(_) | ZmtpError::Eof | ZmtpError::PeerError(_) | ZmtpError::Timeout(_) => {
+                return false
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Counts a connection's end if the peer broke the protocol; returns whether it did.
+    pub(crate) fn count_close(&self, reason: &CloseReason) -> bool {
+        matches!(reason, CloseReason::Error(e) if self.count(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_peers_protocol_violations_are_counted_by_class() {
+        let r = ProtocolRefusals::default();
+        let too_large = ZmtpError::Frame(FrameError::TooLarge {
+            size: 1 << 40,
+            max: 1 << 20,
+        });
+        assert!(r.count(&too_large));
+        assert!(r.count(&ZmtpError::BadSignature));
+        assert!(r.count(&ZmtpError::ExpectedReady("PING".into())));
+        assert!(!r.count(&ZmtpError::Eof));
+        assert!(!r.count(&ZmtpError::Timeout("greeting")));
+        r.count_close(&CloseReason::PeerEof);
+        r.count_close(&CloseReason::HeartbeatTimeout);
+        r.count_close(&CloseReason::Error(ZmtpError::Frame(
+            FrameError::MessageTooLarge { size: 10, max: 5 },
+        )));
+        assert_eq!((r.oversized(), r.malformed()), (2, 2));
+    }
+}

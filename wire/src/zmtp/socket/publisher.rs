@@ -28,6 +28,8 @@ use crate::zmtp::frame::{encode_message, PUB_DEFAULT_MAX_FRAME_SIZE};
 use crate::zmtp::peer::{drive, DriverConfig, Heartbeat, Inbound, Outbound, TopicSet};
 use crate::zmtp::SocketType;
 
+use super::ProtocolRefusals;
+
 /// PUB settings.
 #[derive(Debug, Clone)]
 pub struct PubOptions {
@@ -94,6 +96,7 @@ struct Shared {
     dropped: AtomicU64,
     next_id: AtomicU64,
     closed: AtomicBool,
+    refusals: Arc<ProtocolRefusals>,
 }
 
 impl Shared {
@@ -129,6 +132,7 @@ impl Publisher {
             dropped: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            refusals: Arc::default(),
         });
         let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), Arc::new(opts)));
         Ok(Publisher {
@@ -190,6 +194,12 @@ impl Publisher {
     /// `Arc` to export them.
     pub fn accept_stats(&self) -> Arc<AcceptStats> {
         self.accept_stats.clone()
+    }
+
+    /// Connections closed for breaking the protocol (oversized or malformed), shared: keep the
+    /// `Arc` to export them.
+    pub fn refusals(&self) -> Arc<ProtocolRefusals> {
+        self.shared.refusals.clone()
     }
 
     /// Messages dropped so far because a subscriber's queue was full.
@@ -256,7 +266,11 @@ async fn serve(
     let conn = match Connection::handshake(stream, &hs).await {
         Ok(c) => c,
         Err(e) => {
-            tracing::debug!(%peer, error = %e, "pub handshake failed");
+            if shared.refusals.count(&e) {
+                tracing::warn!(%peer, error = %e, "subscriber refused: it broke the protocol");
+            } else {
+                tracing::debug!(%peer, error = %e, "pub handshake failed");
+            }
             return;
         }
     };
@@ -291,7 +305,11 @@ async fn serve(
         DriverConfig::new(opts.heartbeat, opts.max_frame_size),
     )
     .await;
-    tracing::debug!(%peer, ?reason, "pub subscriber closed");
+    if shared.refusals.count_close(&reason) {
+        tracing::warn!(%peer, ?reason, "subscriber closed: it broke the protocol");
+    } else {
+        tracing::debug!(%peer, ?reason, "pub subscriber closed");
+    }
     shared.update(|slots| slots.retain(|s| s.id != id));
     shared.changed.notify_waiters();
 }

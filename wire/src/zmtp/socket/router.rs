@@ -29,6 +29,8 @@ use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound};
 use crate::zmtp::SocketType;
 
+use super::ProtocolRefusals;
+
 /// ROUTER settings.
 #[derive(Debug, Clone)]
 pub struct RouterOptions {
@@ -97,6 +99,7 @@ struct Shared {
     next_id: AtomicU32,
     next_conn: AtomicU64,
     paused: Arc<AtomicU64>,
+    refusals: Arc<ProtocolRefusals>,
 }
 
 impl Shared {
@@ -124,6 +127,7 @@ impl Router {
             next_id: AtomicU32::new(rand::random()),
             next_conn: AtomicU64::new(0),
             paused: Arc::default(),
+            refusals: Arc::default(),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, Arc::new(opts)));
@@ -178,8 +182,14 @@ impl Router {
         self.accept_stats.clone()
     }
 
+    /// Connections closed for breaking the protocol (oversized or malformed), shared: keep the
+    /// `Arc` to export them.
+    pub fn refusals(&self) -> Arc<ProtocolRefusals> {
+        self.shared.refusals.clone()
+    }
+
     pub fn peer_count(&self) -> usize {
-        self.shared.peers().len()
+        self.sender().peer_count()
     }
 }
 
@@ -220,6 +230,11 @@ impl RouterSender {
     /// See [`Router::paused_inbound`].
     pub fn paused_inbound(&self) -> u64 {
         self.shared.paused.load(Ordering::Relaxed)
+    }
+
+    /// Connected peers (handshake done).
+    pub fn peer_count(&self) -> usize {
+        self.shared.peers().len()
     }
 }
 
@@ -271,7 +286,11 @@ async fn serve(
     let conn = match Connection::handshake(stream, &hs).await {
         Ok(c) => c,
         Err(e) => {
-            tracing::debug!(%addr, error = %e, "router handshake failed");
+            if shared.refusals.count(&e) {
+                tracing::warn!(%addr, error = %e, "connection refused: it broke the protocol");
+            } else {
+                tracing::debug!(%addr, error = %e, "router handshake failed");
+            }
             return;
         }
     };
@@ -302,7 +321,11 @@ async fn serve(
         DriverConfig::new(opts.heartbeat, opts.max_frame_size),
     )
     .await;
-    tracing::debug!(%addr, ?reason, "router peer closed");
+    if shared.refusals.count_close(&reason) {
+        tracing::warn!(%addr, ?reason, "router peer closed: it broke the protocol");
+    } else {
+        tracing::debug!(%addr, ?reason, "router peer closed");
+    }
     let mut peers = shared.peers();
     if peers.get(&id).is_some_and(|s| s.conn_id == conn_id) {
         peers.remove(&id);

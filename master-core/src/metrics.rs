@@ -1,0 +1,378 @@
+//! What saltgate-master counts, and the Prometheus text endpoint that shows it (opt-in:
+//! `saltgate_metrics_bind`, a saltgate extension; Salt's master has no such endpoint).
+//!
+//! Every refusal is counted by reason ([`Refused`]) where it is logged, so the log line and the
+//! counter never disagree. The request port's outcomes ([`RequestCounters`]), the ZMTP ports'
+//! protocol refusals (wire's [`ProtocolRefusals`]), the publisher and the cluster's peer links
+//! are read when scraped.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use saltgate_wire::accept::{AcceptOptions, Acceptor};
+use saltgate_wire::zmtp::{ProtocolRefusals, RouterSender};
+use tokio::net::TcpListener;
+
+use crate::state::Master;
+
+/// Why a request, a connection or a peer message was refused. Each has a `reason` label and the
+/// port it happens on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// A clear command other than `_auth` and `ping` (the class of CVE-2020-11651).
+    ClearCommand,
+    /// Not a Salt request: not msgpack, not a map, no `enc` or `load`, an unknown `enc` or
+    /// algorithm, a load of the wrong type, an `_auth` without a nonce.
+    Malformed,
+    /// A request below Salt's `minimum_auth_version` (3).
+    ProtocolVersion,
+    /// A minion id that could be a path (`/`, `\`, `..`, NUL, control characters, > 255 bytes).
+    InvalidId,
+    /// An encrypted request from an id with no session key (it must `_auth` again).
+    NoSession,
+    /// An encrypted request that does not decrypt with its id's session key.
+    Undecryptable,
+    /// A missing or malformed request nonce.
+    BadNonce,
+    /// The load's `id` differs from the envelope's.
+    IdMismatch,
+    /// No `tok`, or one that does not verify against the accepted key.
+    BadTok,
+    /// An encrypted request from an id whose key is not (or no longer) accepted.
+    NotAccepted,
+    /// A request whose `ts` is outside the request window.
+    Stale,
+    /// A nonce seen before (a replayed request).
+    Replayed,
+    /// An `_auth` whose public key does not parse.
+    AuthUnusableKey,
+    /// An `_auth` from a rejected key.
+    AuthRejected,
+    /// An `_auth` whose key differs from the stored one (the key goes to `minions_denied`).
+    AuthDenied,
+    /// A message on the request port without the REQ envelope.
+    NotReq,
+    /// A return for a job this master does not know, or without a jid.
+    UnknownJob,
+    /// A file server path with `..`, an absolute path or NUL.
+    FilePath,
+    /// A cluster message that failed authentication or its checks.
+    PeerMessage,
+    /// A cluster join refused (wrong secret, bad signature, unsafe id, stale, other cluster).
+    PeerJoin,
+    /// A cluster frame over the peer message limit (the connection is closed).
+    PeerOversized,
+    /// Our own failure to build the reply (signing): the minion gets Salt's error reply.
+    MasterError,
+}
+
+impl Refused {
+    pub const ALL: [Refused; 22] = [
+        Refused::ClearCommand,
+        Refused::Malformed,
+        Refused::ProtocolVersion,
+        Refused::InvalidId,
+        Refused::NoSession,
+        Refused::Undecryptable,
+        Refused::BadNonce,
+        Refused::IdMismatch,
+        Refused::BadTok,
+        Refused::NotAccepted,
+        Refused::Stale,
+        Refused::Replayed,
+        Refused::AuthUnusableKey,
+        Refused::AuthRejected,
+        Refused::AuthDenied,
+        Refused::NotReq,
+        Refused::UnknownJob,
+        Refused::FilePath,
+        Refused::PeerMessage,
+        Refused::PeerJoin,
+        Refused::PeerOversized,
+        Refused::MasterError,
+    ];
+
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refused::ClearCommand => "clear_command",
+            Refused::Malformed => "malformed",
+            Refused::ProtocolVersion => "protocol_version",
+            Refused::InvalidId => "invalid_id",
+            Refused::NoSession => "no_session",
+            Refused::Undecryptable => "undecryptable",
+            Refused::BadNonce => "bad_nonce",
+            Refused::IdMismatch => "id_mismatch",
+            Refused::BadTok => "bad_tok",
+            Refused::NotAccepted => "not_accepted",
+            Refused::Stale => "stale",
+            Refused::Replayed => "replayed",
+            Refused::AuthUnusableKey => "auth_unusable_key",
+            Refused::AuthRejected => "auth_rejected",
+            Refused::AuthDenied => "auth_denied",
+            Refused::NotReq => "not_req",
+            Refused::UnknownJob => "unknown_job",
+            Refused::FilePath => "file_path",
+            Refused::PeerMessage => "peer_message",
+            Refused::PeerJoin => "peer_join",
+            Refused::PeerOversized => "oversized",
+            Refused::MasterError => "master_error",
+        }
+    }
+
+    /// The `port` label: where the refusal happens.
+    pub fn port(self) -> &'static str {
+        match self {
+            Refused::PeerMessage | Refused::PeerJoin | Refused::PeerOversized => "cluster",
+            _ => "request",
+        }
+    }
+}
+
+/// Refusals so far, by [`Refused`].
+#[derive(Debug, Default)]
+pub struct Refusals([AtomicU64; Refused::ALL.len()]);
+
+impl Refusals {
+    pub const fn new() -> Self {
+        Refusals([const { AtomicU64::new(0) }; Refused::ALL.len()])
+    }
+
+    pub fn count(&self, r: Refused) {
+        self.0[r as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, r: Refused) -> u64 {
+        self.0[r as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// What became of the requests received on the request port (logged every 10 s while they
+/// change, and at shutdown; exported as `saltgate_master_requests_total`).
+#[derive(Debug, Default)]
+pub struct RequestCounters {
+    pub received: AtomicU64,
+    /// Not a REQ envelope.
+    pub malformed: AtomicU64,
+    /// The sender had disconnected before a handler was free (it retries on a new connection).
+    pub stale: AtomicU64,
+    pub replied: AtomicU64,
+    /// Waited longer than its sender waits for it (`request::AUTH_MAX_WAIT`,
+    /// `REQUEST_MAX_WAIT`): skipped, not answered.
+    pub expired: AtomicU64,
+    /// Handled, but the sender had gone by the time of the reply.
+    pub undelivered: AtomicU64,
+    /// The handler task failed.
+    pub failed: AtomicU64,
+}
+
+impl RequestCounters {
+    fn outcomes(&self) -> [(&'static str, u64); 7] {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("received", g(&self.received)),
+            ("replied", g(&self.replied)),
+            ("stale", g(&self.stale)),
+            ("expired", g(&self.expired)),
+            ("undelivered", g(&self.undelivered)),
+            ("malformed", g(&self.malformed)),
+            ("failed", g(&self.failed)),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    pub fn log(&self, paused: u64) {
+        let o = self.outcomes();
+        tracing::info!(
+            received = o[0].1,
+            replied = o[1].1,
+            stale = o[2].1,
+            expired = o[3].1,
+            undelivered = o[4].1,
+            malformed = o[5].1,
+            failed = o[6].1,
+            paused_peers = paused,
+            "request counters"
+        );
+    }
+}
+
+/// Everything the endpoint reads.
+pub struct Sources {
+    pub master: Arc<Master>,
+    pub requests: Arc<RequestCounters>,
+    pub router: RouterSender,
+    pub router_refusals: Arc<ProtocolRefusals>,
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The Prometheus text exposition (format 0.0.4) of everything counted.
+pub fn render(src: &Sources) -> String {
+    let mut out = String::with_capacity(4096);
+    let m = &src.master;
+    family(
+        &mut out,
+        "saltgate_master_refusals_total",
+        "counter",
+        "Requests, connections and peer messages refused, by port and reason (each is logged).",
+    );
+    for r in Refused::ALL {
+        let _ = writeln!(
+            out,
+            "saltgate_master_refusals_total{{port=\"{}\",reason=\"{}\"}} {}",
+            r.port(),
+            r.label(),
+            m.refusals.get(r)
+        );
+    }
+    let publish = m.publisher.as_ref().map(|p| p.refusals());
+    for (port, wire) in [
+        ("request", Some(&src.router_refusals)),
+        ("publish", publish.as_ref()),
+    ] {
+        let Some(w) = wire else { continue };
+        for (reason, n) in [
+            ("oversized", w.oversized()),
+            ("zmtp_protocol", w.malformed()),
+        ] {
+            let _ = writeln!(
+                out,
+                "saltgate_master_refusals_total{{port=\"{port}\",reason=\"{reason}\"}} {n}"
+            );
+        }
+    }
+    family(
+        &mut out,
+        "saltgate_master_requests_total",
+        "counter",
+        "Requests received on the request port, and what became of them.",
+    );
+    for (outcome, n) in src.requests.outcomes() {
+        let _ = writeln!(
+            out,
+            "saltgate_master_requests_total{{outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    family(
+        &mut out,
+        "saltgate_master_connections",
+        "gauge",
+        "Connected ZMTP peers: minions on the request port, subscribers on the publish port.",
+    );
+    let _ = writeln!(
+        out,
+        "saltgate_master_connections{{port=\"request\"}} {}",
+        src.router.peer_count()
+    );
+    if let Some(p) = &m.publisher {
+        let _ = writeln!(
+            out,
+            "saltgate_master_connections{{port=\"publish\"}} {}",
+            p.subscriber_count()
+        );
+        family(
+            &mut out,
+            "saltgate_master_publish_dropped_total",
+            "counter",
+            "Publishes dropped because a subscriber's queue was full.",
+        );
+        let _ = writeln!(
+            out,
+            "saltgate_master_publish_dropped_total {}",
+            p.dropped_total()
+        );
+    }
+    if let Some(cl) = &m.cluster {
+        family(
+            &mut out,
+            "saltgate_master_peer_frames_total",
+            "counter",
+            "Cluster peer link frames, by event (docs/master.md, \"Cluster\").",
+        );
+        for (event, n) in cl.stats.snapshot() {
+            let _ = writeln!(
+                out,
+                "saltgate_master_peer_frames_total{{event=\"{event}\"}} {n}"
+            );
+        }
+    }
+    out
+}
+
+/// Longest a scrape connection may take to send its request head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Scrape connections served at once; more wait in the accept queue.
+const MAX_CONNECTIONS: usize = 16;
+
+/// Binds the metrics endpoint. An error names the address (in use, not local).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("saltgate_metrics_bind {addr}: {e}")))
+}
+
+/// Serves `GET /metrics` (anything else: 404) until the task is dropped.
+pub async fn serve(listener: TcpListener, src: Arc<Sources>) {
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
+
+    let mut acceptor = Acceptor::new(
+        listener,
+        AcceptOptions {
+            keepalive: None,
+            ..AcceptOptions::default()
+        },
+    )
+    .with_max_connections(Some(MAX_CONNECTIONS));
+    loop {
+        let (stream, _peer, permit) = acceptor.accept().await;
+        let src = src.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let svc = hyper::service::service_fn(move |req: hyper::Request<_>| {
+                let src = src.clone();
+                async move { Ok::<_, std::convert::Infallible>(answer(&req, &src)) }
+            });
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn answer<B>(
+    req: &hyper::Request<B>,
+    src: &Sources,
+) -> hyper::Response<http_body_util::Full<bytes::Bytes>> {
+    use hyper::{header, Method, StatusCode};
+    let (status, kind, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (StatusCode::OK, "text/plain; version=0.0.4", render(src)),
+        (_, "/metrics") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET /metrics only\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "saltgate-master serves GET /metrics only\n".to_string(),
+        ),
+    };
+    let mut r = hyper::Response::new(http_body_util::Full::new(bytes::Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(kind) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
