@@ -211,99 +211,102 @@ pub struct Sources {
     pub router_refusals: Arc<ProtocolRefusals>,
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+/// Writes one metric family: its HELP and TYPE lines, then a sample per `(labels, value)`, the
+/// labels already formatted (`port="request",reason="bad_tok"`, or empty).
+fn family(
+    out: &mut String,
+    (name, kind, help): (&str, &str, &str),
+    samples: impl IntoIterator<Item = (String, u64)>,
+) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        let _ = if labels.is_empty() {
+            writeln!(out, "{name} {value}")
+        } else {
+            writeln!(out, "{name}{{{labels}}} {value}")
+        };
+    }
 }
 
 /// The Prometheus text exposition (format 0.0.4) of everything counted.
 pub fn render(src: &Sources) -> String {
     let mut out = String::with_capacity(4096);
     let m = &src.master;
-    family(
-        &mut out,
-        "saltgate_master_refusals_total",
-        "counter",
-        "Requests, connections and peer messages refused, by port and reason (each is logged).",
-    );
-    for r in Refused::ALL {
-        let _ = writeln!(
-            out,
-            "saltgate_master_refusals_total{{port=\"{}\",reason=\"{}\"}} {}",
-            r.port(),
-            r.label(),
-            m.refusals.get(r)
-        );
-    }
+    let refusal =
+        |port: &str, reason: &str, n: u64| (format!("port=\"{port}\",reason=\"{reason}\""), n);
+    let mut refusals: Vec<(String, u64)> = Refused::ALL
+        .iter()
+        .map(|r| refusal(r.port(), r.label(), m.refusals.get(*r)))
+        .collect();
     let publish = m.publisher.as_ref().map(|p| p.refusals());
     for (port, wire) in [
         ("request", Some(&src.router_refusals)),
         ("publish", publish.as_ref()),
     ] {
-        let Some(w) = wire else { continue };
-        for (reason, n) in [
-            ("oversized", w.oversized()),
-            ("zmtp_protocol", w.malformed()),
-        ] {
-            let _ = writeln!(
-                out,
-                "saltgate_master_refusals_total{{port=\"{port}\",reason=\"{reason}\"}} {n}"
-            );
+        if let Some(w) = wire {
+            refusals.push(refusal(port, "oversized", w.oversized()));
+            refusals.push(refusal(port, "zmtp_protocol", w.malformed()));
         }
     }
     family(
         &mut out,
-        "saltgate_master_requests_total",
-        "counter",
-        "Requests received on the request port, and what became of them.",
+        (
+            "saltgate_master_refusals_total",
+            "counter",
+            "Requests, connections and peer messages refused, by port and reason (each is logged).",
+        ),
+        refusals,
     );
-    for (outcome, n) in src.requests.outcomes() {
-        let _ = writeln!(
-            out,
-            "saltgate_master_requests_total{{outcome=\"{outcome}\"}} {n}"
-        );
+    family(
+        &mut out,
+        (
+            "saltgate_master_requests_total",
+            "counter",
+            "Requests received on the request port, and what became of them.",
+        ),
+        src.requests
+            .outcomes()
+            .map(|(outcome, n)| (format!("outcome=\"{outcome}\""), n)),
+    );
+    let mut connections = vec![(
+        "port=\"request\"".to_string(),
+        src.router.peer_count() as u64,
+    )];
+    if let Some(p) = &m.publisher {
+        connections.push(("port=\"publish\"".to_string(), p.subscriber_count() as u64));
     }
     family(
         &mut out,
-        "saltgate_master_connections",
-        "gauge",
-        "Connected ZMTP peers: minions on the request port, subscribers on the publish port.",
+        (
+            "saltgate_master_connections",
+            "gauge",
+            "Connected ZMTP peers: minions on the request port, subscribers on the publish port.",
+        ),
+        connections,
     );
-    let _ = writeln!(
-        out,
-        "saltgate_master_connections{{port=\"request\"}} {}",
-        src.router.peer_count()
-    );
-    if let Some(p) = &m.publisher {
-        let _ = writeln!(
-            out,
-            "saltgate_master_connections{{port=\"publish\"}} {}",
-            p.subscriber_count()
-        );
-        family(
-            &mut out,
+    family(
+        &mut out,
+        (
             "saltgate_master_publish_dropped_total",
             "counter",
             "Publishes dropped because a subscriber's queue was full.",
-        );
-        let _ = writeln!(
-            out,
-            "saltgate_master_publish_dropped_total {}",
-            p.dropped_total()
-        );
-    }
+        ),
+        m.publisher
+            .as_ref()
+            .map(|p| (String::new(), p.dropped_total())),
+    );
     if let Some(cl) = &m.cluster {
         family(
             &mut out,
-            "saltgate_master_peer_frames_total",
-            "counter",
-            "Cluster peer link frames, by event (docs/master.md, \"Cluster\").",
+            (
+                "saltgate_master_peer_frames_total",
+                "counter",
+                "Cluster peer link frames, by event (docs/master.md, \"Cluster\").",
+            ),
+            cl.stats
+                .snapshot()
+                .map(|(event, n)| (format!("event=\"{event}\""), n)),
         );
-        for (event, n) in cl.stats.snapshot() {
-            let _ = writeln!(
-                out,
-                "saltgate_master_peer_frames_total{{event=\"{event}\"}} {n}"
-            );
-        }
     }
     out
 }
