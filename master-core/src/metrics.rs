@@ -7,7 +7,6 @@
 //! are read when scraped.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -316,13 +315,6 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Scrape connections served at once; more wait in the accept queue.
 const MAX_CONNECTIONS: usize = 16;
 
-/// Binds the metrics endpoint. An error names the address (in use, not local).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("saltgate_metrics_bind {addr}: {e}")))
-}
-
 /// Serves `GET /metrics` (anything else: 404) until the task is dropped.
 pub async fn serve(listener: TcpListener, src: Arc<Sources>) {
     use hyper::server::conn::http1;
@@ -378,4 +370,29 @@ fn answer<B>(
         r.headers_mut().insert(header::CONTENT_TYPE, v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_own_counter_and_a_unique_port_and_label() {
+        let r = Refusals::new();
+        for (i, kind) in Refused::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i, "ALL is in declaration order");
+            r.count(*kind);
+            assert_eq!(r.get(*kind), 1, "{kind:?}");
+        }
+        let mut seen: Vec<(&str, &str)> =
+            Refused::ALL.iter().map(|k| (k.port(), k.label())).collect();
+        // wire's, added by render()
+        for port in ["request", "publish"] {
+            seen.extend([(port, "oversized"), (port, "zmtp_protocol")]);
+        }
+        let n = seen.len();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), n, "a (port, reason) pair used twice");
+    }
 }

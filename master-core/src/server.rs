@@ -151,17 +151,15 @@ pub async fn run(
         })?;
     let bound_pub = publisher.local_addr();
     let metrics_listener = match config.metrics_bind {
-        Some(addr) => {
-            Some(
-                crate::metrics::bind(addr)
-                    .await
-                    .map_err(|source| ServeError::Bind {
-                        what: "metrics (saltgate_metrics_bind)",
-                        addr,
-                        source,
-                    })?,
-            )
-        }
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind {
+                    what: "metrics (saltgate_metrics_bind)",
+                    addr,
+                    source,
+                })?,
+        ),
         None => None,
     };
     let sock_path = cli_socket_path(&config);

@@ -102,6 +102,18 @@ fn config_errors_and_a_missing_master_are_reported_clearly() {
         err(&o)
     );
     assert!(cli(&config, &["jobs", "list"]).status.success());
+
+    // The metrics endpoint's address already taken: `run` stops at once and names the key.
+    let taken = std::net::TcpListener::bind("127.0.1.30:0").unwrap();
+    let extra = format!("saltgate_metrics_bind: {}\n", taken.local_addr().unwrap());
+    let config = write_master_config(dir.path(), "127.0.1.30", &extra);
+    let o = std::process::Command::new(bin())
+        .args(["run", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(err(&o).contains("saltgate_metrics_bind"), "{}", err(&o));
 }
 
 /// Refusals are logged with their reason by the running binary.
