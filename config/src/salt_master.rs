@@ -396,8 +396,8 @@ pub fn parse_salt_master(
                 span!(b),
                 "saltgate_metrics_bind",
                 format!("{:?} is not an address and port", b.value),
-                "write IP:PORT, e.g. 127.0.0.1:9506 ([::1]:9506 for IPv6), or remove the key \
-                 to serve no metrics",
+                "write IP:PORT, e.g. 127.0.0.1:9506 ('[::1]:9506', quoted, for IPv6), or remove \
+                 the key to serve no metrics",
             )),
         }
     }

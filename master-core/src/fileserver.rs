@@ -125,17 +125,18 @@ pub fn env_roots(roots: &Roots, saltenv: &str) -> Vec<PathBuf> {
     if let Some(dirs) = roots.get(saltenv) {
         return dirs.clone();
     }
-    let unsafe_env = saltenv.is_empty()
-        || saltenv.contains(['/', '\\', '\0'])
-        || saltenv == "."
-        || saltenv == "..";
     match roots.get("__env__") {
-        Some(dirs) if !unsafe_env => dirs
+        Some(dirs) if !unsafe_env(saltenv) => dirs
             .iter()
             .map(|d| PathBuf::from(d.to_string_lossy().replace("__env__", saltenv)))
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// Whether a saltenv name could leave the directory an `__env__` root puts it in.
+fn unsafe_env(saltenv: &str) -> bool {
+    saltenv.is_empty() || saltenv.contains(['/', '\\', '\0']) || saltenv == "." || saltenv == ".."
 }
 
 /// A requested path, checked: relative, no `..` component, no NUL. Returns the normalised
@@ -185,26 +186,44 @@ fn find(roots: &Roots, refusals: &Refusals, id: &str, load: &Value) -> Option<Fo
     } else {
         raw
     };
-    let rel = match clean_rel(path) {
-        Ok(r) => r,
-        Err(why) => {
-            refusals.count(Refused::FilePath);
-            tracing::warn!(minion = %id, path = %raw.escape_debug(), reason = why, "file server: path refused");
-            return None;
+    let why = match clean_rel(path) {
+        Err(why) => why,
+        Ok(_) if unsafe_env(&saltenv) && !roots.contains_key(&saltenv) => {
+            "saltenv name not usable in an __env__ root"
         }
+        Ok(rel) => return find_in_roots(roots, refusals, id, &saltenv, rel),
     };
-    for root in env_roots(roots, &saltenv) {
+    refusals.count(Refused::FilePath);
+    tracing::warn!(minion = %id, path = %raw.escape_debug(), saltenv = %saltenv.escape_debug(),
+        reason = why, "file server: path refused");
+    None
+}
+
+/// The first root of `saltenv` holding `rel` as a file inside the root. A path that leads out
+/// of a root (a symlink) and is found in no other root is a refusal, counted once.
+fn find_in_roots(
+    roots: &Roots,
+    refusals: &Refusals,
+    id: &str,
+    saltenv: &str,
+    rel: String,
+) -> Option<Found> {
+    let mut escaped = false;
+    for root in env_roots(roots, saltenv) {
         let full = root.join(&rel);
         if !full.exists() {
             continue;
         }
         if !inside(&root, &full) {
-            refusals.count(Refused::FilePath);
+            escaped = true;
             tracing::warn!(minion = %id, path = %rel, root = %root.display(),
                 "file server: path leads outside its root (symlink); not served");
         } else if full.is_file() {
             return Some(Found { full, rel });
         }
+    }
+    if escaped {
+        refusals.count(Refused::FilePath);
     }
     None
 }

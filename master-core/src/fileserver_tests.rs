@@ -87,7 +87,7 @@ fn lists_files_dirs_empty_dirs_and_inner_links_only() {
 
 #[test]
 fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
-    let (_d, roots) = tree();
+    let (dir, roots) = tree();
     let req = |path: &str, loc: u64| {
         load(vec![
             ("path", s(path)),
@@ -154,6 +154,19 @@ fn serve_file_chunks_from_loc_and_refuses_what_leads_outside() {
     // leak and up/secret leave the root; ../secret and /etc/passwd are not clean; a missing
     // file is no refusal.
     assert_eq!(counted.get(Refused::FilePath), 4);
+    // A saltenv that would leave an `__env__` root: refused before any path is built.
+    let mut env_roots = roots.clone();
+    env_roots.insert("__env__".into(), vec![dir.path().join("envs/__env__")]);
+    let up = load(vec![
+        ("path", s("top.sls")),
+        ("saltenv", s("..")),
+        ("loc", Value::from(0)),
+    ]);
+    assert_eq!(
+        handle(&env_roots, &counted, "m", "_serve_file", &up).unwrap(),
+        none
+    );
+    assert_eq!(counted.get(Refused::FilePath), 5);
     // ?saltenv= in the path is honoured, as Salt's find_file does
     let q = load(vec![
         ("path", s("top.sls?saltenv=base")),

@@ -64,12 +64,14 @@ pub enum Refused {
     PeerJoin,
     /// A cluster frame over the peer message limit (the connection is closed).
     PeerOversized,
-    /// Our own failure to build the reply (signing): the minion gets Salt's error reply.
+    /// Our own failure to answer (the key store, signing): the minion gets Salt's error reply.
     MasterError,
+    /// Our own failure to handle a peer message (its handler failed).
+    PeerMasterError,
 }
 
 impl Refused {
-    pub const ALL: [Refused; 22] = [
+    pub const ALL: [Refused; 23] = [
         Refused::ClearCommand,
         Refused::Malformed,
         Refused::ProtocolVersion,
@@ -92,6 +94,7 @@ impl Refused {
         Refused::PeerJoin,
         Refused::PeerOversized,
         Refused::MasterError,
+        Refused::PeerMasterError,
     ];
 
     /// The `reason` label.
@@ -118,14 +121,17 @@ impl Refused {
             Refused::PeerMessage => "peer_message",
             Refused::PeerJoin => "peer_join",
             Refused::PeerOversized => "oversized",
-            Refused::MasterError => "master_error",
+            Refused::MasterError | Refused::PeerMasterError => "master_error",
         }
     }
 
     /// The `port` label: where the refusal happens.
     pub fn port(self) -> &'static str {
         match self {
-            Refused::PeerMessage | Refused::PeerJoin | Refused::PeerOversized => "cluster",
+            Refused::PeerMessage
+            | Refused::PeerJoin
+            | Refused::PeerOversized
+            | Refused::PeerMasterError => "cluster",
             _ => "request",
         }
     }
@@ -155,9 +161,9 @@ impl Refusals {
 pub struct RequestCounters {
     pub received: AtomicU64,
     /// Not a REQ envelope.
-    pub malformed: AtomicU64,
+    pub not_req: AtomicU64,
     /// The sender had disconnected before a handler was free (it retries on a new connection).
-    pub stale: AtomicU64,
+    pub sender_gone: AtomicU64,
     pub replied: AtomicU64,
     /// Waited longer than its sender waits for it (`request::AUTH_MAX_WAIT`,
     /// `REQUEST_MAX_WAIT`): skipped, not answered.
@@ -169,15 +175,16 @@ pub struct RequestCounters {
 }
 
 impl RequestCounters {
-    fn outcomes(&self) -> [(&'static str, u64); 7] {
+    /// What became of the requests received, each `outcome` once (they add up to the
+    /// received ones, but for those being handled).
+    fn outcomes(&self) -> [(&'static str, u64); 6] {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
-            ("received", g(&self.received)),
             ("replied", g(&self.replied)),
-            ("stale", g(&self.stale)),
+            ("sender_gone", g(&self.sender_gone)),
             ("expired", g(&self.expired)),
             ("undelivered", g(&self.undelivered)),
-            ("malformed", g(&self.malformed)),
+            ("not_req", g(&self.not_req)),
             ("failed", g(&self.failed)),
         ]
     }
@@ -189,13 +196,13 @@ impl RequestCounters {
     pub fn log(&self, paused: u64) {
         let o = self.outcomes();
         tracing::info!(
-            received = o[0].1,
-            replied = o[1].1,
-            stale = o[2].1,
-            expired = o[3].1,
-            undelivered = o[4].1,
-            malformed = o[5].1,
-            failed = o[6].1,
+            received = self.total(),
+            replied = o[0].1,
+            sender_gone = o[1].1,
+            expired = o[2].1,
+            undelivered = o[3].1,
+            not_req = o[4].1,
+            failed = o[5].1,
             paused_peers = paused,
             "request counters"
         );
@@ -259,9 +266,18 @@ pub fn render(src: &Sources) -> String {
     family(
         &mut out,
         (
+            "saltgate_master_requests_received_total",
+            "counter",
+            "Requests received on the request port.",
+        ),
+        [(String::new(), src.requests.total())],
+    );
+    family(
+        &mut out,
+        (
             "saltgate_master_requests_total",
             "counter",
-            "Requests received on the request port, and what became of them.",
+            "What became of the requests received on the request port, by outcome.",
         ),
         src.requests
             .outcomes()
@@ -312,10 +328,14 @@ pub fn render(src: &Sources) -> String {
 
 /// Longest a scrape connection may take to send its request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a scrape connection may live (one request: no keep-alive), so a client that stops
+/// reading its answer frees its slot.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
 /// Scrape connections served at once; more wait in the accept queue.
 const MAX_CONNECTIONS: usize = 16;
 
-/// Serves `GET /metrics` (anything else: 404) until the task is dropped.
+/// Serves `GET /metrics` (anything else: 404), one request per connection, until the task is
+/// dropped (which drops the connections too).
 pub async fn serve(listener: TcpListener, src: Arc<Sources>) {
     use hyper::server::conn::http1;
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -328,20 +348,23 @@ pub async fn serve(listener: TcpListener, src: Arc<Sources>) {
         },
     )
     .with_max_connections(Some(MAX_CONNECTIONS));
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let (stream, _peer, permit) = acceptor.accept().await;
+        while connections.try_join_next().is_some() {}
         let src = src.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _permit = permit;
             let svc = hyper::service::service_fn(move |req: hyper::Request<_>| {
                 let src = src.clone();
                 async move { Ok::<_, std::convert::Infallible>(answer(&req, &src)) }
             });
-            let _ = http1::Builder::new()
+            let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
         });
     }
 }

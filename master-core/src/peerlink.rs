@@ -566,6 +566,7 @@ pub async fn serve_connection(mut s: TcpStream, from: SocketAddr, m: Arc<Master>
             Err(e) => {
                 // Acknowledged all the same: sent again, it would fail again.
                 st.refused.fetch_add(1, Ordering::Relaxed);
+                m.refusals.count(crate::metrics::Refused::PeerMasterError);
                 tracing::error!(%from, error = %e, "cluster handler failed");
             }
         }

@@ -159,11 +159,7 @@ pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>
         return None;
     }
     let reply = match request {
-        Err(r) => {
-            master.refusals.count(r.kind);
-            tracing::warn!(reason = %r.reason, "request refused");
-            r.reply
-        }
+        Err(r) => refused(master, "", r),
         Ok(Request::Clear { cmd, load }) => match cmd.as_str() {
             // Salt echoes the load of a clear ping.
             "ping" => load,
@@ -176,14 +172,21 @@ pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>
             sig_algo,
         }) => match handle_aes(master, &id, &ciphertext, enc_algo, sig_algo) {
             Ok(v) => v,
-            Err(r) => {
-                master.refusals.count(r.kind);
-                tracing::warn!(minion = %id, reason = %r.reason, "request refused");
-                r.reply
-            }
+            Err(r) => refused(master, &id, r),
         },
     };
     Some(envelope::encode(&salt_compat(reply)))
+}
+
+/// Counts and logs a refusal (our own failures as errors); returns its reply.
+fn refused(master: &Master, id: &str, r: Refusal) -> Value {
+    master.refusals.count(r.kind);
+    if r.kind == Refused::MasterError {
+        tracing::error!(minion = %id, reason = %r.reason, "request failed");
+    } else {
+        tracing::warn!(minion = %id, reason = %r.reason, "request refused");
+    }
+    r.reply
 }
 
 /// Salt's signed clear reply: `{"enc":"clear","load":msgpack(inner),"sig":PKCS1v15(load)}`.
@@ -196,6 +199,7 @@ fn clear_signed(master: &Master, inner: Value, sig_algo: SigAlgo) -> Value {
             ("sig", raw_str(sig)),
         ]),
         Err(e) => {
+            master.refusals.count(Refused::MasterError);
             tracing::error!(error = %e, "cannot sign an auth reply");
             text("Some exception handling minion payload")
         }
@@ -408,13 +412,28 @@ fn handle_aes(
         .as_ref()
         .and_then(as_bytes)
         .ok_or_else(|| Refusal::bad_load(Refused::BadTok, "no tok"))?;
-    let accepted =
-        master.keys.accepted(id).ok().flatten().ok_or_else(|| {
-            Refusal::bad_load(Refused::NotAccepted, "no accepted key for this id")
-        })?;
+    let accepted = match master.keys.accepted(id) {
+        Ok(Some(k)) => k,
+        Ok(None) => {
+            return Err(Refusal::bad_load(
+                Refused::NotAccepted,
+                "no accepted key for this id",
+            ))
+        }
+        // Our own failure (the key store), not the minion's.
+        Err(e) => {
+            return Err(Refusal::bad_load(
+                Refused::MasterError,
+                format!("cannot read the key store: {e}"),
+            ))
+        }
+    };
     let pubkey = || {
         PublicKey::from_pem(&accepted).map_err(|e| {
-            Refusal::bad_load(Refused::NotAccepted, format!("accepted key unusable: {e}"))
+            Refusal::bad_load(
+                Refused::MasterError,
+                format!("the accepted key on disk does not parse: {e}"),
+            )
         })
     };
     // A minion's `tok` is deterministic (X9.31 over "salt"): once it verified against the

@@ -226,7 +226,7 @@ pub async fn run(
         // A REQ peer sends ["", request]; anything else is not a Salt request.
         let frames = msg.frames;
         if frames.len() != 2 || !frames[0].is_empty() {
-            counters.malformed.fetch_add(1, Ordering::Relaxed);
+            counters.not_req.fetch_add(1, Ordering::Relaxed);
             master.refusals.count(crate::metrics::Refused::NotReq);
             tracing::warn!(
                 frames = frames.len(),
@@ -242,7 +242,7 @@ pub async fn run(
         // will send the request again: answering this copy would be wasted work (RSA for an
         // `_auth`), and Salt's workers do it anyway.
         if !sender.is_connected(&msg.peer) {
-            counters.stale.fetch_add(1, Ordering::Relaxed);
+            counters.sender_gone.fetch_add(1, Ordering::Relaxed);
             continue;
         }
         let (m, tx, c, peer, body, received) = (

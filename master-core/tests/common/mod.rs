@@ -194,6 +194,17 @@ pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String,
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
     let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
         .expect("valid exposition format");
+    // Every reason is always there (0 until it happens), the ZMTP ports' four too.
+    let series = scrape
+        .samples
+        .iter()
+        .filter(|x| x.metric == "saltgate_master_refusals_total")
+        .count();
+    assert_eq!(
+        series,
+        saltgate_master::metrics::Refused::ALL.len() + 4,
+        "{body}"
+    );
     scrape
         .samples
         .iter()

@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::frame::FrameError;
 use super::{CloseReason, ZmtpError};
 
+/// Seconds between two warnings of a socket's protocol refusals.
+const WARN_EVERY_SECS: u64 = 10;
+
 /// Connections a bound socket ([`router::Router`], [`publisher::Publisher`]) closed because the
 /// peer broke the protocol, by class: what an operator counts as refusals. A peer that closes,
 /// times out or resets is not counted.
@@ -24,6 +27,8 @@ pub struct ProtocolRefusals {
     /// Anything else the peer got wrong: not a ZMTP greeting, another version or mechanism, a
     /// malformed frame or command, an incompatible socket type.
     malformed: AtomicU64,
+    /// When a refusal was last logged at warn (Unix seconds).
+    last_warn: AtomicU64,
 }
 
 impl ProtocolRefusals {
@@ -58,6 +63,20 @@ impl ProtocolRefusals {
         true
     }
 
+    /// Whether a refusal may be logged at warn now: one every [`WARN_EVERY_SECS`] per socket,
+    /// so a scanner cannot flood the log (the others go to debug; all are counted).
+    pub(crate) fn may_warn(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = self.last_warn.load(Ordering::Relaxed);
+        (last == 0 || now >= last + WARN_EVERY_SECS)
+            && self
+                .last_warn
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
     /// Counts a connection's end if the peer broke the protocol; returns whether it did.
     pub(crate) fn count_close(&self, reason: &CloseReason) -> bool {
         matches!(reason, CloseReason::Error(e) if self.count(e))
@@ -86,5 +105,8 @@ mod tests {
             FrameError::MessageTooLarge { size: 10, max: 5 },
         )));
         assert_eq!((r.oversized(), r.malformed()), (2, 2));
+        // The first refusal is logged at warn, the next ones within 10 s are not.
+        assert!(r.may_warn());
+        assert!(!r.may_warn());
     }
 }
