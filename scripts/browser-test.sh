@@ -43,8 +43,8 @@ fi
 # The example alert rules: syntax, then their unit tests (each alert fires on the series it is
 # written for, and not before its `for:`).
 if command -v promtool >/dev/null; then
-  promtool check rules examples/prometheus/alerts.yml
-  promtool test rules examples/prometheus/alerts_test.yml
+  promtool check rules examples/prometheus/alerts.yml examples/prometheus/master-alerts.yml
+  promtool test rules examples/prometheus/alerts_test.yml examples/prometheus/master-alerts_test.yml
 else
   echo "browser-test: promtool not available (Debian package prometheus): rule checks skipped" >&2
 fi

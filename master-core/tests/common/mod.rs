@@ -176,10 +176,9 @@ pub async fn http_status(metrics: SocketAddr, method: &str, path: &str) -> Strin
     raw.lines().next().unwrap_or("").to_string()
 }
 
-/// Scrapes a master's metrics endpoint (`saltgate_metrics_bind`), checks that the text parses
-/// as Prometheus's exposition format, and returns every refusal counter that is not zero, as
-/// `"port/reason"` → count.
-pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String, u64> {
+/// Scrapes a master's metrics endpoint (`saltgate_metrics_bind`) and parses it as Prometheus's
+/// exposition format (panics if it does not parse).
+pub async fn scrape(metrics: SocketAddr) -> prometheus_parse::Scrape {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(metrics)
         .await
@@ -192,23 +191,26 @@ pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String,
     let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP reply");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(head.contains("text/plain; version=0.0.4"), "{head}");
-    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
-        .expect("valid exposition format");
-    // Every reason is always there (0 until it happens), the ZMTP ports' four too.
-    let series = scrape
+    prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
+        .expect("valid exposition format")
+}
+
+/// Every refusal counter of the metrics endpoint that is not zero, as `"port/reason"` → count;
+/// checks that every reason's series is there (0 until it happens), the ZMTP ports' four too.
+pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String, u64> {
+    let scrape = scrape(metrics).await;
+    let series: Vec<_> = scrape
         .samples
         .iter()
         .filter(|x| x.metric == "saltgate_master_refusals_total")
-        .count();
+        .collect();
     assert_eq!(
-        series,
+        series.len(),
         saltgate_master::metrics::Refused::ALL.len() + 4,
-        "{body}"
+        "{series:?}"
     );
-    scrape
-        .samples
-        .iter()
-        .filter(|x| x.metric == "saltgate_master_refusals_total")
+    series
+        .into_iter()
         .filter_map(|x| match x.value {
             prometheus_parse::Value::Counter(v) if v > 0.0 => Some((
                 format!("{}/{}", x.labels.get("port")?, x.labels.get("reason")?),
