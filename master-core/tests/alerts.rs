@@ -4,10 +4,8 @@
 //! link counters too). promtool checks the rules' syntax and behaviour (scripts/browser-test.sh).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use saltgate_config::salt_master::parse_salt_master;
-use saltgate_master::server;
 
 mod common;
 
@@ -27,28 +25,9 @@ async fn exported() -> Exported {
          saltgate_metrics_bind: 127.0.1.60:0\n"
     );
     let config = parse_salt_master(&text, None).unwrap().config;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(async move {
-        let mut ready_tx = Some(ready_tx);
-        let stop = async {
-            let _ = stop_rx.await;
-        };
-        server::run(config, stop, |b| {
-            if let Some(tx) = ready_tx.take() {
-                let _ = tx.send(b.clone());
-            }
-        })
-        .await
-        .expect("master runs");
-    });
-    let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
-        .await
-        .expect("ready in time")
-        .expect("ready");
-    let scrape = common::scrape(bound.metrics.expect("metrics endpoint")).await;
-    let _ = stop_tx.send(());
-    let _ = task.await;
+    let master = common::InProcess::start(config).await;
+    let scrape = common::scrape(master.bound.metrics.expect("metrics endpoint")).await;
+    master.stop().await;
     let mut out = Exported::new();
     for s in &scrape.samples {
         let labels = out.entry(s.metric.clone()).or_default();

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use saltgate_config::salt_master::{parse_salt_master, SaltMasterConfig};
 use saltgate_master::cluster::{self, ClusterState};
 use saltgate_master::keys::{same_key, MasterKey};
-use saltgate_master::server::{self, Bound};
 use saltgate_master::state::Master;
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, text, RequestEnvelope, Value};
@@ -34,48 +33,8 @@ fn config(root: &Path, name: &str, ip: &str, peers: &str, secret: &str) -> SaltM
     parse_salt_master(&text, None).unwrap().config
 }
 
-struct Running {
-    bound: Bound,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-}
-
-async fn start(config: SaltMasterConfig) -> Running {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut ready_tx = Some(ready_tx);
-        let r = server::run(
-            config,
-            async {
-                let _ = stop_rx.await;
-            },
-            |b| {
-                if let Some(tx) = ready_tx.take() {
-                    let _ = tx.send(b.clone());
-                }
-            },
-        )
-        .await;
-        if let Err(e) = r {
-            panic!("master failed: {e}");
-        }
-    });
-    let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
-        .await
-        .expect("ready in time")
-        .expect("ready");
-    Running {
-        bound,
-        stop: Some(stop_tx),
-    }
+async fn start(config: SaltMasterConfig) -> common::InProcess {
+    common::InProcess::start(config).await
 }
 
 async fn request(addr: SocketAddr, body: Vec<u8>) -> Value {

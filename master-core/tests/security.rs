@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_master::keys::{KeyState, KeyStore};
-use saltgate_master::server::{self, Bound};
+use saltgate_master::server::Bound;
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, text, RequestEnvelope, Value};
 use saltgate_wire::rsa::{EncAlgo, PrivateKey, PublicKey, SigAlgo};
@@ -33,8 +33,7 @@ fn openssl_key() -> PrivateKey {
 struct TestMaster {
     bound: Bound,
     dir: tempfile::TempDir,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    run: common::InProcess,
 }
 
 impl TestMaster {
@@ -53,33 +52,11 @@ impl TestMaster {
         // An openssl key instead of a debug-build RSA key generation (tens of seconds).
         std::fs::create_dir_all(dir.path().join("pki")).unwrap();
         std::fs::write(dir.path().join("pki/master.pem"), openssl_key_pem()).unwrap();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut ready_tx = Some(ready_tx);
-            server::run(
-                config,
-                async {
-                    let _ = stop_rx.await;
-                },
-                |b| {
-                    if let Some(tx) = ready_tx.take() {
-                        let _ = tx.send(b.clone());
-                    }
-                },
-            )
-            .await
-            .expect("master runs");
-        });
-        let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
-            .await
-            .expect("master ready in time")
-            .expect("master ready");
+        let run = common::InProcess::start(config).await;
         TestMaster {
-            bound,
+            bound: run.bound.clone(),
             dir,
-            stop: Some(stop_tx),
-            task,
+            run,
         }
     }
 
@@ -96,11 +73,8 @@ impl TestMaster {
         common::refusals(self.bound.metrics.expect("saltgate_metrics_bind is set")).await
     }
 
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    async fn stop(self) {
+        self.run.stop().await;
     }
 }
 

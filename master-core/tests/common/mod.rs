@@ -225,3 +225,59 @@ pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String,
 pub fn counts(pairs: &[(&str, u64)]) -> std::collections::BTreeMap<String, u64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
+
+/// `saltgate_master::server::run` in this process: its bound addresses; stopped by
+/// [`InProcess::stop`] or when dropped.
+pub struct InProcess {
+    pub bound: saltgate_master::server::Bound,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InProcess {
+    /// Starts a master with `config` and waits until it is ready (it panics on a start error).
+    pub async fn start(config: saltgate_config::salt_master::SaltMasterConfig) -> Self {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut ready_tx = Some(ready_tx);
+            let stop = async {
+                let _ = stop_rx.await;
+            };
+            let r = saltgate_master::server::run(config, stop, |b| {
+                if let Some(tx) = ready_tx.take() {
+                    let _ = tx.send(b.clone());
+                }
+            })
+            .await;
+            if let Err(e) = r {
+                panic!("master failed: {e}");
+            }
+        });
+        let bound = tokio::time::timeout(Duration::from_secs(120), ready_rx)
+            .await
+            .expect("master ready in time")
+            .expect("master ready");
+        InProcess {
+            bound,
+            stop: Some(stop_tx),
+            task,
+        }
+    }
+
+    /// Stops the master and waits (10 s at most) for it to end.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
