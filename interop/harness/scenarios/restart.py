@@ -89,7 +89,8 @@ def run(s):
         # judged (issue 10 part 3): a kept ping lost before Salt's request gate opened no longer
         # holds UP back, a fresh ping goes beside it each check (proxy/src/check.rs)
         res["notes"].append("scenario 4: saltgate's UP came later than the bound rise x downinter + 2 s "
-                            "after the master's first clear ping answer: FAIL")
+                            "(plus the master's own answer time) after the master's first clear ping "
+                            "answer: FAIL")
         reb_ok = False
     res["rows"]["sg"]["ok"] = res["rows"]["sg"]["ok"] and reb_ok
     res["ok"] = res["rows"]["sg"]["ok"] and res["rows"].get("fo", {}).get("ok", True)
@@ -173,7 +174,8 @@ def _timing_notes(s, res, victim, t0, ping, t_ready):
     bound = h.get("rise", 2) * h.get("downinter", 2.0)
     name = s.sg.names.get(victim, victim)
     t_up = s.sg.first_event(victim, "UP", t0)
-    rel, within, failed = restart_breakdown(s.sg, name, t0, ping, t_up, bound)
+    rel, within, failed, answering = restart_breakdown(s.sg, name, t0, ping, t_up, bound,
+                                                       h.get("rise", 2))
     rel.insert(1, ("Salt logged 'opening request gate'", t_ready - t0))
     rel.sort(key=lambda x: float("inf") if x[1] is None else x[1])
     res["restart_timing"] = rel
@@ -181,7 +183,8 @@ def _timing_notes(s, res, victim, t0, ping, t_ready):
     if within is not None:
         gap = t_up - ping.t_answer
         line += (f"; UP {gap:.1f} s after the master first answered a clear ping "
-                 f"(bound rise x downinter + 2 s = {bound + 2:.1f} s: {'within' if within else 'EXCEEDED: FAIL'})")
+                 f"(bound rise x downinter + 2 s = {bound + 2:.1f} s, plus the {answering:.1f} s the master "
+                 f"took to answer the checks that made it UP: {'within' if within else 'EXCEEDED: FAIL'})")
     res["notes"].append(line)
     for (port, detail), took in sorted(failed.items()):
         res["notes"].append(f"{s.sg.label} failing {port} checks while it started: {len(took)} x '{detail}' "
