@@ -9,6 +9,7 @@ pub mod req;
 pub mod router;
 pub mod subscriber;
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::frame::FrameError;
@@ -77,9 +78,33 @@ impl ProtocolRefusals {
                 .is_ok()
     }
 
-    /// Counts a connection's end if the peer broke the protocol; returns whether it did.
-    pub(crate) fn count_close(&self, reason: &CloseReason) -> bool {
-        matches!(reason, CloseReason::Error(e) if self.count(e))
+    /// A failed handshake (`what`: "router handshake", "pub handshake"): counted if the peer
+    /// broke the protocol, then logged (a refusal at warn, throttled by [`Self::may_warn`]).
+    pub(crate) fn note_handshake(&self, peer: SocketAddr, what: &str, e: &ZmtpError) {
+        if self.count(e) {
+            self.warn_throttled(peer, what, e);
+        } else {
+            tracing::debug!(%peer, error = %e, "{what} failed");
+        }
+    }
+
+    /// A connection's end (`what`: "router peer", "pub subscriber"): counted and logged as
+    /// [`Self::note_handshake`] does.
+    pub(crate) fn note_close(&self, peer: SocketAddr, what: &str, reason: &CloseReason) {
+        match reason {
+            CloseReason::Error(e) if self.count(e) => self.warn_throttled(peer, what, e),
+            _ => tracing::debug!(%peer, ?reason, "{what} closed"),
+        }
+    }
+
+    fn warn_throttled(&self, peer: SocketAddr, what: &str, e: &ZmtpError) {
+        if self.may_warn() {
+            tracing::warn!(%peer, error = %e, oversized = self.oversized(),
+                malformed = self.malformed(),
+                "{what} refused: it broke the protocol (one warning per 10 s, all counted)");
+        } else {
+            tracing::debug!(%peer, error = %e, "{what} refused: it broke the protocol");
+        }
     }
 }
 
@@ -99,14 +124,19 @@ mod tests {
         assert!(r.count(&ZmtpError::ExpectedReady("PING".into())));
         assert!(!r.count(&ZmtpError::Eof));
         assert!(!r.count(&ZmtpError::Timeout("greeting")));
-        r.count_close(&CloseReason::PeerEof);
-        r.count_close(&CloseReason::HeartbeatTimeout);
-        r.count_close(&CloseReason::Error(ZmtpError::Frame(
-            FrameError::MessageTooLarge { size: 10, max: 5 },
-        )));
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        r.note_close(peer, "test", &CloseReason::PeerEof);
+        r.note_close(peer, "test", &CloseReason::HeartbeatTimeout);
+        r.note_close(
+            peer,
+            "test",
+            &CloseReason::Error(ZmtpError::Frame(FrameError::MessageTooLarge {
+                size: 10,
+                max: 5,
+            })),
+        );
         assert_eq!((r.oversized(), r.malformed()), (2, 2));
-        // The first refusal is logged at warn, the next ones within 10 s are not.
-        assert!(r.may_warn());
+        // The first refusal was logged at warn; the next ones within 10 s are not.
         assert!(!r.may_warn());
     }
 }

@@ -266,13 +266,7 @@ async fn serve(
     let conn = match Connection::handshake(stream, &hs).await {
         Ok(c) => c,
         Err(e) => {
-            if shared.refusals.count(&e) && shared.refusals.may_warn() {
-                tracing::warn!(%peer, error = %e, oversized = shared.refusals.oversized(),
-                    malformed = shared.refusals.malformed(),
-                    "subscriber refused: it broke the protocol (one warning per 10 s, all counted)");
-            } else {
-                tracing::debug!(%peer, error = %e, "pub handshake failed");
-            }
+            shared.refusals.note_handshake(peer, "pub handshake", &e);
             return;
         }
     };
@@ -307,13 +301,7 @@ async fn serve(
         DriverConfig::new(opts.heartbeat, opts.max_frame_size),
     )
     .await;
-    if shared.refusals.count_close(&reason) && shared.refusals.may_warn() {
-        tracing::warn!(%peer, ?reason, oversized = shared.refusals.oversized(),
-            malformed = shared.refusals.malformed(),
-            "subscriber closed: it broke the protocol (one warning per 10 s, all counted)");
-    } else {
-        tracing::debug!(%peer, ?reason, "pub subscriber closed");
-    }
+    shared.refusals.note_close(peer, "pub subscriber", &reason);
     shared.update(|slots| slots.retain(|s| s.id != id));
     shared.changed.notify_waiters();
 }

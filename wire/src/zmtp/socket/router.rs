@@ -286,13 +286,7 @@ async fn serve(
     let conn = match Connection::handshake(stream, &hs).await {
         Ok(c) => c,
         Err(e) => {
-            if shared.refusals.count(&e) && shared.refusals.may_warn() {
-                tracing::warn!(%addr, error = %e, oversized = shared.refusals.oversized(),
-                    malformed = shared.refusals.malformed(),
-                    "connection refused: it broke the protocol (one warning per 10 s, all counted)");
-            } else {
-                tracing::debug!(%addr, error = %e, "router handshake failed");
-            }
+            shared.refusals.note_handshake(addr, "router handshake", &e);
             return;
         }
     };
@@ -323,13 +317,7 @@ async fn serve(
         DriverConfig::new(opts.heartbeat, opts.max_frame_size),
     )
     .await;
-    if shared.refusals.count_close(&reason) && shared.refusals.may_warn() {
-        tracing::warn!(%addr, ?reason, oversized = shared.refusals.oversized(),
-            malformed = shared.refusals.malformed(),
-            "router peer closed: it broke the protocol (one warning per 10 s, all counted)");
-    } else {
-        tracing::debug!(%addr, ?reason, "router peer closed");
-    }
+    shared.refusals.note_close(addr, "router peer", &reason);
     let mut peers = shared.peers();
     if peers.get(&id).is_some_and(|s| s.conn_id == conn_id) {
         peers.remove(&id);
