@@ -193,9 +193,10 @@ async fn a_restarted_master_gets_its_share_back_gently() {
     let moves: Vec<Instant> = seen.closes.lock().unwrap()[closes_before..].to_vec();
     let per_s = max_per_second(&moves);
     // Clients see a close a little after the proxy makes it (a batch is up to 3 sessions at this
-    // rate): 10% of slack for that skew.
+    // rate), and 300 client tasks share 2 workers with the proxy: a stall bunches closes the proxy
+    // spread out. 25% of slack for that skew; no limit, or twice the rate, still fails.
     assert!(
-        per_s <= rate as usize + rate as usize / 10,
+        per_s <= rate as usize + rate as usize / 4,
         "{per_s} moves within one second (rate {rate}/s)"
     );
     assert!(

@@ -17,7 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 async fn reload_keeps_health_of_unchanged_masters_and_adds_and_removes_masters() {
     let c = FakeCluster::start(3, Behaviour::Echo).await;
     let mut cfg = c.config();
-    cfg.global.drain_timeout = Duration::from_millis(400);
+    // Long enough for the checks, connects and echo below on a loaded machine.
+    cfg.global.drain_timeout = Duration::from_secs(3);
     let full = cfg.clone();
     cfg.masters.truncate(2); // start with a, b
     let (r, _stop, p) = run(cfg.clone()).await;
