@@ -10,44 +10,72 @@ use std::sync::Mutex;
 /// Descriptors held back: enough for the checks of a few master ports at once.
 pub const RESERVED: usize = 4;
 
-static HELD: Mutex<Vec<File>> = Mutex::new(Vec::new());
+/// A reserve of descriptors; the process has one, [`GLOBAL`] (an instance so that tests can
+/// hold their own while check loops in the same test binary use the process's).
+pub struct Reserve(Mutex<Vec<File>>);
 
-fn held() -> std::sync::MutexGuard<'static, Vec<File>> {
-    HELD.lock().unwrap_or_else(|p| p.into_inner())
-}
+static GLOBAL: Reserve = Reserve::new();
 
-/// Tops the reserve up to [`RESERVED`]; stops at the first descriptor it cannot open (the
-/// shortage goes on: it is topped up at a later check).
-pub fn refill() {
-    let mut h = held();
-    while h.len() < RESERVED {
-        match File::open("/dev/null") {
-            Ok(f) => h.push(f),
-            Err(_) => break,
+impl Reserve {
+    pub const fn new() -> Reserve {
+        Reserve(Mutex::new(Vec::new()))
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Vec<File>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Tops the reserve up to [`RESERVED`]; stops at the first descriptor it cannot open (the
+    /// shortage goes on: it is topped up at a later check).
+    pub fn refill(&self) {
+        let mut h = self.held();
+        while h.len() < RESERVED {
+            match File::open("/dev/null") {
+                Ok(f) => h.push(f),
+                Err(_) => break,
+            }
         }
+    }
+
+    /// Gives one reserved descriptor back to the process; false when the reserve is empty.
+    pub fn release_one(&self) -> bool {
+        self.held().pop().is_some()
     }
 }
 
-/// Gives one reserved descriptor back to the process; false when the reserve is empty.
+impl Default for Reserve {
+    fn default() -> Reserve {
+        Reserve::new()
+    }
+}
+
+/// Tops the process's reserve up (see [`Reserve::refill`]).
+pub fn refill() {
+    GLOBAL.refill()
+}
+
+/// Gives one of the process's reserved descriptors back (see [`Reserve::release_one`]).
 pub fn release_one() -> bool {
-    held().pop().is_some()
+    GLOBAL.release_one()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// On a reserve of its own: the check loops of other tests in this binary use the process's.
     #[test]
     fn the_reserve_is_topped_up_and_given_back_one_at_a_time() {
-        refill();
+        let r = Reserve::new();
+        r.refill();
         let mut n = 0;
-        while release_one() {
+        while r.release_one() {
             n += 1;
         }
         assert_eq!(n, RESERVED);
-        assert!(!release_one());
-        refill();
-        assert!(release_one());
-        refill();
+        assert!(!r.release_one());
+        r.refill();
+        assert!(r.release_one());
+        r.refill();
     }
 }
