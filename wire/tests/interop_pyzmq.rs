@@ -84,7 +84,8 @@ async fn our_pub_fans_out_to_a_pyzmq_sub_honouring_its_subscription() {
 /// silent peer connected alongside it is dropped — proving the heartbeats were really on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_sub_answers_pyzmq_pub_heartbeats_and_stays_connected() {
-    let (_guard, lines) = peer(&["pub_hb", "200", "1000", "6"]);
+    // The publisher runs 8 s: the 5 s window below starts only once our SUB is connected.
+    let (_guard, lines) = peer(&["pub_hb", "200", "1000", "8"]);
     let (j, lines) = next_json(lines).await;
     let addr: SocketAddr = format!("127.0.0.1:{}", port_of(&j)).parse().unwrap();
 
