@@ -40,6 +40,18 @@ fn demo_once_fails_over_and_every_minion_answers() {
         .spawn()
         .expect("start saltgate-demo");
     let mut guard = Guard(child);
+    // Read both pipes while the demo runs: a demo that logs more than a pipe holds (about 64 KiB,
+    // say on a loaded machine that retries) would otherwise block on its write and never finish.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        let mut pipe = pipe.expect("piped");
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            let _ = pipe.read_to_string(&mut out);
+            out
+        })
+    };
+    let out = drain(guard.0.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(guard.0.stderr.take().map(|p| Box::new(p) as _));
     let deadline = Instant::now() + Duration::from_secs(300);
     let status = loop {
         if let Some(s) = guard.0.try_wait().expect("wait for saltgate-demo") {
@@ -51,22 +63,8 @@ fn demo_once_fails_over_and_every_minion_answers() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    guard
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    guard
-        .0
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stdout = out.join().expect("stdout reader");
+    let stderr = err.join().expect("stderr reader");
     let all = format!("--- stdout\n{stdout}\n--- stderr\n{stderr}");
     assert!(status.success(), "saltgate-demo failed ({status}):\n{all}");
     let last = stdout.lines().last().unwrap_or("");
