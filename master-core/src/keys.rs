@@ -20,6 +20,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::id::{validate_minion_id, IdError};
+use crate::target::glob_match;
 
 #[derive(Debug, Error)]
 pub enum KeyError {
@@ -254,6 +255,59 @@ impl KeyStore {
     /// Salt's fingerprint (`pem_finger`) of the key of `id` in `state`.
     pub fn finger(&self, id: &str, state: KeyState) -> Result<Option<String>, KeyError> {
         Ok(read_key_file(&self.path(state, id)?)?.map(|t| pem::pem_finger(&t)))
+    }
+
+    /// `salt-key -F` / `-f GLOB`: the fingerprints of every key whose name matches `pattern` (a
+    /// glob, or several joined by commas), by Salt's status names: `local` (the `.pem` and `.pub`
+    /// files in `local_dir`, the master's own), `minions`, `minions_denied`, `minions_pre`,
+    /// `minions_rejected`. Statuses with no match are left out, as Salt does.
+    pub fn fingers(&self, local_dir: &Path, pattern: &str) -> Result<Fingers, KeyError> {
+        let globs: Vec<&str> = pattern.split(',').collect();
+        let wanted = |name: &str| globs.iter().any(|g| glob_match(g, name));
+        let mut out = Fingers::new();
+        let list = self.list()?;
+        for state in KeyState::ALL {
+            for id in list.ids(state).iter().filter(|id| wanted(id)) {
+                if let Some(f) = self.finger(id, state)? {
+                    out.entry(state.dir()).or_default().insert(id.clone(), f);
+                }
+            }
+        }
+        let entries = match std::fs::read_dir(local_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io_err(local_dir)(e)),
+        };
+        for e in entries {
+            let e = e.map_err(io_err(local_dir))?;
+            let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if !(name.ends_with(".pem") || name.ends_with(".pub")) || !wanted(&name) {
+                continue;
+            }
+            if let Some(text) = read_key_file(&e.path())? {
+                out.entry("local")
+                    .or_default()
+                    .insert(name, pem::pem_finger(&text));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Fingerprints by Salt's status name, then key name; both sorted, as `salt-key -F` prints them.
+pub type Fingers =
+    std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, String>>;
+
+/// `salt-key`'s heading for a status name of [`Fingers`] or [`KeyList`].
+pub fn status_title(status: &str) -> &'static str {
+    match status {
+        "local" => "Local Keys:",
+        "minions" => "Accepted Keys:",
+        "minions_denied" => "Denied Keys:",
+        "minions_pre" => "Unaccepted Keys:",
+        _ => "Rejected Keys:",
     }
 }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use saltgate_config::salt_master::{load_salt_master, SaltMasterConfig};
-use saltgate_master::keys::{KeyState, KeyStore};
+use saltgate_master::keys::{status_title, KeyState, KeyStore};
+use saltgate_master::target::glob_match;
 use saltgate_master::{cli, jobs::JobCache, server};
 use serde_json::{json, Value as Json};
 
@@ -57,14 +58,20 @@ enum KeyCmd {
         #[arg(long, value_enum, default_value = "text")]
         out: Out,
     },
-    /// Accept a pending key.
+    /// Accept pending keys: an id, a glob (`'web*'`), several joined by commas, or --all.
     Accept(IdOrAll),
-    /// Reject a pending key.
+    /// Reject pending keys: an id, a glob, several joined by commas, or --all.
     Reject(IdOrAll),
-    /// Delete every key of a minion (denied included).
+    /// Delete every key (denied included) of a minion, or of every minion a glob matches.
     Delete { id: String },
-    /// Print key fingerprints (all keys, or one minion's).
-    Finger { id: Option<String> },
+    /// Print key fingerprints, as `salt-key -F` (all keys) or `-f GLOB` (the keys whose name
+    /// matches; the master's own are `master.pub` and `master.pem`).
+    Finger {
+        /// A minion id or key name; a glob, or several joined by commas.
+        id: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        out: Out,
+    },
 }
 
 #[derive(Args)]
@@ -186,13 +193,13 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
             match out {
                 Out::Json => println!("{}", serde_json::to_string_pretty(&l)?),
                 Out::Text => {
-                    for (title, state) in [
-                        ("Accepted Keys:", KeyState::Accepted),
-                        ("Denied Keys:", KeyState::Denied),
-                        ("Unaccepted Keys:", KeyState::Pending),
-                        ("Rejected Keys:", KeyState::Rejected),
+                    for state in [
+                        KeyState::Accepted,
+                        KeyState::Denied,
+                        KeyState::Pending,
+                        KeyState::Rejected,
                     ] {
-                        println!("{title}");
+                        println!("{}", status_title(state.dir()));
                         for id in l.ids(state) {
                             println!("{id}");
                         }
@@ -204,10 +211,10 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
             bail!("name a minion id, or pass --all")
         }
         KeyCmd::Accept(a) => {
-            let ids = if a.all {
-                ks.list()?.minions_pre
-            } else {
-                a.id.into_iter().collect()
+            let pending = ks.list()?.minions_pre;
+            let ids = match a.id {
+                Some(arg) if !a.all => named_ids(&arg, &pending, "unaccepted")?,
+                _ => pending,
             };
             for id in ids {
                 ks.accept(&id).with_context(|| format!("accepting {id}"))?;
@@ -215,10 +222,10 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
             }
         }
         KeyCmd::Reject(a) => {
-            let ids = if a.all {
-                ks.list()?.minions_pre
-            } else {
-                a.id.into_iter().collect()
+            let pending = ks.list()?.minions_pre;
+            let ids = match a.id {
+                Some(arg) if !a.all => named_ids(&arg, &pending, "unaccepted")?,
+                _ => pending,
             };
             for id in ids {
                 ks.reject(&id).with_context(|| format!("rejecting {id}"))?;
@@ -226,42 +233,63 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
             }
             request_rotation(c);
         }
-        KeyCmd::Delete { id } => {
-            if !ks.delete(&id)? {
-                bail!("no key for minion {id:?}");
+        KeyCmd::Delete { id: arg } => {
+            let l = ks.list()?;
+            let mut every: Vec<String> = KeyState::ALL
+                .iter()
+                .flat_map(|s| l.ids(*s).iter().cloned())
+                .collect();
+            every.sort();
+            every.dedup();
+            for id in named_ids(&arg, &every, "")? {
+                if !ks.delete(&id)? {
+                    bail!("no key for minion {id:?}");
+                }
+                println!("Key for minion {id} deleted.");
             }
-            println!("Key for minion {id} deleted.");
             request_rotation(c);
         }
-        KeyCmd::Finger { id } => {
-            let l = ks.list()?;
-            for state in [
-                KeyState::Accepted,
-                KeyState::Denied,
-                KeyState::Pending,
-                KeyState::Rejected,
-            ] {
-                for m in l.ids(state) {
-                    if id.as_deref().is_some_and(|want| want != m) {
-                        continue;
+        KeyCmd::Finger { id, out } => {
+            let f = ks.fingers(&c.pki_dir, id.as_deref().unwrap_or("*"))?;
+            match out {
+                Out::Json => println!("{}", serde_json::to_string_pretty(&f)?),
+                Out::Text => {
+                    for (status, keys) in &f {
+                        println!("{}", status_title(status));
+                        for (name, finger) in keys {
+                            println!("{name}:  {finger}");
+                        }
                     }
-                    if let Some(f) = ks.finger(m, state)? {
-                        println!("{state} {m}: {f}");
-                    }
-                }
-            }
-            let master_pub = c.pki_dir.join("master.pub");
-            if id.is_none() {
-                if let Ok(text) = std::fs::read_to_string(&master_pub) {
-                    println!(
-                        "local master.pub: {}",
-                        saltgate_wire::pem::pem_finger(&text)
-                    );
                 }
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The ids that `arg` names among `candidates`, as `salt-key -a/-r/-d` reads it: a plain id
+/// stands for itself (the key store then checks it and names the state it is in); a glob (`*`,
+/// `?`, `[...]`), or several ids or globs joined by commas, stands for every candidate it matches,
+/// and matching none is an error (Salt prints the same words but exits 0).
+fn named_ids(arg: &str, candidates: &[String], state: &str) -> Result<Vec<String>> {
+    if !arg.contains(['*', '?', '[', ',']) {
+        return Ok(vec![arg.to_string()]);
+    }
+    let globs: Vec<&str> = arg.split(',').collect();
+    let ids: Vec<String> = candidates
+        .iter()
+        .filter(|id| globs.iter().any(|g| glob_match(g, id)))
+        .cloned()
+        .collect();
+    if ids.is_empty() {
+        let state = if state.is_empty() {
+            String::new()
+        } else {
+            format!("{state} ")
+        };
+        bail!("the key glob {arg:?} does not match any {state}keys");
+    }
+    Ok(ids)
 }
 
 /// Salt's CLI turns `k=v` into a keyword argument and YAML-ish scalars into values.

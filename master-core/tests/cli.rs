@@ -6,6 +6,12 @@ use common::*;
 use serde_json::json;
 
 const PUB: &str = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
+const PUB2: &str = "-----BEGIN PUBLIC KEY-----\nBBBB\n-----END PUBLIC KEY-----\n";
+/// `salt.utils.crypt.pem_finger(path=...)` of PUB and PUB2, from Salt 3008.5 itself.
+const PUB_FINGER: &str =
+    "46:77:94:2d:fa:3e:74:b5:de:a7:48:46:61:a2:48:5b:b7:3b:a4:22:eb:72:d3:11:fd:b3:93:72:c0:19:c6:15";
+const PUB2_FINGER: &str =
+    "0b:c4:ed:51:5a:e4:0a:64:32:1f:ce:ad:bb:ec:ce:ee:6e:a5:ba:f3:b6:cf:3f:56:6f:05:8c:fc:e5:18:ae:cc";
 
 fn err(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -58,8 +64,84 @@ fn key_commands_work_on_the_pki_dir_like_salt_key() {
 
     assert!(cli(&config, &["key", "accept", "--all"]).status.success());
     assert_eq!(list()["minions"], json!(["a1", "p1", "p3"]));
-    let finger = cli(&config, &["key", "finger", "a1"]);
-    assert!(String::from_utf8_lossy(&finger.stdout).contains("accepted a1: "));
+    // Fingerprints as `salt-key -F` / `-f GLOB` prints them: Salt's headings in its order, the
+    // master's own keys under "Local Keys", statuses with no match left out.
+    std::fs::create_dir_all(pki.join("minions_denied")).unwrap();
+    std::fs::write(pki.join("minions_denied/a1"), PUB2).unwrap();
+    std::fs::write(pki.join("minions_pre/q1"), PUB).unwrap();
+    let finger = |args: &[&str]| {
+        let o = cli(&config, &[&["key", "finger"], args].concat());
+        assert!(o.status.success(), "{}", err(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (f1, f2) = (PUB_FINGER, PUB2_FINGER);
+    assert_eq!(
+        finger(&["a1"]),
+        format!("Accepted Keys:\na1:  {f1}\nDenied Keys:\na1:  {f2}\n")
+    );
+    assert_eq!(
+        finger(&["a1,p*,q?"]),
+        format!(
+            "Accepted Keys:\na1:  {f1}\np1:  {f1}\np3:  {f1}\nDenied Keys:\na1:  {f2}\n\
+             Unaccepted Keys:\nq1:  {f1}\nRejected Keys:\np2:  {f1}\n"
+        )
+    );
+    assert_eq!(finger(&["nobody*"]), "");
+    let all = finger(&[]);
+    let lines: Vec<&str> = all.lines().collect();
+    assert_eq!(lines[0], "Local Keys:", "{all}");
+    // The fixture wrote master.pem only (the master writes master.pub when it first runs).
+    let name = "master.pem:  ";
+    assert!(
+        lines[1].starts_with(name) && lines[1].len() == name.len() + 95,
+        "{all}"
+    );
+    assert!(all.ends_with(&finger(&["a1,p*,q?"])), "{all}");
+    let j: serde_json::Value =
+        serde_json::from_str(&finger(&["master.*,p1", "--out", "json"])).unwrap();
+    assert_eq!(j["minions"], json!({ "p1": f1 }));
+    assert_eq!(
+        j["local"]["master.pem"].as_str().map(str::len),
+        Some(95),
+        "{j}"
+    );
+    assert_eq!(j.as_object().unwrap().len(), 2, "{j}");
+    std::fs::remove_file(pki.join("minions_denied/a1")).unwrap();
+    std::fs::remove_file(pki.join("minions_pre/q1")).unwrap();
+
+    // Globs, and several names joined by commas, as salt-key -a/-r/-d take them.
+    for id in ["g1", "g2", "h1", "h22"] {
+        std::fs::write(pki.join("minions_pre").join(id), PUB).unwrap();
+    }
+    let run = |args: &[&str]| {
+        let o = cli(&config, &[&["key"], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", err(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert_eq!(
+        run(&["accept", "g*"]),
+        "Key for minion g1 accepted.\nKey for minion g2 accepted.\n"
+    );
+    assert_eq!(
+        run(&["reject", "h?,nomatch"]),
+        "Key for minion h1 rejected.\n"
+    );
+    let o = cli(&config, &["key", "accept", "zz*"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        err(&o).contains("the key glob \"zz*\" does not match any unaccepted keys"),
+        "{}",
+        err(&o)
+    );
+    let l = list();
+    assert_eq!(l["minions_pre"], json!(["h22"]));
+    assert_eq!(l["minions_rejected"], json!(["h1", "p2"]));
+    assert_eq!(
+        run(&["delete", "g[12],h1"]),
+        "Key for minion g1 deleted.\nKey for minion g2 deleted.\nKey for minion h1 deleted.\n"
+    );
+    assert!(!cli(&config, &["key", "delete", "g*"]).status.success());
+    std::fs::remove_file(pki.join("minions_pre/h22")).unwrap();
     assert!(cli(&config, &["key", "delete", "a1"]).status.success());
     assert!(!cli(&config, &["key", "delete", "a1"]).status.success());
     assert_eq!(list()["minions"], json!(["p1", "p3"]));

@@ -165,6 +165,38 @@ fn stock_salt_minion_authenticates_takes_jobs_and_returns() {
     assert_eq!(stdout_json(&salt_key), ours);
     assert_eq!(ours["minions"], json!([MINION]));
 
+    // 5b. `key finger` prints the fingerprints the minion side computes: its own key
+    // (`salt-call --local key.finger`, what an operator compares before accepting) and the
+    // master's (`key.finger_master`, what `master_finger` is set to).
+    let salt_call = |function: &str| {
+        let o = Command::new(venv.join("bin/salt-call"))
+            .arg("-c")
+            .arg(&conf)
+            .args(["--local", "--out", "json", function])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        stdout_json(&o)["local"].clone()
+    };
+    let (minion_finger, master_finger) = (salt_call("key.finger"), salt_call("key.finger_master"));
+    assert!(
+        minion_finger.as_str().is_some_and(|f| f.len() == 95),
+        "{minion_finger}"
+    );
+    let fingers = stdout_json(&cli(&config, &["key", "finger", MINION, "--out", "json"]));
+    assert_eq!(fingers, json!({ "minions": { MINION: minion_finger } }));
+    let fingers = stdout_json(&cli(&config, &["key", "finger", "--out", "json"]));
+    assert_eq!(fingers["local"]["master.pub"], master_finger, "{fingers}");
+    assert_eq!(fingers["minions"][MINION], minion_finger, "{fingers}");
+    let text = String::from_utf8(cli(&config, &["key", "finger", "master.pub"]).stdout).unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "Local Keys:\nmaster.pub:  {}\n",
+            master_finger.as_str().unwrap()
+        )
+    );
+
     // An accepted key whose minion never answers: listed as missing, exit 1, the others printed.
     let pki = dir.path().join("pki/minions");
     std::fs::copy(pki.join(MINION), pki.join("sg-ghost-minion")).unwrap();
