@@ -280,7 +280,7 @@ impl KeyStore {
         };
         for e in entries {
             let e = e.map_err(io_err(local_dir))?;
-            let Some(name) = e.file_name().to_str().map(str::to_string) else {
+            let Ok(name) = e.file_name().into_string() else {
                 continue;
             };
             if !(name.ends_with(".pem") || name.ends_with(".pub")) || !wanted(&name) {
@@ -307,7 +307,8 @@ pub fn status_title(status: &str) -> &'static str {
         "minions" => "Accepted Keys:",
         "minions_denied" => "Denied Keys:",
         "minions_pre" => "Unaccepted Keys:",
-        _ => "Rejected Keys:",
+        "minions_rejected" => "Rejected Keys:",
+        _ => "Keys:",
     }
 }
 

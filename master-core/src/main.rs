@@ -213,25 +213,22 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
         KeyCmd::Accept(a) => {
             let pending = ks.list()?.minions_pre;
             let ids = match a.id {
-                Some(arg) if !a.all => named_ids(&arg, &pending, "unaccepted")?,
-                _ => pending,
+                Some(arg) => named_ids(&arg, &pending, Some("unaccepted"))?,
+                None => pending,
             };
-            for id in ids {
-                ks.accept(&id).with_context(|| format!("accepting {id}"))?;
-                println!("Key for minion {id} accepted.");
-            }
+            each_key(ids, "accepted", |id| Ok(ks.accept(id)?)).1?;
         }
         KeyCmd::Reject(a) => {
             let pending = ks.list()?.minions_pre;
             let ids = match a.id {
-                Some(arg) if !a.all => named_ids(&arg, &pending, "unaccepted")?,
-                _ => pending,
+                Some(arg) => named_ids(&arg, &pending, Some("unaccepted"))?,
+                None => pending,
             };
-            for id in ids {
-                ks.reject(&id).with_context(|| format!("rejecting {id}"))?;
-                println!("Key for minion {id} rejected.");
+            let (changed, done) = each_key(ids, "rejected", |id| Ok(ks.reject(id)?));
+            if changed {
+                request_rotation(c);
             }
-            request_rotation(c);
+            done?;
         }
         KeyCmd::Delete { id: arg } => {
             let l = ks.list()?;
@@ -241,16 +238,22 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
                 .collect();
             every.sort();
             every.dedup();
-            for id in named_ids(&arg, &every, "")? {
-                if !ks.delete(&id)? {
+            let (changed, done) = each_key(named_ids(&arg, &every, None)?, "deleted", |id| {
+                if !ks.delete(id)? {
                     bail!("no key for minion {id:?}");
                 }
-                println!("Key for minion {id} deleted.");
+                Ok(())
+            });
+            if changed {
+                request_rotation(c);
             }
-            request_rotation(c);
+            done?;
         }
         KeyCmd::Finger { id, out } => {
-            let f = ks.fingers(&c.pki_dir, id.as_deref().unwrap_or("*"))?;
+            // The master's own keys sit beside the minion keys: `pki_dir`, or in a cluster
+            // `cluster_pki_dir` with cluster.pem/cluster.pub, the key its minions see (as
+            // salt-key lists them).
+            let f = ks.fingers(ks.root(), id.as_deref().unwrap_or("*"))?;
             match out {
                 Out::Json => println!("{}", serde_json::to_string_pretty(&f)?),
                 Out::Text => {
@@ -269,9 +272,10 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
 
 /// The ids that `arg` names among `candidates`, as `salt-key -a/-r/-d` reads it: a plain id
 /// stands for itself (the key store then checks it and names the state it is in); a glob (`*`,
-/// `?`, `[...]`), or several ids or globs joined by commas, stands for every candidate it matches,
-/// and matching none is an error (Salt prints the same words but exits 0).
-fn named_ids(arg: &str, candidates: &[String], state: &str) -> Result<Vec<String>> {
+/// `?`, `[...]`), or several ids or globs joined by commas, stands for every candidate it matches
+/// (names that match none are skipped), and matching nothing at all is an error (Salt prints the
+/// same words but exits 0).
+fn named_ids(arg: &str, candidates: &[String], state: Option<&str>) -> Result<Vec<String>> {
     if !arg.contains(['*', '?', '[', ',']) {
         return Ok(vec![arg.to_string()]);
     }
@@ -282,17 +286,40 @@ fn named_ids(arg: &str, candidates: &[String], state: &str) -> Result<Vec<String
         .cloned()
         .collect();
     if ids.is_empty() {
-        let state = if state.is_empty() {
-            String::new()
-        } else {
-            format!("{state} ")
-        };
+        let state = state.map(|s| format!("{s} ")).unwrap_or_default();
         bail!("the key glob {arg:?} does not match any {state}keys");
     }
     Ok(ids)
 }
 
-/// Salt's CLI turns `k=v` into a keyword argument and YAML-ish scalars into values.
+/// Applies `act` to every id and prints Salt's `Key for minion ID <done>.` for each that worked.
+/// A failure does not stop the others (as `salt-key` goes on): every failure is named in the
+/// error returned at the end, beside whether any key changed.
+fn each_key(
+    ids: Vec<String>,
+    done: &str,
+    mut act: impl FnMut(&str) -> Result<()>,
+) -> (bool, Result<()>) {
+    let (mut changed, mut failed) = (false, Vec::new());
+    for id in ids {
+        match act(&id) {
+            Ok(()) => {
+                changed = true;
+                println!("Key for minion {id} {done}.");
+            }
+            Err(e) => failed.push(format!("{id}: {e:#}")),
+        }
+    }
+    if failed.is_empty() {
+        return (changed, Ok(()));
+    }
+    let why = failed.join("; ");
+    (
+        changed,
+        Err(anyhow::anyhow!("{} key(s) not {done}: {why}", failed.len())),
+    )
+}
+
 /// After a key is deleted or rejected: ask the running master to rotate the publish key, as
 /// `salt-key` does (`rotate_aes_key`), so the minion can no longer read publishes.
 fn request_rotation(c: &SaltMasterConfig) {
@@ -307,6 +334,7 @@ fn request_rotation(c: &SaltMasterConfig) {
     }
 }
 
+/// Salt's CLI turns `k=v` into a keyword argument and YAML-ish scalars into values.
 fn parse_arg(a: &str) -> (Option<String>, Json) {
     let scalar = |s: &str| -> Json {
         if let Ok(i) = s.parse::<i64>() {

@@ -141,6 +141,30 @@ fn key_commands_work_on_the_pki_dir_like_salt_key() {
         "Key for minion g1 deleted.\nKey for minion g2 deleted.\nKey for minion h1 deleted.\n"
     );
     assert!(!cli(&config, &["key", "delete", "g*"]).status.success());
+    // One failure does not stop the others: x1 is listed as pending but is also rejected (Salt
+    // reads it as rejected), x2 is rejected all the same, and the failure is named.
+    for (sub, id) in [
+        ("minions_pre", "x1"),
+        ("minions_rejected", "x1"),
+        ("minions_pre", "x2"),
+    ] {
+        std::fs::write(pki.join(sub).join(id), PUB).unwrap();
+    }
+    let o = cli(&config, &["key", "reject", "x*"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "Key for minion x2 rejected.\n"
+    );
+    assert!(
+        err(&o).contains("1 key(s) not rejected: x1:"),
+        "{}",
+        err(&o)
+    );
+    assert_eq!(
+        run(&["delete", "x*"]),
+        "Key for minion x1 deleted.\nKey for minion x2 deleted.\n"
+    );
     std::fs::remove_file(pki.join("minions_pre/h22")).unwrap();
     assert!(cli(&config, &["key", "delete", "a1"]).status.success());
     assert!(!cli(&config, &["key", "delete", "a1"]).status.success());

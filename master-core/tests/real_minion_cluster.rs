@@ -105,6 +105,22 @@ fn stock_salt_minion_on_one_cluster_member_answers_a_publish_from_another() {
     assert!(cpki.join("minions").join(MINION).exists());
     let l = stdout_json(&cli(&a.config, &["key", "list", "--out", "json"]));
     assert_eq!(l["minions"], json!([MINION]));
+    // `key finger` in a cluster lists the cluster key, the one the minion pinned, with the
+    // fingerprint Salt computes for it (what `master_finger` is checked against).
+    let salt_finger = Command::new(venv.join("bin/python"))
+        .arg("-c")
+        .arg("import sys, salt.utils.crypt as c; print(c.pem_finger(path=sys.argv[1]))")
+        .arg(r.join("minion/pki/minion_master.pub"))
+        .output()
+        .unwrap();
+    let salt_finger = String::from_utf8(salt_finger.stdout).unwrap();
+    let ours = stdout_json(&cli(&a.config, &["key", "finger", "--out", "json"]));
+    assert_eq!(
+        ours["local"]["cluster.pub"],
+        json!(salt_finger.trim()),
+        "{ours}"
+    );
+    assert!(ours["minions"][MINION].is_string(), "{ours}");
 
     // Publish-key rotation requested of A (Salt's dropfile in the shared cachedir, as salt-key
     // writes it): A writes a new cluster key, B reloads it, and the minion on B re-authenticates
