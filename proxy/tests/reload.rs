@@ -333,14 +333,15 @@ async fn a_token_file_that_would_block_is_refused_at_once_and_sessions_go_on() {
     assert_eq!(r.generation(), 1);
 }
 
-/// Threads of this process that are reading a config or token file (named by the proxy). Other
+/// Threads of this process that are reading a config or token file (named by the proxy,
+/// `READ_THREAD`; Linux shows at most 15 bytes of a thread name, and it is 13). Other
 /// tests in this binary start and stop runtimes in parallel, so the total thread count says
 /// nothing; a reading thread that never returns does.
 fn reading_threads() -> usize {
     std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.trim() == "saltgate-read")
+        .filter(|name| name.trim() == saltgate_proxy::control::READ_THREAD)
         .count()
 }
 

@@ -8,6 +8,8 @@
 
 pub mod discovery;
 mod readfile;
+
+pub use readfile::READ_THREAD;
 pub mod reload;
 
 use std::future::Future;

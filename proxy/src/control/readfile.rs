@@ -11,6 +11,11 @@ use crate::error::ApplyError;
 /// a runtime worker, nor reloads forever).
 pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The name of the threads that read configuration and token files (tests look for leaked ones).
+pub const READ_THREAD: &str = "saltgate-read";
+// Linux keeps 15 bytes of a thread name (`/proc/self/task/*/comm`): the whole name must fit.
+const _: () = assert!(READ_THREAD.len() <= 15);
+
 /// Files being read right now (at most one read per path is ever in flight).
 static IN_FLIGHT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
 
@@ -36,7 +41,7 @@ pub(crate) async fn read_file(path: PathBuf) -> std::io::Result<Vec<u8>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let p = path.clone();
     let spawned = std::thread::Builder::new()
-        .name("saltgate-read".into())
+        .name(READ_THREAD.into())
         .spawn(move || {
             #[cfg(test)]
             tests::stall_if_stuck(&p);
