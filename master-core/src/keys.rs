@@ -200,7 +200,8 @@ impl KeyStore {
                     continue;
                 };
                 let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
-                if is_file && validate_minion_id(&name).is_ok() {
+                // Hidden names are our own in-flight writes (and Salt skips them too).
+                if is_file && !name.starts_with('.') && validate_minion_id(&name).is_ok() {
                     ids.push(name);
                 }
             }
@@ -212,6 +213,13 @@ impl KeyStore {
                 KeyState::Denied => out.minions_denied = ids,
             }
         }
+        // An id found in several state directories is listed once, in the state Salt reads it
+        // in (rejected, then pending, then accepted; `fetch`), as `salt-key -L` lists it.
+        let (pre, rejected) = (out.minions_pre.clone(), out.minions_rejected.clone());
+        out.minions_pre
+            .retain(|id| rejected.binary_search(id).is_err());
+        out.minions
+            .retain(|id| rejected.binary_search(id).is_err() && pre.binary_search(id).is_err());
         Ok(out)
     }
 

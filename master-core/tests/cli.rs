@@ -141,15 +141,29 @@ fn key_commands_work_on_the_pki_dir_like_salt_key() {
         "Key for minion g1 deleted.\nKey for minion g2 deleted.\nKey for minion h1 deleted.\n"
     );
     assert!(!cli(&config, &["key", "delete", "g*"]).status.success());
-    // One failure does not stop the others: x1 is listed as pending but is also rejected (Salt
-    // reads it as rejected), x2 is rejected all the same, and the failure is named.
+    // An id in two state directories is listed once, in the state Salt reads it in (rejected,
+    // then pending, then accepted), as `salt-key -L` lists it.
     for (sub, id) in [
-        ("minions_pre", "x1"),
-        ("minions_rejected", "x1"),
-        ("minions_pre", "x2"),
+        ("minions_pre", "x0"),
+        ("minions_rejected", "x0"),
+        ("minions", "x0"),
+        ("minions", "x3"),
+        ("minions_pre", "x3"),
     ] {
         std::fs::write(pki.join(sub).join(id), PUB).unwrap();
     }
+    let l = list();
+    assert_eq!(l["minions_rejected"], json!(["p2", "x0"]));
+    assert_eq!(l["minions_pre"], json!(["h22", "x3"]));
+    assert_eq!(l["minions"], json!(["a1", "p1", "p3"]));
+    assert_eq!(
+        run(&["delete", "x0,x3"]),
+        "Key for minion x0 deleted.\nKey for minion x3 deleted.\n"
+    );
+    // One failure does not stop the others: x1's pending file is too big to be a key, x2 is
+    // rejected all the same, and the failure is named.
+    std::fs::write(pki.join("minions_pre/x1"), vec![b'A'; 70_000]).unwrap();
+    std::fs::write(pki.join("minions_pre/x2"), PUB).unwrap();
     let o = cli(&config, &["key", "reject", "x*"]);
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(
