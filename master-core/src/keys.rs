@@ -20,7 +20,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::id::{validate_minion_id, IdError};
-use crate::target::glob_match;
+use crate::target::any_glob_match;
 
 #[derive(Debug, Error)]
 pub enum KeyError {
@@ -105,6 +105,17 @@ pub struct KeyList {
 }
 
 impl KeyList {
+    /// Every listed id, in any state, sorted, each once.
+    pub fn all(&self) -> Vec<String> {
+        let mut every: Vec<String> = KeyState::ALL
+            .iter()
+            .flat_map(|s| self.ids(*s).iter().cloned())
+            .collect();
+        every.sort();
+        every.dedup();
+        every
+    }
+
     pub fn ids(&self, state: KeyState) -> &[String] {
         match state {
             KeyState::Accepted => &self.minions,
@@ -270,8 +281,7 @@ impl KeyStore {
     /// files in `local_dir`, the master's own), `minions`, `minions_denied`, `minions_pre`,
     /// `minions_rejected`. Statuses with no match are left out, as Salt does.
     pub fn fingers(&self, local_dir: &Path, pattern: &str) -> Result<Fingers, KeyError> {
-        let globs: Vec<&str> = pattern.split(',').collect();
-        let wanted = |name: &str| globs.iter().any(|g| glob_match(g, name));
+        let wanted = |name: &str| any_glob_match(pattern, name);
         let mut out = Fingers::new();
         let list = self.list()?;
         for state in KeyState::ALL {

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use saltgate_config::salt_master::{load_salt_master, SaltMasterConfig};
 use saltgate_master::keys::{status_title, KeyState, KeyStore};
-use saltgate_master::target::glob_match;
+use saltgate_master::target::any_glob_match;
 use saltgate_master::{cli, jobs::JobCache, server};
 use serde_json::{json, Value as Json};
 
@@ -207,23 +207,12 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
                 }
             }
         }
-        KeyCmd::Accept(a) | KeyCmd::Reject(a) if !a.all && a.id.is_none() => {
-            bail!("name a minion id, or pass --all")
-        }
         KeyCmd::Accept(a) => {
-            let pending = ks.list()?.minions_pre;
-            let ids = match a.id {
-                Some(arg) => named_ids(&arg, &pending, Some("unaccepted"))?,
-                None => pending,
-            };
+            let ids = pending_ids(&ks, a)?;
             each_key(ids, "accepted", |id| Ok(ks.accept(id)?)).1?;
         }
         KeyCmd::Reject(a) => {
-            let pending = ks.list()?.minions_pre;
-            let ids = match a.id {
-                Some(arg) => named_ids(&arg, &pending, Some("unaccepted"))?,
-                None => pending,
-            };
+            let ids = pending_ids(&ks, a)?;
             let (changed, done) = each_key(ids, "rejected", |id| Ok(ks.reject(id)?));
             if changed {
                 request_rotation(c);
@@ -231,14 +220,8 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
             done?;
         }
         KeyCmd::Delete { id: arg } => {
-            let l = ks.list()?;
-            let mut every: Vec<String> = KeyState::ALL
-                .iter()
-                .flat_map(|s| l.ids(*s).iter().cloned())
-                .collect();
-            every.sort();
-            every.dedup();
-            let (changed, done) = each_key(named_ids(&arg, &every, None)?, "deleted", |id| {
+            let ids = named_ids(&arg, &ks.list()?.all(), None)?;
+            let (changed, done) = each_key(ids, "deleted", |id| {
                 if !ks.delete(id)? {
                     bail!("no key for minion {id:?}");
                 }
@@ -270,6 +253,16 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The pending keys that `accept`/`reject` name: `--all`, or an id or globs ([`named_ids`]).
+fn pending_ids(ks: &KeyStore, a: IdOrAll) -> Result<Vec<String>> {
+    let pending = ks.list()?.minions_pre;
+    match a.id {
+        Some(arg) => named_ids(&arg, &pending, Some("unaccepted")),
+        None if a.all => Ok(pending),
+        None => bail!("name a minion id, or pass --all"),
+    }
+}
+
 /// The ids that `arg` names among `candidates`, as `salt-key -a/-r/-d` reads it: a plain id
 /// stands for itself (the key store then checks it and names the state it is in); a glob (`*`,
 /// `?`, `[...]`), or several ids or globs joined by commas, stands for every candidate it matches
@@ -279,10 +272,9 @@ fn named_ids(arg: &str, candidates: &[String], state: Option<&str>) -> Result<Ve
     if !arg.contains(['*', '?', '[', ',']) {
         return Ok(vec![arg.to_string()]);
     }
-    let globs: Vec<&str> = arg.split(',').collect();
     let ids: Vec<String> = candidates
         .iter()
-        .filter(|id| globs.iter().any(|g| glob_match(g, id)))
+        .filter(|id| any_glob_match(arg, id))
         .cloned()
         .collect();
     if ids.is_empty() {

@@ -8,6 +8,12 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     glob_at(&p, &t)
 }
 
+/// `salt-key`'s reading of a name argument: several globs joined by commas (`'web*,db1'`); true
+/// when any of them matches `text`.
+pub fn any_glob_match(globs: &str, text: &str) -> bool {
+    globs.split(',').any(|g| glob_match(g, text))
+}
+
 fn glob_at(p: &[char], t: &[char]) -> bool {
     // Iterative with single-star backtracking: linear in practice, no recursion blow-up.
     let (mut pi, mut ti) = (0usize, 0usize);

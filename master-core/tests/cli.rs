@@ -69,11 +69,13 @@ fn key_commands_work_on_the_pki_dir_like_salt_key() {
     std::fs::create_dir_all(pki.join("minions_denied")).unwrap();
     std::fs::write(pki.join("minions_denied/a1"), PUB2).unwrap();
     std::fs::write(pki.join("minions_pre/q1"), PUB).unwrap();
-    let finger = |args: &[&str]| {
-        let o = cli(&config, &[&["key", "finger"], args].concat());
-        assert!(o.status.success(), "{}", err(&o));
+    // `key ARGS...`, which must succeed: its stdout.
+    let run = |args: &[&str]| {
+        let o = cli(&config, &[&["key"], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", err(&o));
         String::from_utf8(o.stdout).unwrap()
     };
+    let finger = |args: &[&str]| run(&[&["finger"], args].concat());
     let (f1, f2) = (PUB_FINGER, PUB2_FINGER);
     assert_eq!(
         finger(&["a1"]),
@@ -113,11 +115,6 @@ fn key_commands_work_on_the_pki_dir_like_salt_key() {
     for id in ["g1", "g2", "h1", "h22"] {
         std::fs::write(pki.join("minions_pre").join(id), PUB).unwrap();
     }
-    let run = |args: &[&str]| {
-        let o = cli(&config, &[&["key"], args].concat());
-        assert!(o.status.success(), "{args:?}: {}", err(&o));
-        String::from_utf8(o.stdout).unwrap()
-    };
     assert_eq!(
         run(&["accept", "g*"]),
         "Key for minion g1 accepted.\nKey for minion g2 accepted.\n"
