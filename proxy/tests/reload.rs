@@ -372,15 +372,11 @@ async fn a_config_file_that_would_block_is_refused_at_once_and_leaks_nothing() {
     }
     // A reading thread exits just after it answers; one blocked on the FIFO never would. Wait
     // (on the condition, bounded) for every one to be gone.
-    let deadline = std::time::Instant::now() + T;
-    while reading_threads() > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "reload attempts left {} reading threads behind",
-            reading_threads()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_for(
+        "no reading thread left behind by the reload attempts",
+        || reading_threads() == 0,
+    )
+    .await;
     assert_eq!(r.generation(), 1);
     assert_eq!(connect(addr(&r, Role::Publish)).await.1, "a");
     stop.send(()).unwrap();
