@@ -17,6 +17,15 @@ impl Drop for Guard {
     }
 }
 
+/// Reads `pipe` to its end on a thread of its own.
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut out = String::new();
+        let _ = pipe.read_to_string(&mut out);
+        out
+    })
+}
+
 #[test]
 fn demo_once_fails_over_and_every_minion_answers() {
     let child = Command::new(env!("CARGO_BIN_EXE_saltgate-demo"))
@@ -42,16 +51,8 @@ fn demo_once_fails_over_and_every_minion_answers() {
     let mut guard = Guard(child);
     // Read both pipes while the demo runs: a demo that logs more than a pipe holds (about 64 KiB,
     // say on a loaded machine that retries) would otherwise block on its write and never finish.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        let mut pipe = pipe.expect("piped");
-        std::thread::spawn(move || {
-            let mut out = String::new();
-            let _ = pipe.read_to_string(&mut out);
-            out
-        })
-    };
-    let out = drain(guard.0.stdout.take().map(|p| Box::new(p) as _));
-    let err = drain(guard.0.stderr.take().map(|p| Box::new(p) as _));
+    let out = drain(guard.0.stdout.take().expect("piped"));
+    let err = drain(guard.0.stderr.take().expect("piped"));
     let deadline = Instant::now() + Duration::from_secs(300);
     let status = loop {
         if let Some(s) = guard.0.try_wait().expect("wait for saltgate-demo") {
