@@ -1,7 +1,8 @@
 //! Two saltgate-masters in one cluster (127.0.1.40 and .41, shared cluster_pki_dir and
 //! cachedir): a minion authenticated on B is accepted through the shared keys, answers a job
 //! published through A's CLI (A forwards the publish to B, B forwards the return to A), and sees
-//! the cluster key. Joins with a wrong secret or an unsafe peer id are refused.
+//! the cluster key. Joins with a wrong secret or an unsafe peer id are refused, and so is a join
+//! reply changed in transit (signature, proof) or replayed (127.0.1.43-.45).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -223,4 +224,136 @@ async fn a_job_published_on_one_master_is_answered_through_another() {
     drop(sub);
     drop(a);
     drop(b);
+}
+
+/// How the man in the middle below changes A's `join_ok` on its way to the joiner.
+#[derive(Clone, Copy, Debug)]
+enum Tamper {
+    /// Passed on as it is (the positive control).
+    None,
+    /// One bit of the RSA signature flipped: the body and its proof are A's own.
+    Signature,
+    /// One bit of the body's `proof` flipped (and the body re-sealed with nothing else changed):
+    /// what a peer that does not know the `cluster_secret` would send.
+    Proof,
+    /// A's genuine answer to an earlier join, sent again.
+    Replay,
+}
+
+/// Relays one join from a joiner to `peer` and its answer back, changed as `tamper` says;
+/// `earlier` is a genuine answer kept from a previous join (for [`Tamper::Replay`]).
+async fn relay_one_join(
+    listener: &tokio::net::TcpListener,
+    peer: SocketAddr,
+    tamper: Tamper,
+    earlier: &mut Option<Vec<u8>>,
+) {
+    use saltgate_master::peerlink::{read_frame_idle, write_frame};
+    let (mut joiner, _) = listener.accept().await.unwrap();
+    let join = read_frame_idle(&mut joiner).await.unwrap().expect("a join");
+    let mut up = tokio::net::TcpStream::connect(peer).await.unwrap();
+    write_frame(&mut up, &join).await.unwrap();
+    let reply = read_frame_idle(&mut up).await.unwrap().expect("join_ok");
+    let flip = |field: &str, v: &Value| -> Value {
+        let Value::Map(m) = v else {
+            panic!("not a map")
+        };
+        Value::Map(
+            m.iter()
+                .map(|(k, x)| {
+                    let x = if as_str(k) == Some(field) {
+                        let mut b = as_bytes(x).unwrap().to_vec();
+                        b[0] ^= 1;
+                        Value::Binary(b)
+                    } else {
+                        x.clone()
+                    };
+                    (k.clone(), x)
+                })
+                .collect(),
+        )
+    };
+    let sent = match tamper {
+        Tamper::None => reply.clone(),
+        Tamper::Signature => envelope::encode(&flip("sig", &envelope::decode(&reply).unwrap())),
+        Tamper::Proof => {
+            let outer = envelope::decode(&reply).unwrap();
+            let body = envelope::decode(as_bytes(get(&outer, "body").unwrap()).unwrap()).unwrap();
+            let body = envelope::encode(&flip("proof", &body));
+            let Value::Map(m) = outer else { panic!() };
+            envelope::encode(&Value::Map(
+                m.into_iter()
+                    .map(|(k, x)| match as_str(&k) {
+                        Some("body") => (k, Value::Binary(body.clone())),
+                        _ => (k, x),
+                    })
+                    .collect(),
+            ))
+        }
+        Tamper::Replay => earlier.clone().expect("an earlier join_ok"),
+    };
+    *earlier = Some(reply);
+    write_frame(&mut joiner, &sent).await.unwrap();
+}
+
+/// Safer than Salt 3008.5, which does not verify the join reply: the joiner checks A's
+/// `join_ok` (signature, proof of the secret, the nonce of this join) and adds A only when all
+/// hold. Each check is shown alone by a man in the middle that changes one thing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_reply_changed_in_transit_or_replayed_is_refused() {
+    let root = tempfile::Builder::new()
+        .prefix("sgjr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::create_dir_all(root.path().join("shared/cpki")).unwrap();
+    std::fs::write(root.path().join("shared/cpki/cluster.pem"), openssl_pem()).unwrap();
+    let a = start(config(
+        root.path(),
+        "ma",
+        "127.0.1.43",
+        "127.0.1.44:1",
+        "s3cret",
+    ))
+    .await;
+    let a_pool = a.bound.cluster.expect("cluster port");
+    let mitm = tokio::net::TcpListener::bind("127.0.1.45:0").await.unwrap();
+    let mitm_addr = mitm.local_addr().unwrap();
+    let mut earlier = None;
+    for (n, (tamper, refusal)) in [
+        (Tamper::None, None),
+        (Tamper::Signature, Some("signature does not verify")),
+        (Tamper::Proof, Some("does not know the cluster_secret")),
+        (Tamper::Replay, Some("does not answer our join")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cfg = config(root.path(), "mj", "127.0.1.44", "127.0.1.43:1", "s3cret");
+        let own = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
+        let st = ClusterState::new(
+            cfg.cluster.clone().unwrap(),
+            &format!("joiner{n}"),
+            own.clone(),
+            "127.0.1.44:9".parse().unwrap(),
+        );
+        let m =
+            Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st);
+        let (r, ()) = tokio::join!(
+            cluster::join(&m, mitm_addr),
+            relay_one_join(&mitm, a_pool, tamper, &mut earlier)
+        );
+        let joined = m.cluster.as_ref().unwrap().joined();
+        match refusal {
+            None => {
+                assert!(r.is_ok(), "{tamper:?}: {r:?}");
+                assert_eq!(joined.get("ma"), Some(&a_pool), "{tamper:?}");
+            }
+            Some(why) => {
+                let e = r.expect_err(&format!("{tamper:?} must be refused"));
+                assert!(e.contains(why), "{tamper:?}: {e}");
+                assert!(joined.is_empty(), "{tamper:?}: {joined:?}");
+            }
+        }
+    }
+    drop(a);
 }
