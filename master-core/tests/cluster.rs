@@ -34,6 +34,30 @@ fn config(root: &Path, name: &str, ip: &str, peers: &str, secret: &str) -> SaltM
     parse_salt_master(&text, None).unwrap().config
 }
 
+/// A temporary root whose `shared/cpki` holds the cluster key (the shared cluster_pki_dir).
+fn cluster_root(prefix: &str) -> tempfile::TempDir {
+    let root = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::create_dir_all(root.path().join("shared/cpki")).unwrap();
+    std::fs::write(root.path().join("shared/cpki/cluster.pem"), openssl_pem()).unwrap();
+    root
+}
+
+/// A cluster member that is not served, calling itself `peer_id`: it only joins (tests call
+/// `cluster::join` with it).
+fn joiner(cfg: SaltMasterConfig, peer_id: &str, pool: &str) -> Master {
+    let own = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
+    let st = ClusterState::new(
+        cfg.cluster.clone().unwrap(),
+        peer_id,
+        own.clone(),
+        pool.parse().unwrap(),
+    );
+    Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st)
+}
+
 async fn start(config: SaltMasterConfig) -> common::InProcess {
     common::InProcess::start(config).await
 }
@@ -49,12 +73,7 @@ async fn request(addr: SocketAddr, body: Vec<u8>) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_published_on_one_master_is_answered_through_another() {
-    let root = tempfile::Builder::new()
-        .prefix("sgcl")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::create_dir_all(root.path().join("shared/cpki")).unwrap();
-    std::fs::write(root.path().join("shared/cpki/cluster.pem"), openssl_pem()).unwrap();
+    let root = cluster_root("sgcl");
     // A's configured peer is unreachable; B joins A and A learns B from the join.
     let a = start(config(
         root.path(),
@@ -197,15 +216,7 @@ async fn a_job_published_on_one_master_is_answered_through_another() {
         ("s3cret", "legit", true),
     ] {
         let cfg = config(root.path(), "intr", "127.0.1.42", "127.0.1.40:1", secret);
-        let own = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
-        let st = ClusterState::new(
-            cfg.cluster.clone().unwrap(),
-            peer_id,
-            own.clone(),
-            "127.0.1.42:9".parse().unwrap(),
-        );
-        let m =
-            Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st);
+        let m = joiner(cfg, peer_id, "127.0.1.42:9");
         let r = cluster::join(&m, a_pool).await;
         assert_eq!(r.is_ok(), ok, "{peer_id} with {secret}: {r:?}");
         if let Ok(j) = r {
@@ -301,12 +312,7 @@ async fn relay_one_join(
 /// hold. Each check is shown alone by a man in the middle that changes one thing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_reply_changed_in_transit_or_replayed_is_refused() {
-    let root = tempfile::Builder::new()
-        .prefix("sgjr")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::create_dir_all(root.path().join("shared/cpki")).unwrap();
-    std::fs::write(root.path().join("shared/cpki/cluster.pem"), openssl_pem()).unwrap();
+    let root = cluster_root("sgjr");
     let a = start(config(
         root.path(),
         "ma",
@@ -329,15 +335,7 @@ async fn a_join_reply_changed_in_transit_or_replayed_is_refused() {
     .enumerate()
     {
         let cfg = config(root.path(), "mj", "127.0.1.44", "127.0.1.43:1", "s3cret");
-        let own = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
-        let st = ClusterState::new(
-            cfg.cluster.clone().unwrap(),
-            &format!("joiner{n}"),
-            own.clone(),
-            "127.0.1.44:9".parse().unwrap(),
-        );
-        let m =
-            Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st);
+        let m = joiner(cfg, &format!("joiner{n}"), "127.0.1.44:9");
         let (r, ()) = tokio::join!(
             cluster::join(&m, mitm_addr),
             relay_one_join(&mitm, a_pool, tamper, &mut earlier)
