@@ -545,7 +545,10 @@ fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<
                 return Err(format!("return for unknown job {jid}"));
             }
             if let Err(e) = master.jobs.save_return(jid, minion, &ret) {
-                tracing::warn!(%jid, error = %e, "forwarded return not stored");
+                master
+                    .returns_not_cached
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!(%jid, error = %e, "forwarded return not stored in the job cache; passed on");
             }
             master.notify_return(
                 jid,

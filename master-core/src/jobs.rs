@@ -3,8 +3,13 @@
 //! * JIDs are Salt's: `YYYYMMDDhhmmssffffff` (20 digits, UTC here; Salt uses local time), made
 //!   unique within the process by bumping the microseconds.
 //! * Layout: `<cachedir>/jobs/<jid>/load.json` (the job as published plus the expected
-//!   minions), `<cachedir>/jobs/<jid>/returns/<minion id>.json` (one return each). JSON, not
-//!   Salt's msgpack `local_cache` layout: this cache is ours, read by `saltgate-master jobs`.
+//!   minions) and `<cachedir>/jobs/<jid>/returns.jsonl` (the returns, one JSON line
+//!   `{"id": minion, "ret": return}` each, appended; a later line for the same minion replaces
+//!   an earlier one). JSON, not Salt's msgpack `local_cache` layout: this cache is ours, read by
+//!   `saltgate-master jobs`. One file per job, not per return: creating a file per return cost
+//!   an inode allocation each, and on ext4 with many recently deleted inodes (a master pruning
+//!   its jobs) that scan was a third of the master's CPU per return.
+//! * Caches written before that (`<jid>/returns/<minion id>.json`) are still read.
 //! * [`JobCache::prune`] removes jobs whose JID time is older than `keep_jobs` hours.
 
 use std::path::{Path, PathBuf};
@@ -15,7 +20,7 @@ use serde_json::{json, Value as Json};
 use thiserror::Error;
 
 use crate::id::validate_minion_id;
-use crate::keys::{make_dir, write_atomic, write_atomic_unsynced, KeyError};
+use crate::keys::{make_dir, write_atomic, KeyError};
 
 #[derive(Debug, Error)]
 pub enum JobError {
@@ -39,7 +44,21 @@ pub enum JobError {
     },
     #[error("minion id refused: {0}")]
     Id(#[from] crate::id::IdError),
+    #[error(
+        "{path}: return of {minion} written short ({written} of {len} bytes); the disk may be full"
+    )]
+    Short {
+        path: PathBuf,
+        minion: String,
+        written: usize,
+        len: usize,
+    },
 }
+
+/// The returns log in a job's directory.
+const RETURNS: &str = "returns.jsonl";
+/// The per-return files of caches written before the log (read, never written).
+const LEGACY_RETURNS: &str = "returns";
 
 pub use saltgate_wire::jid::{jid_at, jid_time};
 
@@ -91,12 +110,15 @@ impl JobCache {
         &self.dir
     }
 
-    /// Saves a new job's load (with the minions expected to return).
+    /// Saves a new job's load (with the minions expected to return) and creates its (empty)
+    /// returns log.
     pub fn save_load(&self, jid: &str, load: &Json) -> Result<(), JobError> {
         check_jid(jid)?;
         let job = self.dir.join(jid);
         make_dir(&self.dir, 0o700)?;
-        make_dir(&job.join("returns"), 0o700)?;
+        make_dir(&job, 0o700)?;
+        let log = job.join(RETURNS);
+        open_log(&log, true).map_err(|source| JobError::Io { path: log, source })?;
         let bytes = serde_json::to_vec_pretty(load).unwrap_or_default();
         write_atomic(&job.join("load.json"), &bytes, 0o600)?;
         Ok(())
@@ -106,22 +128,46 @@ impl JobCache {
         check_jid(jid).is_ok() && self.dir.join(jid).join("load.json").is_file()
     }
 
-    /// Saves one minion's return for a job that exists.
+    /// Saves one minion's return for a job that exists: one line appended to the job's
+    /// returns log in a single `write` (`O_APPEND`), so concurrent returns never interleave
+    /// and a reader sees a line whole or not at all. Not synced: Salt's `local_cache` does not
+    /// sync returns either (the `publish` client that waited for them has them).
     pub fn save_return(&self, jid: &str, minion: &str, ret: &Json) -> Result<(), JobError> {
+        use std::io::Write;
         check_jid(jid)?;
         validate_minion_id(minion)?;
-        if !self.exists(jid) {
-            return Err(JobError::NotFound(jid.to_string()));
+        let job = self.dir.join(jid);
+        let path = job.join(RETURNS);
+        let mut f = match open_log(&path, false) {
+            Ok(f) => f,
+            // A job saved by an older master has no log yet; a job without a load is unknown.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.exists(jid) => {
+                open_log(&path, true).map_err(|source| JobError::Io {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(JobError::NotFound(jid.to_string()))
+            }
+            Err(source) => return Err(JobError::Io { path, source }),
+        };
+        let mut line = serde_json::to_vec(&json!({"id": minion, "ret": ret})).unwrap_or_default();
+        line.push(b'\n');
+        match f.write(&line) {
+            Ok(n) if n == line.len() => Ok(()),
+            Ok(n) => {
+                // End the torn line so the next return starts on a line of its own.
+                let _ = f.write(b"\n");
+                Err(JobError::Short {
+                    path,
+                    minion: minion.to_string(),
+                    written: n,
+                    len: line.len(),
+                })
+            }
+            Err(source) => Err(JobError::Io { path, source }),
         }
-        let bytes = serde_json::to_vec_pretty(ret).unwrap_or_default();
-        let dir = self.dir.join(jid).join("returns");
-        let target = dir.join(format!("{minion}.json"));
-        if link_new(&dir, &target, &bytes).is_err() {
-            // No O_TMPFILE or /proc here, or a re-sent return: the named temp file and rename
-            // (which replaces the first return, as it always did).
-            write_atomic_unsynced(&target, &bytes, 0o600)?;
-        }
-        Ok(())
     }
 
     /// JIDs in the cache, oldest first.
@@ -159,12 +205,14 @@ impl JobCache {
         })
     }
 
-    /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`.
+    /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`, the last return of
+    /// each minion. A line that is not a whole return (a write torn by a full disk) is skipped
+    /// and its line number listed under `"unreadable_lines"`.
     pub fn show(&self, jid: &str) -> Result<Json, JobError> {
         let load = self.load(jid)?;
         let job = self.dir.join(jid);
         let mut returns = serde_json::Map::new();
-        if let Ok(entries) = std::fs::read_dir(job.join("returns")) {
+        if let Ok(entries) = std::fs::read_dir(job.join(LEGACY_RETURNS)) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some(id) = name.strip_suffix(".json") {
@@ -174,7 +222,35 @@ impl JobCache {
                 }
             }
         }
-        Ok(json!({"jid": jid, "load": load, "returns": returns}))
+        let path = job.join(RETURNS);
+        let log = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(source) => return Err(JobError::Io { path, source }),
+        };
+        let mut unreadable = Vec::new();
+        for (n, line) in log.split(|&b| b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            let rec: Option<(String, Json)> =
+                serde_json::from_slice::<Json>(line).ok().and_then(|mut v| {
+                    let id = v.get("id")?.as_str()?.to_string();
+                    validate_minion_id(&id).ok()?;
+                    Some((id, v.get_mut("ret")?.take()))
+                });
+            match rec {
+                Some((id, ret)) => {
+                    returns.insert(id, ret);
+                }
+                None => unreadable.push(n + 1),
+            }
+        }
+        let mut out = json!({"jid": jid, "load": load, "returns": returns});
+        if !unreadable.is_empty() {
+            out["unreadable_lines"] = json!(unreadable);
+        }
+        Ok(out)
     }
 
     /// Removes jobs older than `keep` (by JID time). `keep` zero keeps everything, like Salt's
@@ -196,39 +272,14 @@ impl JobCache {
     }
 }
 
-/// Writes `data` as the new file `target` in `dir`: an unnamed file (`O_TMPFILE`), written,
-/// then linked in under its name. Readers never see a partial file, and the directory changes
-/// once, where a named temp file and a rename change it three times (at 2,000 returns a job,
-/// those directory updates were a tenth of the master's CPU per return). Not synced (see
-/// [`write_atomic_unsynced`]). Fails, writing nothing, when `target` exists.
-fn link_new(dir: &Path, target: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
-    use std::os::unix::ffi::OsStrExt;
+/// Opens a job's returns log for appending (creating it, mode 0600, when `create`).
+fn open_log(path: &Path, create: bool) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_TMPFILE)
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(create)
         .mode(0o600)
-        .open(dir)?;
-    f.write_all(data)?;
-    let src = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd()))?;
-    let dst = CString::new(target.as_os_str().as_bytes())?;
-    // SAFETY: two NUL-terminated paths that outlive the call; `f` keeps the descriptor open.
-    let r = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            src.as_ptr(),
-            libc::AT_FDCWD,
-            dst.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+        .open(path)
 }
 
 fn read_json(path: &Path) -> Result<Json, JobError> {
@@ -275,8 +326,17 @@ mod tests {
         assert!(matches!(cache.show(&old), Err(JobError::NotFound(_))));
     }
 
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
-    fn a_resent_return_replaces_the_first_and_no_temp_file_is_left() {
+    fn a_resent_return_replaces_the_first_and_a_job_is_two_files() {
         let d = tempfile::tempdir().unwrap();
         let cache = JobCache::new(d.path());
         let jid = jid_at(SystemTime::now());
@@ -293,15 +353,69 @@ mod tests {
         let shown = cache.show(&jid).unwrap();
         assert_eq!(shown["returns"]["m1"], json!({"return": 2}));
         assert_eq!(shown["returns"]["m2"], json!({"return": 3}));
-        let mut names: Vec<String> = std::fs::read_dir(cache.dir().join(&jid).join("returns"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["m1.json", "m2.json"]);
+        assert_eq!(shown["returns"].as_object().unwrap().len(), 2);
+        assert!(shown.get("unreadable_lines").is_none());
+        let job = cache.dir().join(&jid);
+        assert_eq!(
+            names(&job),
+            ["load.json", RETURNS],
+            "no file per return, no temp file"
+        );
         use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(cache.dir().join(&jid).join("returns/m2.json")).unwrap();
+        let meta = std::fs::metadata(job.join(RETURNS)).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn concurrent_returns_are_whole_lines_and_a_torn_line_costs_only_itself() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = JobCache::new(d.path());
+        let jid = jid_at(SystemTime::now());
+        cache.save_load(&jid, &json!({"fun": "cmd.run"})).unwrap();
+        // Returns big enough that interleaved writes would show, from eight threads at once.
+        let big = "x".repeat(64 * 1024);
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (cache, jid, big) = (&cache, &jid, &big);
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let id = format!("m{t}-{i}");
+                        cache
+                            .save_return(jid, &id, &json!({"return": format!("{id}{big}")}))
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let shown = cache.show(&jid).unwrap();
+        let returns = shown["returns"].as_object().unwrap();
+        assert_eq!(returns.len(), 200);
+        for (id, ret) in returns {
+            assert_eq!(ret["return"], json!(format!("{id}{big}")));
+        }
+        // A write torn by a full disk: the next return still lands on a line of its own.
+        let log = cache.dir().join(&jid).join(RETURNS);
+        let mut f = open_log(&log, false).unwrap();
+        std::io::Write::write_all(&mut f, b"{\"id\":\"torn\",\"ret\":{\"ret\n").unwrap();
+        cache.save_return(&jid, "after", &json!(true)).unwrap();
+        let shown = cache.show(&jid).unwrap();
+        assert_eq!(shown["returns"]["after"], json!(true));
+        assert!(shown["returns"].get("torn").is_none());
+        assert_eq!(shown["unreadable_lines"], json!([201]));
+    }
+
+    #[test]
+    fn a_cache_from_before_the_log_is_read_and_takes_new_returns() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = JobCache::new(d.path());
+        let jid = jid_at(SystemTime::now());
+        let job = cache.dir().join(&jid);
+        std::fs::create_dir_all(job.join(LEGACY_RETURNS)).unwrap();
+        std::fs::write(job.join("load.json"), b"{\"fun\": \"test.ping\"}").unwrap();
+        std::fs::write(job.join(LEGACY_RETURNS).join("old.json"), b"true").unwrap();
+        cache.save_return(&jid, "new", &json!(false)).unwrap();
+        let shown = cache.show(&jid).unwrap();
+        assert_eq!(shown["returns"], json!({"old": true, "new": false}));
     }
 
     #[test]

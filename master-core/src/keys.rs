@@ -372,18 +372,6 @@ pub(crate) fn make_dir(path: &Path, mode: u32) -> Result<(), KeyError> {
 /// Writes `data` to a hidden temp file next to `target`, flushes it to disk, then renames it
 /// into place: for keys and job loads, which must survive a crash.
 pub(crate) fn write_atomic(target: &Path, data: &[u8], mode: u32) -> Result<(), KeyError> {
-    write_via_temp(target, data, mode, true)
-}
-
-/// As [`write_atomic`] without the flush to disk: readers still never see a partial file, but
-/// a crash of the machine (not of the master) may lose it. For job returns, which Salt's own
-/// `local_cache` writes without syncing too: the `fsync` was a tenth of the master's CPU per
-/// return and milliseconds of a blocking thread's time (docs/master.md, "Performance").
-pub(crate) fn write_atomic_unsynced(target: &Path, data: &[u8], mode: u32) -> Result<(), KeyError> {
-    write_via_temp(target, data, mode, false)
-}
-
-fn write_via_temp(target: &Path, data: &[u8], mode: u32, sync: bool) -> Result<(), KeyError> {
     let dir = target.parent().unwrap_or(Path::new("."));
     let name = target
         .file_name()
@@ -396,9 +384,7 @@ fn write_via_temp(target: &Path, data: &[u8], mode: u32, sync: bool) -> Result<(
         .mode(mode)
         .open(&tmp)
         .map_err(io_err(&tmp))?;
-    let written = f
-        .write_all(data)
-        .and_then(|()| if sync { f.sync_all() } else { Ok(()) });
+    let written = f.write_all(data).and_then(|()| f.sync_all());
     drop(f);
     if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, target)) {
         let _ = std::fs::remove_file(&tmp);

@@ -310,6 +310,18 @@ pub fn render(src: &Sources) -> String {
             .as_ref()
             .map(|p| (String::new(), p.dropped_total())),
     );
+    family(
+        &mut out,
+        (
+            "saltgate_master_returns_not_cached_total",
+            "counter",
+            "Returns of known jobs the job cache could not store (each is logged; the waiting publish still gets them).",
+        ),
+        [(
+            String::new(),
+            m.returns_not_cached.load(Ordering::Relaxed),
+        )],
+    );
     if let Some(cl) = &m.cluster {
         family(
             &mut out,

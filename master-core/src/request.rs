@@ -9,6 +9,7 @@
 //! be fresh. Every refusal is logged with its reason and answered as Salt would (`"bad load"`
 //! in most cases).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
@@ -561,37 +562,41 @@ fn store_return(master: &Master, id: &str, load: &Value) {
     }
     let ret = serde_json::Value::Object(ret);
     match master.jobs.save_return(&jid, id, &ret) {
-        Ok(()) => {
-            tracing::info!(minion = %id, %jid, "return stored");
-            if let Some(cl) = &master.cluster {
-                match master.job_origin(&jid) {
-                    Some(origin) if origin != cl.own_id => crate::cluster::forward(
-                        master,
-                        envelope::map(vec![
-                            ("kind", text("return")),
-                            ("jid", text(&jid)),
-                            ("minion", text(id)),
-                            ("ret", text(&ret.to_string())),
-                        ]),
-                        Some(&origin),
-                    ),
-                    _ => {}
-                }
-            }
-            master.notify_return(
-                &jid,
-                ReturnEvent {
-                    minion: id.to_string(),
-                    ret,
-                },
-            );
-        }
+        Ok(()) => tracing::info!(minion = %id, %jid, "return stored"),
         Err(e @ (crate::jobs::JobError::NotFound(_) | crate::jobs::JobError::BadJid(_))) => {
             master.refusals.count(Refused::UnknownJob);
-            tracing::warn!(minion = %id, %jid, error = %e, "return refused")
+            tracing::warn!(minion = %id, %jid, error = %e, "return refused");
+            return;
         }
-        Err(e) => tracing::error!(minion = %id, %jid, error = %e, "return not stored"),
+        // The job is known: a cache that cannot take the return (a full disk) must not cost
+        // the `publish` waiting for it, nor the origin master.
+        Err(e) => {
+            master.returns_not_cached.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(minion = %id, %jid, error = %e, "return not stored in the job cache; passed on");
+        }
     }
+    if let Some(cl) = &master.cluster {
+        match master.job_origin(&jid) {
+            Some(origin) if origin != cl.own_id => crate::cluster::forward(
+                master,
+                envelope::map(vec![
+                    ("kind", text("return")),
+                    ("jid", text(&jid)),
+                    ("minion", text(id)),
+                    ("ret", text(&ret.to_string())),
+                ]),
+                Some(&origin),
+            ),
+            _ => {}
+        }
+    }
+    master.notify_return(
+        &jid,
+        ReturnEvent {
+            minion: id.to_string(),
+            ret,
+        },
+    );
 }
 
 #[cfg(test)]
@@ -636,5 +641,44 @@ mod tests {
         );
         // Undecodable bytes get Salt's error reply at any age below the general limit.
         assert!(handle(&m, b"\xc1", just_over).is_some());
+    }
+
+    #[test]
+    fn a_return_the_cache_cannot_store_still_reaches_the_waiting_publish_and_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = master(dir.path());
+        let load = |jid: &str| {
+            map(vec![
+                ("jid", text(jid)),
+                ("return", Value::Boolean(true)),
+                ("fun", text("test.ping")),
+            ])
+        };
+        let (ok, broken) = (m.jids.next(), m.jids.next());
+        for jid in [&ok, &broken] {
+            m.jobs.save_load(jid, &serde_json::json!({})).unwrap();
+        }
+        // A returns log that cannot be opened for writing (as a full or read-only disk).
+        let log = m.jobs.dir().join(&broken).join("returns.jsonl");
+        std::fs::remove_file(&log).unwrap();
+        std::fs::create_dir(&log).unwrap();
+        let mut rx_ok = m.wait_returns(&ok);
+        let mut rx_broken = m.wait_returns(&broken);
+        store_return(&m, "m1", &load(&ok));
+        store_return(&m, "m1", &load(&broken));
+        assert_eq!(rx_ok.try_recv().unwrap().minion, "m1");
+        let ev = rx_broken.try_recv().expect("the waiting publish gets it");
+        assert_eq!(ev.ret["return"], serde_json::json!(true));
+        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            m.jobs.show(&ok).unwrap()["returns"]["m1"]["return"],
+            serde_json::json!(true)
+        );
+        // A job the cache does not know is refused, not passed on.
+        let mut rx_unknown = m.wait_returns("20260101000000000000");
+        store_return(&m, "m1", &load("20260101000000000000"));
+        assert!(rx_unknown.try_recv().is_err());
+        assert_eq!(m.refusals.get(Refused::UnknownJob), 1);
+        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 1);
     }
 }

@@ -180,6 +180,9 @@ pub struct Master {
     pub toks: VerifiedToks,
     /// Refusals by reason (the metrics endpoint's `saltgate_master_refusals_total`).
     pub refusals: crate::metrics::Refusals,
+    /// Returns of known jobs the job cache could not take (a full disk): still passed on to
+    /// the waiting `publish` and the origin master, logged, and counted here.
+    pub returns_not_cached: std::sync::atomic::AtomicU64,
 }
 
 /// For each minion, a digest of (accepted key, `tok`) that verified: the same pair needs no
@@ -310,6 +313,7 @@ impl Master {
             aes_sig: Mutex::default(),
             toks: VerifiedToks::default(),
             refusals: crate::metrics::Refusals::new(),
+            returns_not_cached: Default::default(),
             config,
         }
     }
