@@ -62,6 +62,7 @@ BUILD=()
 [ "${SGM:-1}" != 0 ] && [ -z "${SALTGATE_MINION_BIN:-}" ] && BUILD+=(-p saltgate-minion)
 if [ ${#BUILD[@]} -gt 0 ]; then
   log "building (cargo build --release ${BUILD[*]})"
+  "$ROOT/scripts/build-deps.sh"
   (cd "$ROOT" && cargo build --release "${BUILD[@]}" >&2)
 fi
 if [ "$SG_IMPL" = saltgate ]; then

@@ -3,17 +3,27 @@
 //!
 //! Keys read and write Salt's exact PEM text (PKCS#1 private, SPKI public; see [`crate::pem`]).
 //!
+//! **Where each operation runs.** Decryption (OAEP), signatures (PKCS#1 v1.5) and encryption
+//! (OAEP) go through the system's OpenSSL (libcrypto 3): its RSA is constant time and blinded,
+//! and a private-key operation costs 0.26 ms there against 2.0 ms in the `rsa` crate (2048
+//! bits, this project's 2-core VM): two of them are most of a master's CPU per `_auth`. The
+//! `rsa` crate still reads and writes keys, generates them, and does OpenSSL's X9.31 "private
+//! encrypt" (blinded; a minion's `tok` and the master's `aes` signature, once per key), and
+//! public operations use the Montgomery routine in `rsa_public.rs`.
+//!
 //! **Timing side channel (RUSTSEC-2023-0071, "Marvin").** The `rsa` crate's private-key
-//! operations are not constant time. Every private-key operation here is *blinded* with a fresh
-//! random factor (`decrypt_blinded`, `sign_with_rng`, `rsa_decrypt_and_check(Some(rng))`), which
-//! decorrelates the timing from the attacker's ciphertext; the crate README explains where the
-//! remaining risk sits and why the proxy never decrypts at all.
+//! operations are not constant time; none of them decrypts attacker-chosen bytes any more (the
+//! master's decryption of a minion's `_auth` `token` is OpenSSL's). docs/wire.md has the rest.
+
+use std::sync::OnceLock;
 
 use ::rsa::hazmat::{rsa_decrypt_and_check, rsa_encrypt};
 use ::rsa::pkcs1::{DecodeRsaPrivateKey, DecodeRsaPublicKey, EncodeRsaPrivateKey};
 use ::rsa::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
 use ::rsa::traits::PublicKeyParts;
-use ::rsa::{BigUint, Oaep, Pkcs1v15Sign, RsaPrivateKey, RsaPublicKey};
+use ::rsa::{BigUint, Pkcs1v15Sign, RsaPrivateKey, RsaPublicKey};
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private, Public};
 use rand_core_06::OsRng;
 use sha1::{Digest, Sha1};
 use sha2::Sha224;
@@ -34,6 +44,8 @@ pub enum RsaError {
     BadKey(String),
     #[error("RSA operation failed: {0}")]
     Rsa(#[from] ::rsa::Error),
+    #[error("RSA operation failed (OpenSSL): {0}")]
+    OpenSsl(#[from] openssl::error::ErrorStack),
     #[error("message of {len} bytes does not fit a {key_bytes}-byte key")]
     TooLong { len: usize, key_bytes: usize },
     #[error("X9.31 padding check failed")]
@@ -59,10 +71,11 @@ impl EncAlgo {
         }
     }
 
-    fn padding(self) -> Oaep {
+    /// OAEP's hash, which is MGF1's too (as Salt's `cryptography` calls use it).
+    fn digest(self) -> MessageDigest {
         match self {
-            EncAlgo::OaepSha1 => Oaep::new::<Sha1>(),
-            EncAlgo::OaepSha224 => Oaep::new::<Sha224>(),
+            EncAlgo::OaepSha1 => MessageDigest::sha1(),
+            EncAlgo::OaepSha224 => MessageDigest::sha224(),
         }
     }
 }
@@ -84,6 +97,13 @@ impl SigAlgo {
         }
     }
 
+    fn digest(self) -> MessageDigest {
+        match self {
+            SigAlgo::Pkcs1v15Sha1 => MessageDigest::sha1(),
+            SigAlgo::Pkcs1v15Sha224 => MessageDigest::sha224(),
+        }
+    }
+
     fn scheme_and_digest(self, msg: &[u8]) -> (Pkcs1v15Sign, Vec<u8>) {
         match self {
             SigAlgo::Pkcs1v15Sha1 => (Pkcs1v15Sign::new::<Sha1>(), Sha1::digest(msg).to_vec()),
@@ -94,9 +114,10 @@ impl SigAlgo {
     }
 }
 
-/// An RSA private key.
+/// An RSA private key: the `rsa` crate's (key files, X9.31) and the same key in OpenSSL
+/// (decryption, signatures).
 #[derive(Clone)]
-pub struct PrivateKey(RsaPrivateKey);
+pub struct PrivateKey(RsaPrivateKey, PKey<Private>);
 
 impl std::fmt::Debug for PrivateKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,14 +125,68 @@ impl std::fmt::Debug for PrivateKey {
     }
 }
 
-/// An RSA public key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublicKey(RsaPublicKey);
+/// An RSA public key; its OpenSSL form is made on the first encryption.
+#[derive(Clone)]
+pub struct PublicKey(RsaPublicKey, OnceLock<PKey<Public>>);
+
+impl std::fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PublicKey").field(&self.0).finish()
+    }
+}
+
+impl PartialEq for PublicKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for PublicKey {}
+
+impl From<RsaPublicKey> for PublicKey {
+    fn from(k: RsaPublicKey) -> Self {
+        PublicKey(k, OnceLock::new())
+    }
+}
+
+impl PrivateKey {
+    fn new(key: RsaPrivateKey) -> Result<Self, RsaError> {
+        let der = key
+            .to_pkcs1_der()
+            .map_err(|e| RsaError::BadKey(e.to_string()))?;
+        let ossl = PKey::from_rsa(openssl::rsa::Rsa::private_key_from_der(der.as_bytes())?)?;
+        Ok(PrivateKey(key, ossl))
+    }
+}
+
+/// OAEP decryption in OpenSSL, `algo`'s hash for OAEP and MGF1 (as Salt's `cryptography` calls).
+fn oaep_decrypt(key: &PKey<Private>, algo: EncAlgo, ct: &[u8]) -> Result<Vec<u8>, RsaError> {
+    let mut d = openssl::encrypt::Decrypter::new(key)?;
+    d.set_rsa_padding(openssl::rsa::Padding::PKCS1_OAEP)?;
+    d.set_rsa_oaep_md(algo.digest())?;
+    d.set_rsa_mgf1_md(algo.digest())?;
+    let mut out = vec![0u8; d.decrypt_len(ct)?];
+    let n = d.decrypt(ct, &mut out)?;
+    out.truncate(n);
+    Ok(out)
+}
+
+/// OAEP encryption in OpenSSL (a fresh random seed), as [`oaep_decrypt`].
+fn oaep_encrypt(key: &PKey<Public>, algo: EncAlgo, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
+    let mut e = openssl::encrypt::Encrypter::new(key)?;
+    e.set_rsa_padding(openssl::rsa::Padding::PKCS1_OAEP)?;
+    e.set_rsa_oaep_md(algo.digest())?;
+    e.set_rsa_mgf1_md(algo.digest())?;
+    let mut out = vec![0u8; e.encrypt_len(msg)?];
+    let n = e.encrypt(msg, &mut out)?;
+    out.truncate(n);
+    Ok(out)
+}
 
 impl PrivateKey {
     /// A new key with e = 65537 (Salt: `keysize` 2048).
     pub fn generate(bits: usize) -> Result<Self, RsaError> {
-        Ok(PrivateKey(RsaPrivateKey::new(&mut OsRng, bits)?))
+        PrivateKey::new(RsaPrivateKey::new(&mut OsRng, bits)?)
     }
 
     /// Reads `BEGIN RSA PRIVATE KEY` (PKCS#1) or unencrypted `BEGIN PRIVATE KEY` (PKCS#8).
@@ -125,7 +200,7 @@ impl PrivateKey {
                     .map_err(|e| RsaError::BadKey(e.to_string()))?,
                 _ => return Err(RsaError::UnsupportedLabel(label)),
             };
-        Ok(PrivateKey(key))
+        PrivateKey::new(key)
     }
 
     /// Salt's private key file text: PKCS#1, 64 columns, trailing newline.
@@ -138,7 +213,7 @@ impl PrivateKey {
     }
 
     pub fn public_key(&self) -> PublicKey {
-        PublicKey(self.0.to_public_key())
+        PublicKey::from(self.0.to_public_key())
     }
 
     /// Modulus size in bytes.
@@ -146,17 +221,16 @@ impl PrivateKey {
         self.0.size()
     }
 
-    /// OAEP decryption, blinded.
+    /// OAEP decryption (OpenSSL: constant time, blinded).
     pub fn decrypt(&self, algo: EncAlgo, ciphertext: &[u8]) -> Result<Vec<u8>, RsaError> {
-        Ok(self
-            .0
-            .decrypt_blinded(&mut OsRng, algo.padding(), ciphertext)?)
+        oaep_decrypt(&self.1, algo, ciphertext)
     }
 
-    /// PKCS#1 v1.5 signature over `msg` (hashed here), blinded.
+    /// PKCS#1 v1.5 signature over `msg` (hashed here; OpenSSL, blinded).
     pub fn sign(&self, algo: SigAlgo, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
-        let (scheme, digest) = algo.scheme_and_digest(msg);
-        Ok(self.0.sign_with_rng(&mut OsRng, scheme, &digest)?)
+        let mut s = openssl::sign::Signer::new(algo.digest(), &self.1)?;
+        s.set_rsa_padding(openssl::rsa::Padding::PKCS1)?;
+        Ok(s.sign_oneshot_to_vec(msg)?)
     }
 
     /// OpenSSL `RSA_private_encrypt(RSA_X931_PADDING)`, as Salt's `PrivateKey.encrypt` (used for
@@ -184,7 +258,7 @@ impl PublicKey {
             }
             _ => return Err(RsaError::UnsupportedLabel(label)),
         };
-        Ok(PublicKey(key))
+        Ok(PublicKey::from(key))
     }
 
     /// Salt's public key file text: SPKI, 64 columns, trailing newline.
@@ -205,9 +279,20 @@ impl PublicKey {
         self.0.size()
     }
 
-    /// OAEP encryption with a fresh random seed.
+    /// OAEP encryption with a fresh random seed (OpenSSL).
     pub fn encrypt(&self, algo: EncAlgo, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
-        Ok(self.0.encrypt(&mut OsRng, algo.padding(), msg)?)
+        let key = match self.1.get() {
+            Some(k) => k,
+            None => {
+                // From n and e: OpenSSL 3's DER decoder costs 100 µs a key, this 10.
+                let bn = |x: &BigUint| openssl::bn::BigNum::from_slice(&x.to_bytes_be());
+                let rsa =
+                    openssl::rsa::Rsa::from_public_components(bn(self.0.n())?, bn(self.0.e())?)?;
+                let k = PKey::from_rsa(rsa)?;
+                self.1.get_or_init(|| k)
+            }
+        };
+        oaep_encrypt(key, algo, msg)
     }
 
     /// Verifies a PKCS#1 v1.5 signature over `msg`: `sig^e mod n` (the Montgomery routine,

@@ -154,3 +154,65 @@ fn fast_pkcs1v15_verify_agrees_with_the_rsa_crate() {
     let sig = k.sign(SigAlgo::Pkcs1v15Sha1, b"x").unwrap();
     assert!(!public.verify(SigAlgo::Pkcs1v15Sha224, b"x", &sig));
 }
+
+/// OpenSSL does the private-key operations and the encryption; the `rsa` crate, which did
+/// them before and which real Salt's messages were checked against, must agree byte for byte:
+/// PKCS#1 v1.5 signatures are deterministic, and each side decrypts what the other encrypts.
+#[test]
+fn openssl_operations_agree_with_the_rsa_crate() {
+    use ::rsa::Oaep;
+    let k = key();
+    let public = k.public_key();
+    for algo in [SigAlgo::Pkcs1v15Sha1, SigAlgo::Pkcs1v15Sha224] {
+        for msg in [&b""[..], b"load", &[0x5a; 5000][..]] {
+            let (scheme, digest) = algo.scheme_and_digest(msg);
+            assert_eq!(
+                k.sign(algo, msg).unwrap(),
+                k.0.sign(scheme, &digest).unwrap(),
+                "{algo:?}"
+            );
+        }
+    }
+    let padding_of = |algo| match algo {
+        EncAlgo::OaepSha1 => Oaep::new::<Sha1>(),
+        EncAlgo::OaepSha224 => Oaep::new::<Sha224>(),
+    };
+    for algo in [EncAlgo::OaepSha1, EncAlgo::OaepSha224] {
+        let padding = || padding_of(algo);
+        let ours = public.encrypt(algo, b"session key").unwrap();
+        assert_eq!(k.0.decrypt(padding(), &ours).unwrap(), b"session key");
+        assert_ne!(
+            public.encrypt(algo, b"session key").unwrap(),
+            ours,
+            "fresh seed"
+        );
+        let theirs = public.0.encrypt(&mut OsRng, padding(), b"token").unwrap();
+        assert_eq!(k.decrypt(algo, &theirs).unwrap(), b"token");
+        // The other hash, or one flipped bit, does not decrypt (an error, not a panic).
+        let other = match algo {
+            EncAlgo::OaepSha1 => EncAlgo::OaepSha224,
+            EncAlgo::OaepSha224 => EncAlgo::OaepSha1,
+        };
+        assert!(k.decrypt(other, &theirs).is_err());
+        let mut flipped = theirs.clone();
+        flipped[100] ^= 0x04;
+        assert!(k.decrypt(algo, &flipped).is_err());
+    }
+    // Too long a message for OAEP with a 2048-bit key is an error.
+    assert!(public.encrypt(EncAlgo::OaepSha1, &[0u8; 215]).is_err());
+    assert!(public.encrypt(EncAlgo::OaepSha1, &[0u8; 214]).is_ok());
+}
+
+#[test]
+fn a_pkcs8_private_key_works_in_openssl_too() {
+    use ::rsa::pkcs8::EncodePrivateKey;
+    let der = key().0.to_pkcs8_der().unwrap();
+    let pem = crate::pem::encode("PRIVATE KEY", der.as_bytes());
+    let k = PrivateKey::from_pem(&pem).unwrap();
+    let ct = key().public_key().encrypt(EncAlgo::OaepSha1, b"x").unwrap();
+    assert_eq!(k.decrypt(EncAlgo::OaepSha1, &ct).unwrap(), b"x");
+    assert_eq!(
+        k.sign(SigAlgo::Pkcs1v15Sha1, b"m").unwrap(),
+        key().sign(SigAlgo::Pkcs1v15Sha1, b"m").unwrap()
+    );
+}
