@@ -5,7 +5,9 @@
 //! collected (Salt's own `LocalClient` for Salt, the local socket for ours). Master CPU is the
 //! master's whole process tree (salt-master forks its workers). Reported: time and master CPU
 //! per minion to authenticate all, time until every return, master CPU per return, and the
-//! ratio salt-master / saltgate-master (the goal: ≥ 10× less CPU; 5,000 returns within 2 s).
+//! ratio salt-master / saltgate-master (issue 8's goals: ≥ 10× less master CPU per minion per
+//! job, and 5,000 returns within 2 s; authentication is measured beside them, with no goal: the
+//! protocol's two RSA private-key operations per `_auth` bound it, docs/master.md).
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -318,11 +320,11 @@ impl JobProfiler {
     }
 }
 
+/// Issue 8's goals, per figure: the job's CPU per return and, at 5,000 minions, the time until
+/// every return. Authentication has none (see the module's comment).
 fn goal(figure: &str, case_n: usize) -> Option<String> {
     match figure {
-        "master CPU per minion auth" | "master CPU per test.ping return" => {
-            Some("≥ 10× less".into())
-        }
+        "master CPU per test.ping return" => Some("≥ 10× less".into()),
         "test.ping: time until every return" if case_n >= 5000 => Some("ours ≤ 2000 ms".into()),
         _ => None,
     }
@@ -559,8 +561,27 @@ mod tests {
                 "test.ping: time until every return",
                 2500.0,
             ),
+            sample(
+                MasterKind::SaltMaster,
+                "master CPU per minion auth",
+                13000.0,
+            ),
+            sample(
+                MasterKind::SaltgateMaster,
+                "master CPU per minion auth",
+                6500.0,
+            ),
         ];
         let rows = rows(&s, &[5000]);
+        // Authentication is measured and compared, but issue 8's goal is per job.
+        let auth = rows
+            .iter()
+            .find(|r| r.figure == "master CPU per minion auth")
+            .unwrap();
+        assert_eq!(
+            (auth.times_less, auth.goal.as_deref(), auth.met),
+            (Some(2.0), None, None)
+        );
         let cpu = rows
             .iter()
             .find(|r| r.figure == "master CPU per test.ping return")
