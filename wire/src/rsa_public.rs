@@ -6,7 +6,7 @@
 //! doublings and 3 squarings: a 2048-bit X9.31 verify took 272 µs and takes 62 µs (release, the
 //! shared 2-core VM). The master verifies a minion's `tok` (X9.31, a public operation) on the
 //! first request of each minion, so this was a fifth of its CPU on a job's first round of
-//! returns (docs/master.md, "Performance").
+//! returns (docs/master-performance.md).
 //!
 //! Only public values go through here (the key, a signature): no constant-time requirement.
 
