@@ -3,6 +3,11 @@
 # (the `openssl` crate links the system's libcrypto for RSA; docs/wire.md, "RSA"). Installs them
 # with apt-get when missing and running as root; otherwise says what to install.
 set -euo pipefail
+# OPENSSL_DIR (or OPENSSL_LIB_DIR and OPENSSL_INCLUDE_DIR) point the `openssl` crate at an OpenSSL
+# of the builder's choosing, without pkg-config.
+if [ -n "${OPENSSL_DIR:-}" ] || { [ -n "${OPENSSL_LIB_DIR:-}" ] && [ -n "${OPENSSL_INCLUDE_DIR:-}" ]; }; then
+  exit 0
+fi
 if pkg-config --exists openssl 2>/dev/null; then
   exit 0
 fi

@@ -15,7 +15,8 @@
 //! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
 //! * [`publish_job`] — a publish's `jid`, read with the cluster's AES key (fan-out dedup).
 //! * [`rsa`] and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
-//!   signatures and X9.31 private-encrypt/public-decrypt.
+//!   signatures and X9.31 private-encrypt/public-decrypt. `rsa` is the default feature `rsa`,
+//!   which links the system's OpenSSL; the proxy builds without it.
 //!
 //! This crate knows nothing about proxies, jobs or config files. Nothing in it panics on bytes a
 //! peer controls: every parser is bounds-checked and every frame size is limited.
@@ -27,6 +28,7 @@ pub mod jid;
 pub mod pem;
 pub mod probe;
 pub mod publish_job;
+#[cfg(feature = "rsa")]
 pub mod rsa;
 pub mod sniff;
 pub mod zmtp;

@@ -97,13 +97,6 @@ impl SigAlgo {
         }
     }
 
-    fn digest(self) -> MessageDigest {
-        match self {
-            SigAlgo::Pkcs1v15Sha1 => MessageDigest::sha1(),
-            SigAlgo::Pkcs1v15Sha224 => MessageDigest::sha224(),
-        }
-    }
-
     fn scheme_and_digest(self, msg: &[u8]) -> (Pkcs1v15Sign, Vec<u8>) {
         match self {
             SigAlgo::Pkcs1v15Sha1 => (Pkcs1v15Sign::new::<Sha1>(), Sha1::digest(msg).to_vec()),
@@ -226,11 +219,21 @@ impl PrivateKey {
         oaep_decrypt(&self.1, algo, ciphertext)
     }
 
-    /// PKCS#1 v1.5 signature over `msg` (hashed here; OpenSSL, blinded).
+    /// PKCS#1 v1.5 signature over `msg` (hashed here; OpenSSL, blinded). OpenSSL signs the
+    /// `DigestInfo` (the hash's prefix and the hash) as given, with type-1 padding and no digest
+    /// of its own: the same bytes as a SHA-1 or SHA-224 signature, which a system crypto policy
+    /// may refuse to make (RHEL 9's default policy refuses SHA-1 signatures; Salt's default
+    /// `sig_algo` is SHA-1, and publishes are signed with it).
     pub fn sign(&self, algo: SigAlgo, msg: &[u8]) -> Result<Vec<u8>, RsaError> {
-        let mut s = openssl::sign::Signer::new(algo.digest(), &self.1)?;
-        s.set_rsa_padding(openssl::rsa::Padding::PKCS1)?;
-        Ok(s.sign_oneshot_to_vec(msg)?)
+        let (scheme, digest) = algo.scheme_and_digest(msg);
+        let mut info = scheme.prefix.to_vec();
+        info.extend_from_slice(&digest);
+        let mut ctx = openssl::pkey_ctx::PkeyCtx::new(&self.1)?;
+        ctx.sign_init()?;
+        ctx.set_rsa_padding(openssl::rsa::Padding::PKCS1)?;
+        let mut sig = Vec::with_capacity(self.size());
+        ctx.sign_to_vec(&info, &mut sig)?;
+        Ok(sig)
     }
 
     /// OpenSSL `RSA_private_encrypt(RSA_X931_PADDING)`, as Salt's `PrivateKey.encrypt` (used for

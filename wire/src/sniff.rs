@@ -327,6 +327,7 @@ pub fn sniff(stream: &[u8], budget: usize) -> Verdict {
     Sniffer::new(budget).feed(stream).clone()
 }
 
-#[cfg(test)]
+// The tests build real `_auth` payloads with `rsa`.
+#[cfg(all(test, feature = "rsa"))]
 #[path = "sniff_tests.rs"]
 mod tests;
