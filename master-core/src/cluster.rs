@@ -541,7 +541,7 @@ fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<
                 .and_then(as_str)
                 .ok_or("return without ret")?;
             let ret: serde_json::Value = serde_json::from_str(ret).map_err(|e| e.to_string())?;
-            if !master.jobs.exists(jid) {
+            if !master.jobs.exists(jid) && !master.published_here(jid) {
                 return Err(format!("return for unknown job {jid}"));
             }
             if let Err(e) = master.jobs.save_return(jid, minion, &ret) {

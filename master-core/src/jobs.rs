@@ -3,13 +3,17 @@
 //! * JIDs are Salt's: `YYYYMMDDhhmmssffffff` (20 digits, UTC here; Salt uses local time), made
 //!   unique within the process by bumping the microseconds.
 //! * Layout: `<cachedir>/jobs/<jid>/load.json` (the job as published plus the expected
-//!   minions) and `<cachedir>/jobs/<jid>/returns.jsonl` (the returns, one JSON line
-//!   `{"id": minion, "ret": return}` each, appended; a later line for the same minion replaces
-//!   an earlier one). JSON, not Salt's msgpack `local_cache` layout: this cache is ours, read by
-//!   `saltgate-master jobs`. One file per job, not per return: creating a file per return cost
-//!   an inode allocation each, and on ext4 with many recently deleted inodes (a master pruning
-//!   its jobs) that scan was a third of the master's CPU per return.
-//! * Caches written before that (`<jid>/returns/<minion id>.json`) are still read.
+//!   minions) and `<cachedir>/jobs/<jid>/returns.<master id>.jsonl`, the returns that master
+//!   stored, one record `{"id": minion, "ret": return, "t": unix time}` per line, appended. A log
+//!   per master, because cluster members share `cachedir` (over NFS, where appends from two
+//!   hosts to one file overwrite each other). JSON, not Salt's msgpack `local_cache` layout:
+//!   this cache is ours, read by `saltgate-master jobs`. One file per job and master, not per
+//!   return: a file per return cost an inode allocation each, and on ext4 with many recently
+//!   deleted inodes (a master pruning its jobs) that scan was a third of the master's CPU per
+//!   return.
+//! * Caches written before that (`<jid>/returns/<minion id>.json`) are still read, and
+//!   [`JobCache::save_load`] still makes `returns/`, so a member of the earlier version sharing
+//!   the cache during a rolling upgrade can store its returns.
 //! * [`JobCache::prune`] removes jobs whose JID time is older than `keep_jobs` hours.
 
 use std::path::{Path, PathBuf};
@@ -55,10 +59,20 @@ pub enum JobError {
     },
 }
 
-/// The returns log in a job's directory.
-const RETURNS: &str = "returns.jsonl";
-/// The per-return files of caches written before the log (read, never written).
+/// The per-return files of caches written before the logs (read, and made for older members).
 const LEGACY_RETURNS: &str = "returns";
+
+/// A returns log's file name: `returns.<writer>.jsonl`, or `returns.jsonl`.
+fn log_name(writer: Option<&str>) -> String {
+    match writer {
+        Some(w) => format!("returns.{w}.jsonl"),
+        None => "returns.jsonl".into(),
+    }
+}
+
+fn is_log_name(name: &str) -> bool {
+    name.starts_with("returns") && name.ends_with(".jsonl")
+}
 
 pub use saltgate_wire::jid::{jid_at, jid_time};
 
@@ -91,6 +105,8 @@ impl JidGen {
 #[derive(Debug, Clone)]
 pub struct JobCache {
     dir: PathBuf,
+    /// The returns log this cache appends to, in each job's directory.
+    log: String,
 }
 
 fn check_jid(jid: &str) -> Result<(), JobError> {
@@ -100,9 +116,21 @@ fn check_jid(jid: &str) -> Result<(), JobError> {
 }
 
 impl JobCache {
+    /// A cache that reads every master's returns and appends to `returns.jsonl`.
     pub fn new(cachedir: &Path) -> Self {
         JobCache {
             dir: cachedir.join("jobs"),
+            log: log_name(None),
+        }
+    }
+
+    /// A master's cache: appends to `returns.<master id>.jsonl` (an id that could not be a
+    /// file name, which the config refuses anyway, falls back to `returns.jsonl`).
+    pub fn for_master(cachedir: &Path, master_id: &str) -> Self {
+        let safe = validate_minion_id(master_id).is_ok();
+        JobCache {
+            dir: cachedir.join("jobs"),
+            log: log_name(safe.then_some(master_id)),
         }
     }
 
@@ -110,15 +138,17 @@ impl JobCache {
         &self.dir
     }
 
-    /// Saves a new job's load (with the minions expected to return) and creates its (empty)
-    /// returns log.
+    /// The returns log this cache appends to (a file name in each job's directory).
+    pub fn log_name(&self) -> &str {
+        &self.log
+    }
+
+    /// Saves a new job's load (with the minions expected to return).
     pub fn save_load(&self, jid: &str, load: &Json) -> Result<(), JobError> {
         check_jid(jid)?;
         let job = self.dir.join(jid);
         make_dir(&self.dir, 0o700)?;
-        make_dir(&job, 0o700)?;
-        let log = job.join(RETURNS);
-        open_log(&log, true).map_err(|source| JobError::Io { path: log, source })?;
+        make_dir(&job.join(LEGACY_RETURNS), 0o700)?;
         let bytes = serde_json::to_vec_pretty(load).unwrap_or_default();
         write_atomic(&job.join("load.json"), &bytes, 0o600)?;
         Ok(())
@@ -128,44 +158,39 @@ impl JobCache {
         check_jid(jid).is_ok() && self.dir.join(jid).join("load.json").is_file()
     }
 
-    /// Saves one minion's return for a job that exists: one line appended to the job's
-    /// returns log in a single `write` (`O_APPEND`), so concurrent returns never interleave
-    /// and a reader sees a line whole or not at all. Not synced: Salt's `local_cache` does not
+    /// Saves one minion's return for a job that exists: one record appended to this master's
+    /// returns log in a single `write` (`O_APPEND`), so this master's concurrent returns never
+    /// interleave. The record is `\n{json}\n`: should a write be torn (a full disk), the next
+    /// record still starts on a line of its own. Not synced: Salt's `local_cache` does not
     /// sync returns either (the `publish` client that waited for them has them).
     pub fn save_return(&self, jid: &str, minion: &str, ret: &Json) -> Result<(), JobError> {
         use std::io::Write;
         check_jid(jid)?;
         validate_minion_id(minion)?;
-        let job = self.dir.join(jid);
-        let path = job.join(RETURNS);
-        let mut f = match open_log(&path, false) {
-            Ok(f) => f,
-            // A job saved by an older master has no log yet; a job without a load is unknown.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.exists(jid) => {
-                open_log(&path, true).map_err(|source| JobError::Io {
-                    path: path.clone(),
-                    source,
-                })?
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(JobError::NotFound(jid.to_string()))
-            }
-            Err(source) => return Err(JobError::Io { path, source }),
-        };
-        let mut line = serde_json::to_vec(&json!({"id": minion, "ret": ret})).unwrap_or_default();
+        if !self.exists(jid) {
+            return Err(JobError::NotFound(jid.to_string()));
+        }
+        let path = self.dir.join(jid).join(&self.log);
+        let mut f = open_log(&path).map_err(|source| JobError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let mut line = vec![b'\n'];
+        serde_json::to_writer(&mut line, &json!({"id": minion, "ret": ret, "t": t}))
+            .unwrap_or_default();
         line.push(b'\n');
         match f.write(&line) {
             Ok(n) if n == line.len() => Ok(()),
-            Ok(n) => {
-                // End the torn line so the next return starts on a line of its own.
-                let _ = f.write(b"\n");
-                Err(JobError::Short {
-                    path,
-                    minion: minion.to_string(),
-                    written: n,
-                    len: line.len(),
-                })
-            }
+            Ok(n) => Err(JobError::Short {
+                path,
+                minion: minion.to_string(),
+                written: n,
+                len: line.len(),
+            }),
             Err(source) => Err(JobError::Io { path, source }),
         }
     }
@@ -205,47 +230,57 @@ impl JobCache {
         })
     }
 
-    /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`, the last return of
-    /// each minion. A line that is not a whole return (a write torn by a full disk) is skipped
-    /// and its line number listed under `"unreadable_lines"`.
+    /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`, each minion's
+    /// latest return over every master's log (and the per-return files of older versions).
+    /// A line that is not a whole record (a write torn by a full disk) is skipped and named
+    /// under `"unreadable_lines"` as `file:line`; the unfinished last line of a log being
+    /// written is not read yet.
     pub fn show(&self, jid: &str) -> Result<Json, JobError> {
         let load = self.load(jid)?;
         let job = self.dir.join(jid);
-        let mut returns = serde_json::Map::new();
+        // id → (time, return); older versions' files count as the oldest.
+        let mut latest: std::collections::BTreeMap<String, (f64, Json)> = Default::default();
         if let Ok(entries) = std::fs::read_dir(job.join(LEGACY_RETURNS)) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if let Some(id) = name.strip_suffix(".json") {
                     if validate_minion_id(id).is_ok() {
-                        returns.insert(id.to_string(), read_json(&e.path())?);
+                        latest.insert(id.to_string(), (f64::NEG_INFINITY, read_json(&e.path())?));
                     }
                 }
             }
         }
-        let path = job.join(RETURNS);
-        let log = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(source) => return Err(JobError::Io { path, source }),
+        let mut logs: Vec<String> = match std::fs::read_dir(&job) {
+            Ok(entries) => entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| is_log_name(n))
+                .collect(),
+            Err(source) => return Err(JobError::Io { path: job, source }),
         };
+        logs.sort();
         let mut unreadable = Vec::new();
-        for (n, line) in log.split(|&b| b == b'\n').enumerate() {
-            if line.is_empty() {
-                continue;
-            }
-            let rec: Option<(String, Json)> =
-                serde_json::from_slice::<Json>(line).ok().and_then(|mut v| {
-                    let id = v.get("id")?.as_str()?.to_string();
-                    validate_minion_id(&id).ok()?;
-                    Some((id, v.get_mut("ret")?.take()))
-                });
-            match rec {
-                Some((id, ret)) => {
-                    returns.insert(id, ret);
+        for name in logs {
+            let path = job.join(&name);
+            let bytes = std::fs::read(&path).map_err(|source| JobError::Io { path, source })?;
+            // Only lines ended by a newline: a record is one write, ended by one.
+            let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            for (n, line) in bytes[..whole].split(|&b| b == b'\n').enumerate() {
+                if line.is_empty() {
+                    continue;
                 }
-                None => unreadable.push(n + 1),
+                match record(line) {
+                    Some((id, t, ret)) => {
+                        if latest.get(&id).is_none_or(|(seen, _)| t >= *seen) {
+                            latest.insert(id, (t, ret));
+                        }
+                    }
+                    None => unreadable.push(format!("{name}:{}", n + 1)),
+                }
             }
         }
+        let returns: serde_json::Map<String, Json> =
+            latest.into_iter().map(|(id, (_, ret))| (id, ret)).collect();
         let mut out = json!({"jid": jid, "load": load, "returns": returns});
         if !unreadable.is_empty() {
             out["unreadable_lines"] = json!(unreadable);
@@ -272,14 +307,23 @@ impl JobCache {
     }
 }
 
-/// Opens a job's returns log for appending (creating it, mode 0600, when `create`).
-fn open_log(path: &Path, create: bool) -> std::io::Result<std::fs::File> {
+/// Opens a job's returns log for appending, creating it (mode 0600).
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .append(true)
-        .create(create)
+        .create(true)
         .mode(0o600)
         .open(path)
+}
+
+/// One returns-log record: `(minion id, time, return)`, or `None` when it is not one.
+fn record(line: &[u8]) -> Option<(String, f64, Json)> {
+    let mut v: Json = serde_json::from_slice(line).ok()?;
+    let id = v.get("id")?.as_str()?.to_string();
+    validate_minion_id(&id).ok()?;
+    let t = v.get("t").and_then(Json::as_f64).unwrap_or(0.0);
+    Some((id, t, v.get_mut("ret")?.take()))
 }
 
 fn read_json(path: &Path) -> Result<Json, JobError> {
@@ -336,7 +380,7 @@ mod tests {
     }
 
     #[test]
-    fn a_resent_return_replaces_the_first_and_a_job_is_two_files() {
+    fn a_resent_return_replaces_the_first_and_a_job_is_one_log() {
         let d = tempfile::tempdir().unwrap();
         let cache = JobCache::new(d.path());
         let jid = jid_at(SystemTime::now());
@@ -356,14 +400,58 @@ mod tests {
         assert_eq!(shown["returns"].as_object().unwrap().len(), 2);
         assert!(shown.get("unreadable_lines").is_none());
         let job = cache.dir().join(&jid);
+        // `returns/` stays (empty) for members of the earlier version during an upgrade.
         assert_eq!(
             names(&job),
-            ["load.json", RETURNS],
+            ["load.json", LEGACY_RETURNS, "returns.jsonl"],
             "no file per return, no temp file"
         );
+        assert!(names(&job.join(LEGACY_RETURNS)).is_empty());
         use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(job.join(RETURNS)).unwrap();
+        let meta = std::fs::metadata(job.join("returns.jsonl")).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn members_sharing_the_cache_write_a_log_each_and_the_latest_return_wins() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (
+            JobCache::for_master(d.path(), "m1.example.com"),
+            JobCache::for_master(d.path(), "m2"),
+        );
+        assert_eq!(a.log_name(), "returns.m1.example.com.jsonl");
+        assert_eq!(
+            JobCache::for_master(d.path(), "../x").log_name(),
+            "returns.jsonl",
+            "an id that is no file name"
+        );
+        let jid = jid_at(SystemTime::now());
+        a.save_load(&jid, &json!({"fun": "test.ping"})).unwrap();
+        a.save_return(&jid, "web1", &json!("first")).unwrap();
+        b.save_return(&jid, "web1", &json!("second")).unwrap();
+        b.save_return(&jid, "web2", &json!(true)).unwrap();
+        a.save_return(&jid, "web3", &json!(false)).unwrap();
+        let job = a.dir().join(&jid);
+        assert_eq!(
+            names(&job),
+            [
+                "load.json",
+                LEGACY_RETURNS,
+                "returns.m1.example.com.jsonl",
+                "returns.m2.jsonl"
+            ]
+        );
+        // Any reader sees every log: web1's later return (in m2's log, sorted after m1's).
+        for reader in [&a, &b, &JobCache::new(d.path())] {
+            let shown = reader.show(&jid).unwrap();
+            assert_eq!(
+                shown["returns"],
+                json!({"web1": "second", "web2": true, "web3": false})
+            );
+        }
+        // The time decides, not the file's name: a newer return in the first log wins.
+        a.save_return(&jid, "web1", &json!("third")).unwrap();
+        assert_eq!(a.show(&jid).unwrap()["returns"]["web1"], json!("third"));
     }
 
     #[test]
@@ -393,15 +481,22 @@ mod tests {
         for (id, ret) in returns {
             assert_eq!(ret["return"], json!(format!("{id}{big}")));
         }
-        // A write torn by a full disk: the next return still lands on a line of its own.
-        let log = cache.dir().join(&jid).join(RETURNS);
-        let mut f = open_log(&log, false).unwrap();
-        std::io::Write::write_all(&mut f, b"{\"id\":\"torn\",\"ret\":{\"ret\n").unwrap();
+        assert!(shown.get("unreadable_lines").is_none());
+        // A write torn by a full disk (no newline after it): the next return still starts on
+        // a line of its own, and only the torn one is lost (each record is `\n{json}\n`, so
+        // 200 records end at line 400).
+        let log = cache.dir().join(&jid).join("returns.jsonl");
+        let mut f = open_log(&log).unwrap();
+        std::io::Write::write_all(&mut f, b"{\"id\":\"torn\",\"ret\":{\"ret").unwrap();
+        // Until a newline follows, it is an unfinished last line: not read, not unreadable.
+        let shown = cache.show(&jid).unwrap();
+        assert!(shown.get("unreadable_lines").is_none());
+        assert_eq!(shown["returns"].as_object().unwrap().len(), 200);
         cache.save_return(&jid, "after", &json!(true)).unwrap();
         let shown = cache.show(&jid).unwrap();
         assert_eq!(shown["returns"]["after"], json!(true));
         assert!(shown["returns"].get("torn").is_none());
-        assert_eq!(shown["unreadable_lines"], json!([201]));
+        assert_eq!(shown["unreadable_lines"], json!(["returns.jsonl:401"]));
     }
 
     #[test]
@@ -413,9 +508,14 @@ mod tests {
         std::fs::create_dir_all(job.join(LEGACY_RETURNS)).unwrap();
         std::fs::write(job.join("load.json"), b"{\"fun\": \"test.ping\"}").unwrap();
         std::fs::write(job.join(LEGACY_RETURNS).join("old.json"), b"true").unwrap();
+        std::fs::write(job.join(LEGACY_RETURNS).join("both.json"), b"1").unwrap();
         cache.save_return(&jid, "new", &json!(false)).unwrap();
+        cache.save_return(&jid, "both", &json!(2)).unwrap();
         let shown = cache.show(&jid).unwrap();
-        assert_eq!(shown["returns"], json!({"old": true, "new": false}));
+        assert_eq!(
+            shown["returns"],
+            json!({"old": true, "new": false, "both": 2})
+        );
     }
 
     #[test]

@@ -563,13 +563,16 @@ fn store_return(master: &Master, id: &str, load: &Value) {
     let ret = serde_json::Value::Object(ret);
     match master.jobs.save_return(&jid, id, &ret) {
         Ok(()) => tracing::info!(minion = %id, %jid, "return stored"),
-        Err(e @ (crate::jobs::JobError::NotFound(_) | crate::jobs::JobError::BadJid(_))) => {
+        Err(e @ (crate::jobs::JobError::NotFound(_) | crate::jobs::JobError::BadJid(_)))
+            if !master.published_here(&jid) =>
+        {
             master.refusals.count(Refused::UnknownJob);
             tracing::warn!(minion = %id, %jid, error = %e, "return refused");
             return;
         }
-        // The job is known: a cache that cannot take the return (a full disk) must not cost
-        // the `publish` waiting for it, nor the origin master.
+        // The job is known (this master published it, or its load is in the cache): a cache
+        // that cannot take the return (a full disk) must not cost the `publish` waiting for
+        // it, nor the origin master.
         Err(e) => {
             master.returns_not_cached.fetch_add(1, Ordering::Relaxed);
             tracing::error!(minion = %id, %jid, error = %e, "return not stored in the job cache; passed on");
@@ -659,9 +662,7 @@ mod tests {
             m.jobs.save_load(jid, &serde_json::json!({})).unwrap();
         }
         // A returns log that cannot be opened for writing (as a full or read-only disk).
-        let log = m.jobs.dir().join(&broken).join("returns.jsonl");
-        std::fs::remove_file(&log).unwrap();
-        std::fs::create_dir(&log).unwrap();
+        std::fs::create_dir(m.jobs.dir().join(&broken).join(m.jobs.log_name())).unwrap();
         let mut rx_ok = m.wait_returns(&ok);
         let mut rx_broken = m.wait_returns(&broken);
         store_return(&m, "m1", &load(&ok));
@@ -674,11 +675,19 @@ mod tests {
             m.jobs.show(&ok).unwrap()["returns"]["m1"]["return"],
             serde_json::json!(true)
         );
-        // A job the cache does not know is refused, not passed on.
+        // A job this master published whose load the cache could not save is still known.
+        let unsaved = m.jids.next();
+        assert!(m.publish_from_peer(&unsaved, "peer", &map(vec![("fun", text("test.ping"))])));
+        std::fs::remove_file(m.jobs.dir().join(&unsaved).join("load.json")).unwrap();
+        let mut rx_unsaved = m.wait_returns(&unsaved);
+        store_return(&m, "m1", &load(&unsaved));
+        assert_eq!(rx_unsaved.try_recv().unwrap().minion, "m1");
+        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 2);
+        // A job neither in the cache nor published here is refused, not passed on.
         let mut rx_unknown = m.wait_returns("20260101000000000000");
         store_return(&m, "m1", &load("20260101000000000000"));
         assert!(rx_unknown.try_recv().is_err());
         assert_eq!(m.refusals.get(Refused::UnknownJob), 1);
-        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 1);
+        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 2);
     }
 }

@@ -298,7 +298,7 @@ impl Master {
             keys: KeyStore::new(keys_root),
             sessions: Sessions::new(&config.cachedir),
             nonces: NonceGuard::new(Duration::from_secs(config.request_window_secs)),
-            jobs: JobCache::new(&config.cachedir),
+            jobs: JobCache::for_master(&config.cachedir, &config.id),
             jids: JidGen::default(),
             aes: crate::rotate::PublishKey::new(CrypticleKey::generate()),
             master_key,
@@ -499,6 +499,16 @@ impl Master {
 
     /// The master whose publish created `jid`: remembered for recent jobs, else read from the
     /// job cache (the job's load only).
+    /// Whether this master published `jid` (its own job or a peer's), one of the
+    /// [`RecentOrigins::CAP`] newest: such a job is known even where the job cache could not
+    /// save it.
+    pub fn published_here(&self, jid: &str) -> bool {
+        lock(&self.origins)
+            .by_jid
+            .get(jid)
+            .is_some_and(|(_, published)| *published)
+    }
+
     pub fn job_origin(&self, jid: &str) -> Option<String> {
         if let Some(o) = lock(&self.origins).origin(jid) {
             return Some(o.to_string());
