@@ -124,13 +124,22 @@ impl JobCache {
         }
     }
 
-    /// A master's cache: appends to `returns.<master id>.jsonl` (an id that could not be a
-    /// file name, which the config refuses anyway, falls back to `returns.jsonl`).
+    /// A master's cache: appends to `returns.<master id>.jsonl`, or, for an id that could not
+    /// be a file name as it is (the config allows a leading `.`, `..` inside, 255 bytes),
+    /// `returns.<first 16 bytes of its SHA-256, hex>.jsonl`: every master a log of its own.
     pub fn for_master(cachedir: &Path, master_id: &str) -> Self {
-        let safe = validate_minion_id(master_id).is_ok();
+        let name = log_name(Some(master_id));
+        let log = if validate_minion_id(master_id).is_ok() && name.len() <= 255 {
+            name
+        } else {
+            use sha2::{Digest, Sha256};
+            let d = Sha256::digest(master_id.as_bytes());
+            let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+            log_name(Some(&hex))
+        };
         JobCache {
             dir: cachedir.join("jobs"),
-            log: log_name(safe.then_some(master_id)),
+            log,
         }
     }
 
@@ -148,6 +157,7 @@ impl JobCache {
         check_jid(jid)?;
         let job = self.dir.join(jid);
         make_dir(&self.dir, 0o700)?;
+        make_dir(&job, 0o700)?;
         make_dir(&job.join(LEGACY_RETURNS), 0o700)?;
         let bytes = serde_json::to_vec_pretty(load).unwrap_or_default();
         write_atomic(&job.join("load.json"), &bytes, 0o600)?;
@@ -231,7 +241,8 @@ impl JobCache {
     }
 
     /// A job's load and returns: `{"jid", "load", "returns": {id: ret}}`, each minion's
-    /// latest return over every master's log (and the per-return files of older versions).
+    /// latest return: the last line in each master's log, the latest `t` across logs (the
+    /// per-return files of older versions count as oldest).
     /// A line that is not a whole record (a write torn by a full disk) is skipped and named
     /// under `"unreadable_lines"` as `file:line`; the unfinished last line of a log being
     /// written is not read yet.
@@ -263,6 +274,9 @@ impl JobCache {
         for name in logs {
             let path = job.join(&name);
             let bytes = std::fs::read(&path).map_err(|source| JobError::Io { path, source })?;
+            // Within a log the last line wins (a writer's clock may step back); across logs,
+            // the latest `t`.
+            let mut in_log: std::collections::HashMap<String, (f64, Json)> = Default::default();
             // Only lines ended by a newline: a record is one write, ended by one.
             let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             for (n, line) in bytes[..whole].split(|&b| b == b'\n').enumerate() {
@@ -271,11 +285,14 @@ impl JobCache {
                 }
                 match record(line) {
                     Some((id, t, ret)) => {
-                        if latest.get(&id).is_none_or(|(seen, _)| t >= *seen) {
-                            latest.insert(id, (t, ret));
-                        }
+                        in_log.insert(id, (t, ret));
                     }
                     None => unreadable.push(format!("{name}:{}", n + 1)),
+                }
+            }
+            for (id, (t, ret)) in in_log {
+                if latest.get(&id).is_none_or(|(seen, _)| t >= *seen) {
+                    latest.insert(id, (t, ret));
                 }
             }
         }
@@ -420,11 +437,19 @@ mod tests {
             JobCache::for_master(d.path(), "m2"),
         );
         assert_eq!(a.log_name(), "returns.m1.example.com.jsonl");
-        assert_eq!(
-            JobCache::for_master(d.path(), "../x").log_name(),
-            "returns.jsonl",
-            "an id that is no file name"
-        );
+        // Ids the config takes that are no file name as they are get a log of their own too.
+        let long = "m".repeat(250);
+        let odd: Vec<String> = [".m1", "m..1", long.as_str(), "../x"]
+            .iter()
+            .map(|id| JobCache::for_master(d.path(), id).log_name().to_string())
+            .collect();
+        for name in &odd {
+            assert!(is_log_name(name) && name.len() == 8 + 32 + 6, "{name}");
+        }
+        let mut unique = odd.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), odd.len());
         let jid = jid_at(SystemTime::now());
         a.save_load(&jid, &json!({"fun": "test.ping"})).unwrap();
         a.save_return(&jid, "web1", &json!("first")).unwrap();
@@ -452,6 +477,14 @@ mod tests {
         // The time decides, not the file's name: a newer return in the first log wins.
         a.save_return(&jid, "web1", &json!("third")).unwrap();
         assert_eq!(a.show(&jid).unwrap()["returns"]["web1"], json!("third"));
+        // Within one log the last line wins, even if its writer's clock stepped back.
+        let mut f = open_log(&job.join("returns.m2.jsonl")).unwrap();
+        std::io::Write::write_all(
+            &mut f,
+            b"\n{\"id\":\"web9\",\"ret\":\"new\",\"t\":200.0}\n\n{\"id\":\"web9\",\"ret\":\"newer\",\"t\":100.0}\n",
+        )
+        .unwrap();
+        assert_eq!(a.show(&jid).unwrap()["returns"]["web9"], json!("newer"));
     }
 
     #[test]

@@ -683,11 +683,19 @@ mod tests {
         store_return(&m, "m1", &load(&unsaved));
         assert_eq!(rx_unsaved.try_recv().unwrap().minion, "m1");
         assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 2);
-        // A job neither in the cache nor published here is refused, not passed on.
-        let mut rx_unknown = m.wait_returns("20260101000000000000");
-        store_return(&m, "m1", &load("20260101000000000000"));
-        assert!(rx_unknown.try_recv().is_err());
-        assert_eq!(m.refusals.get(Refused::UnknownJob), 1);
+        // A job neither in the cache nor published here is refused, not passed on; so is one
+        // published here but older than `keep_jobs` (pruned, not lost).
+        let old = crate::jobs::jid_at(
+            std::time::SystemTime::now() - Duration::from_secs(m.config.keep_jobs_secs + 60),
+        );
+        assert!(m.publish_from_peer(&old, "peer", &map(vec![("fun", text("test.ping"))])));
+        std::fs::remove_file(m.jobs.dir().join(&old).join("load.json")).unwrap();
+        for (i, jid) in ["20260101000000000000", old.as_str()].iter().enumerate() {
+            let mut rx = m.wait_returns(jid);
+            store_return(&m, "m1", &load(jid));
+            assert!(rx.try_recv().is_err(), "{jid}");
+            assert_eq!(m.refusals.get(Refused::UnknownJob), i as u64 + 1);
+        }
         assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 2);
     }
 }

@@ -497,18 +497,26 @@ impl Master {
         Ok(sig)
     }
 
-    /// The master whose publish created `jid`: remembered for recent jobs, else read from the
-    /// job cache (the job's load only).
     /// Whether this master published `jid` (its own job or a peer's), one of the
-    /// [`RecentOrigins::CAP`] newest: such a job is known even where the job cache could not
-    /// save it.
+    /// [`RecentOrigins::CAP`] newest and younger than `keep_jobs` (an older one was pruned,
+    /// not lost): such a job is known even where the job cache could not save it.
     pub fn published_here(&self, jid: &str) -> bool {
-        lock(&self.origins)
-            .by_jid
-            .get(jid)
-            .is_some_and(|(_, published)| *published)
+        let keep = Duration::from_secs(self.config.keep_jobs_secs);
+        let young = crate::jobs::jid_time(jid).is_some_and(|t| {
+            keep.is_zero()
+                || SystemTime::now()
+                    .duration_since(t)
+                    .map_or(true, |age| age <= keep)
+        });
+        young
+            && lock(&self.origins)
+                .by_jid
+                .get(jid)
+                .is_some_and(|(_, published)| *published)
     }
 
+    /// The master whose publish created `jid`: remembered for recent jobs, else read from the
+    /// job cache (the job's load only).
     pub fn job_origin(&self, jid: &str) -> Option<String> {
         if let Some(o) = lock(&self.origins).origin(jid) {
             return Some(o.to_string());

@@ -14,7 +14,7 @@
 //! * [`jid`] — Salt's job ids: the moment a job was published, and back.
 //! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
 //! * [`publish_job`] — a publish's `jid`, read with the cluster's AES key (fan-out dedup).
-//! * [`rsa`] and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
+//! * `rsa` and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
 //!   signatures and X9.31 private-encrypt/public-decrypt. `rsa` is the default feature `rsa`,
 //!   which links the system's OpenSSL; the proxy builds without it.
 //!
