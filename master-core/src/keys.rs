@@ -335,16 +335,33 @@ pub fn same_key(a: &str, b: &str) -> bool {
     pem::clean_key(a) == pem::clean_key(b)
 }
 
+/// A key file's text, or `None` when there is no regular file at `path` (a symlink, a
+/// directory, a FIFO are not keys). Read on every request that checks a `tok`, so one open
+/// (`O_NOFOLLOW`, and `O_NONBLOCK` so a FIFO cannot block it), one `fstat` and the read.
 fn read_key_file(path: &Path) -> Result<Option<String>, KeyError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_file() => {}
-        Ok(_) => return Ok(None),
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    /// A key file is a few hundred bytes; refuse to read something absurd.
+    const MAX: u64 = 64 * 1024;
+    let f = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
         Err(e) => return Err(io_err(path)(e)),
+    };
+    let meta = f.metadata().map_err(io_err(path))?;
+    if !meta.file_type().is_file() {
+        return Ok(None);
     }
-    // A key file is a few hundred bytes; refuse to read something absurd.
-    let text = std::fs::read(path).map_err(io_err(path))?;
-    if text.len() > 64 * 1024 {
+    let mut text = Vec::with_capacity(meta.len().min(MAX) as usize + 1);
+    f.take(MAX + 1)
+        .read_to_end(&mut text)
+        .map_err(io_err(path))?;
+    if text.len() as u64 > MAX {
         return Err(io_err(path)(std::io::Error::other(
             "key file larger than 64 KiB",
         )));
@@ -490,6 +507,19 @@ mod tests {
         std::fs::write(d.path().join("minions/.tmpfile"), PUB).unwrap();
         assert_eq!(ks.fetch("evil").unwrap(), None);
         assert!(ks.list().unwrap().minions.is_empty());
+        // Neither a directory nor a FIFO (which must not block the read) is a key.
+        std::fs::create_dir(d.path().join("minions/dir")).unwrap();
+        let fifo =
+            std::ffi::CString::new(d.path().join("minions_pre/pipe").to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(ks.fetch("dir").unwrap(), None);
+        assert_eq!(ks.fetch("pipe").unwrap(), None);
+        // A regular file still is, and an absurd one is an error, not a read of it all.
+        std::fs::write(d.path().join("minions/web1"), PUB).unwrap();
+        assert_eq!(ks.accepted("web1").unwrap().as_deref(), Some(PUB));
+        std::fs::write(d.path().join("minions/huge"), vec![b'A'; 70 * 1024]).unwrap();
+        assert!(ks.accepted("huge").is_err());
     }
 
     #[test]
