@@ -541,15 +541,9 @@ fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<
                 .and_then(as_str)
                 .ok_or("return without ret")?;
             let ret: serde_json::Value = serde_json::from_str(ret).map_err(|e| e.to_string())?;
-            if !master.jobs.exists(jid) && !master.published_here(jid) {
-                return Err(format!("return for unknown job {jid}"));
-            }
-            if let Err(e) = master.jobs.save_return(jid, minion, &ret) {
-                master
-                    .returns_not_cached
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tracing::error!(%jid, error = %e, "forwarded return not stored in the job cache; passed on");
-            }
+            master
+                .cache_return(jid, minion, &ret)
+                .map_err(|e| format!("return for unknown job {jid}: {e}"))?;
             master.notify_return(
                 jid,
                 ReturnEvent {

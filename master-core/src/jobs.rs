@@ -313,8 +313,7 @@ impl JobCache {
             return Ok(removed);
         }
         for jid in self.list()? {
-            let Some(t) = jid_time(&jid) else { continue };
-            if now.duration_since(t).is_ok_and(|age| age > keep) {
+            if expired(&jid, keep, now) {
                 let path = self.dir.join(&jid);
                 std::fs::remove_dir_all(&path).map_err(|source| JobError::Io { path, source })?;
                 removed.push(jid);
@@ -322,6 +321,14 @@ impl JobCache {
         }
         Ok(removed)
     }
+}
+
+/// Whether job `jid` is older than `keep` (by its JID time) at `now`, so [`JobCache::prune`]
+/// removes it. `keep` zero keeps everything, like Salt's `keep_jobs: 0`; a bad JID is never
+/// expired.
+pub fn expired(jid: &str, keep: Duration, now: SystemTime) -> bool {
+    !keep.is_zero()
+        && jid_time(jid).is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > keep))
 }
 
 /// Opens a job's returns log for appending, creating it (mode 0600).

@@ -9,7 +9,6 @@
 //! be fresh. Every refusal is logged with its reason and answered as Salt would (`"bad load"`
 //! in most cases).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
@@ -561,22 +560,10 @@ fn store_return(master: &Master, id: &str, load: &Value) {
         }
     }
     let ret = serde_json::Value::Object(ret);
-    match master.jobs.save_return(&jid, id, &ret) {
-        Ok(()) => tracing::info!(minion = %id, %jid, "return stored"),
-        Err(e @ (crate::jobs::JobError::NotFound(_) | crate::jobs::JobError::BadJid(_)))
-            if !master.published_here(&jid) =>
-        {
-            master.refusals.count(Refused::UnknownJob);
-            tracing::warn!(minion = %id, %jid, error = %e, "return refused");
-            return;
-        }
-        // The job is known (this master published it, or its load is in the cache): a cache
-        // that cannot take the return (a full disk) must not cost the `publish` waiting for
-        // it, nor the origin master.
-        Err(e) => {
-            master.returns_not_cached.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(minion = %id, %jid, error = %e, "return not stored in the job cache; passed on");
-        }
+    if let Err(e) = master.cache_return(&jid, id, &ret) {
+        master.refusals.count(Refused::UnknownJob);
+        tracing::warn!(minion = %id, %jid, error = %e, "return refused");
+        return;
     }
     if let Some(cl) = &master.cluster {
         match master.job_origin(&jid) {
@@ -608,6 +595,7 @@ mod tests {
     use crate::keys::MasterKey;
     use saltgate_config::salt_master::parse_salt_master;
     use saltgate_wire::envelope::{map, RequestEnvelope};
+    use std::sync::atomic::Ordering;
 
     fn master(dir: &std::path::Path) -> Master {
         let pem = std::process::Command::new("openssl")

@@ -16,7 +16,7 @@ use serde_json::{json, Value as Json};
 use tokio::sync::mpsc;
 
 use crate::convert;
-use crate::jobs::{JidGen, JobCache};
+use crate::jobs::{JidGen, JobCache, JobError};
 use crate::keys::{make_dir, write_atomic, KeyStore, MasterKey};
 use crate::target::{Target, TargetType};
 
@@ -498,21 +498,34 @@ impl Master {
     }
 
     /// Whether this master published `jid` (its own job or a peer's), one of the
-    /// [`RecentOrigins::CAP`] newest and younger than `keep_jobs` (an older one was pruned,
-    /// not lost): such a job is known even where the job cache could not save it.
+    /// [`RecentOrigins::CAP`] newest and not yet pruned at `keep_jobs`: such a job is known
+    /// even where the job cache could not save it.
     pub fn published_here(&self, jid: &str) -> bool {
         let keep = Duration::from_secs(self.config.keep_jobs_secs);
-        let young = crate::jobs::jid_time(jid).is_some_and(|t| {
-            keep.is_zero()
-                || SystemTime::now()
-                    .duration_since(t)
-                    .map_or(true, |age| age <= keep)
-        });
-        young
+        crate::jobs::jid_time(jid).is_some()
+            && !crate::jobs::expired(jid, keep, SystemTime::now())
             && lock(&self.origins)
                 .by_jid
                 .get(jid)
                 .is_some_and(|(_, published)| *published)
+    }
+
+    /// Stores `minion`'s return of `jid` in the job cache. A job neither in the cache nor
+    /// [`Master::published_here`] is unknown: `Err`, nothing stored. The return of a known job
+    /// that the cache cannot take (a full disk) is logged and counted (`returns_not_cached`)
+    /// and is `Ok`: it must still reach the waiting `publish` and the origin master.
+    pub fn cache_return(&self, jid: &str, minion: &str, ret: &Json) -> Result<(), JobError> {
+        match self.jobs.save_return(jid, minion, ret) {
+            Ok(()) => tracing::info!(%minion, %jid, "return stored"),
+            Err(e @ (JobError::NotFound(_) | JobError::BadJid(_))) if !self.published_here(jid) => {
+                return Err(e)
+            }
+            Err(e) => {
+                self.returns_not_cached.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%minion, %jid, error = %e, "return not stored in the job cache; passed on");
+            }
+        }
+        Ok(())
     }
 
     /// The master whose publish created `jid`: remembered for recent jobs, else read from the
