@@ -189,9 +189,15 @@ impl JobCache {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs_f64();
+        /// A returns-log record, borrowing the return (`json!` would copy it whole).
+        #[derive(serde::Serialize)]
+        struct Record<'a> {
+            id: &'a str,
+            ret: &'a Json,
+            t: f64,
+        }
         let mut line = vec![b'\n'];
-        serde_json::to_writer(&mut line, &json!({"id": minion, "ret": ret, "t": t}))
-            .unwrap_or_default();
+        serde_json::to_writer(&mut line, &Record { id: minion, ret, t }).unwrap_or_default();
         line.push(b'\n');
         match f.write(&line) {
             Ok(n) if n == line.len() => Ok(()),

@@ -142,16 +142,6 @@ impl From<RsaPublicKey> for PublicKey {
     }
 }
 
-impl PrivateKey {
-    fn new(key: RsaPrivateKey) -> Result<Self, RsaError> {
-        let der = key
-            .to_pkcs1_der()
-            .map_err(|e| RsaError::BadKey(e.to_string()))?;
-        let ossl = PKey::from_rsa(openssl::rsa::Rsa::private_key_from_der(der.as_bytes())?)?;
-        Ok(PrivateKey(key, ossl))
-    }
-}
-
 /// OAEP decryption in OpenSSL, `algo`'s hash for OAEP and MGF1 (as Salt's `cryptography` calls).
 fn oaep_decrypt(key: &PKey<Private>, algo: EncAlgo, ct: &[u8]) -> Result<Vec<u8>, RsaError> {
     let mut d = openssl::encrypt::Decrypter::new(key)?;
@@ -177,6 +167,15 @@ fn oaep_encrypt(key: &PKey<Public>, algo: EncAlgo, msg: &[u8]) -> Result<Vec<u8>
 }
 
 impl PrivateKey {
+    /// The same key in OpenSSL beside the `rsa` crate's.
+    fn new(key: RsaPrivateKey) -> Result<Self, RsaError> {
+        let der = key
+            .to_pkcs1_der()
+            .map_err(|e| RsaError::BadKey(e.to_string()))?;
+        let ossl = PKey::from_rsa(openssl::rsa::Rsa::private_key_from_der(der.as_bytes())?)?;
+        Ok(PrivateKey(key, ossl))
+    }
+
     /// A new key with e = 65537 (Salt: `keysize` 2048).
     pub fn generate(bits: usize) -> Result<Self, RsaError> {
         PrivateKey::new(RsaPrivateKey::new(&mut OsRng, bits)?)
