@@ -61,13 +61,21 @@ pub enum Behaviour {
     CloseFirst,
 }
 
+/// A fake master port's connections; `stopped` set, the accept task takes no more.
+#[derive(Default)]
+struct Conns {
+    stopped: bool,
+    tasks: Vec<JoinHandle<()>>,
+}
+
 /// A fake master port: a TCP server on a fixed address that can be stopped and started again.
 pub struct FakeMaster {
     pub name: String,
     pub addr: SocketAddr,
     behaviour: Behaviour,
-    task: Mutex<Option<JoinHandle<()>>>,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// The accept task and its listener, while serving.
+    task: Mutex<Option<(JoinHandle<()>, Arc<TcpListener>)>>,
+    conns: Arc<Mutex<Conns>>,
     pub accepted: Arc<AtomicUsize>,
     pub received: Arc<AtomicU64>,
 }
@@ -111,12 +119,21 @@ impl FakeMaster {
             self.accepted.clone(),
             self.received.clone(),
         );
+        let l = Arc::new(l);
+        let listener = l.clone();
+        conns.lock().unwrap().stopped = false;
         let t = tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
+                // Under the lock `stop` takes: a connection accepted as it stops is dropped
+                // here, not left serving after it.
+                let mut c = conns.lock().unwrap();
+                if c.stopped {
+                    continue;
+                }
                 accepted.fetch_add(1, Ordering::SeqCst);
                 let name = name.clone();
                 let received = received.clone();
-                conns.lock().unwrap().push(tokio::spawn(async move {
+                c.tasks.push(tokio::spawn(async move {
                     if s.write_all(format!("{name}\n").as_bytes()).await.is_err() {
                         return;
                     }
@@ -156,16 +173,22 @@ impl FakeMaster {
                 }));
             }
         });
-        *self.task.lock().unwrap() = Some(t);
+        *self.task.lock().unwrap() = Some((t, listener));
     }
 
-    /// Stops listening and drops every connection (the peer sees FIN/RST).
+    /// Stops listening and drops every connection (the peer sees FIN/RST). The listening socket
+    /// is shut down before this returns: aborting the accept task alone closes it only when a
+    /// worker next polls that task, and a connect in between completed in the kernel and was
+    /// then reset, where the test expected a refusal.
     pub fn stop(&self) {
-        if let Some(t) = self.task.lock().unwrap().take() {
+        let mut c = self.conns.lock().unwrap();
+        c.stopped = true;
+        if let Some((t, l)) = self.task.lock().unwrap().take() {
+            let _ = socket2::SockRef::from(&*l).shutdown(std::net::Shutdown::Both);
             t.abort();
         }
-        for c in self.conns.lock().unwrap().drain(..) {
-            c.abort();
+        for t in c.tasks.drain(..) {
+            t.abort();
         }
     }
 
