@@ -5,8 +5,9 @@
 //!
 //! **Where each operation runs.** Decryption (OAEP), signatures (PKCS#1 v1.5) and encryption
 //! (OAEP) go through the system's OpenSSL (libcrypto 3): its RSA is constant time and blinded,
-//! and a private-key operation costs 0.26 ms there against 2.0 ms in the `rsa` crate (2048
-//! bits, this project's 2-core VM): two of them are most of a master's CPU per `_auth`. The
+//! and a private-key operation costs 0.30–0.34 ms there against 2.2–2.6 ms in the `rsa` crate
+//! (2048 bits, this project's 2-core VM, `benches/rsa.rs`): two of them are most of a master's
+//! CPU per `_auth`. The
 //! `rsa` crate still reads and writes keys, generates them, and does OpenSSL's X9.31 "private
 //! encrypt" (blinded; a minion's `tok` and the master's `aes` signature, once per key), and
 //! public operations use the Montgomery routine in `rsa_public.rs`.
