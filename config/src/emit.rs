@@ -168,6 +168,19 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             "    hwm: {}             # messages queued per minion session; beyond: dropped, counted",
             l.hwm
         )?;
+        let f = &l.fanout_limits;
+        writeln!(
+            o,
+            "    max_frame: {}       # largest frame a minion may send the hub (bytes)",
+            f.max_frame
+        )?;
+        writeln!(o, "    max_topics: {}", f.max_topics)?;
+        writeln!(o, "    max_topic_bytes: {}", f.max_topic_bytes)?;
+        writeln!(
+            o,
+            "    frame_timeout: {}   # a frame must end this long after its first byte",
+            format_duration(f.frame_timeout)
+        )?;
     }
     if let Some(d) = &l.dedup_cluster_pki_dir {
         writeln!(

@@ -377,6 +377,9 @@ pub struct ListenerConfig {
     /// a copy beyond it is dropped for that session and counted, never waited for. Read when a
     /// session attaches: a reload applies to the sessions that connect after it.
     pub hwm: u32,
+    /// `mode: fanout` only: what one minion may make the hub hold (issue 31). A minion sends
+    /// the hub only its READY, SUBSCRIBE/CANCEL and PING/PONG: small frames, few topics.
+    pub fanout_limits: FanoutLimits,
     pub balance: Balance,
     /// Idle timeout on the client side (HAProxy `timeout client`). `None`: never.
     pub timeout_client: Option<Duration>,
@@ -414,6 +417,32 @@ pub struct ListenerConfig {
     pub failback: Failback,
     /// SO_REUSEPORT on the listening sockets: several saltgate processes may share the port.
     pub reuse_port: bool,
+}
+
+/// What one minion session may make the fan-out hub hold (`listeners.publish` in `mode:
+/// fanout`). A frame or a SUBSCRIBE past a limit, or a frame that takes too long, closes the
+/// session (counted in `saltgate_fanout_sessions_cut_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FanoutLimits {
+    /// `max_frame`: the largest frame a minion may send (bytes).
+    pub max_frame: u32,
+    /// `max_topics`: distinct topics one session may subscribe to.
+    pub max_topics: u32,
+    /// `max_topic_bytes`: bytes of those topics together.
+    pub max_topic_bytes: u32,
+    /// `frame_timeout`: longest a frame may take from its first byte to its last.
+    pub frame_timeout: Duration,
+}
+
+impl Default for FanoutLimits {
+    fn default() -> Self {
+        FanoutLimits {
+            max_frame: defaults::FANOUT_MAX_FRAME,
+            max_topics: defaults::FANOUT_MAX_TOPICS,
+            max_topic_bytes: defaults::FANOUT_MAX_TOPIC_BYTES,
+            frame_timeout: defaults::FANOUT_FRAME_TIMEOUT,
+        }
+    }
 }
 
 /// With `balance: first`, a master that comes back UP is held behind the masters that stayed UP
@@ -474,6 +503,7 @@ impl ListenerConfig {
             mode: ListenerMode::L4,
             dedup_cluster_pki_dir: None,
             hwm: defaults::FANOUT_HWM,
+            fanout_limits: FanoutLimits::default(),
             balance: Balance::RoundRobin,
             timeout_client: Some(idle),
             timeout_server: Some(idle),
@@ -532,6 +562,19 @@ pub mod defaults {
     /// Largest `listeners.publish.hwm`: a million queued messages per session is already far
     /// more memory than any minion is worth.
     pub const MAX_FANOUT_HWM: u32 = 1_000_000;
+    /// `listeners.publish.max_frame` (fan-out): the frame limit of saltgate's own PUB socket
+    /// (wire's `PUB_DEFAULT_MAX_FRAME_SIZE`). A minion's largest frame is its READY (~100
+    /// bytes) or a SUBSCRIBE to its hashed id (64 bytes). Salt sets no `ZMQ_MAXMSGSIZE`
+    /// (libzmq: unlimited).
+    pub const FANOUT_MAX_FRAME: u32 = 8 * 1024;
+    /// `listeners.publish.max_topics` (fan-out): a Salt minion subscribes to 1 to 3 topics.
+    pub const FANOUT_MAX_TOPICS: u32 = 64;
+    /// `listeners.publish.max_topic_bytes` (fan-out).
+    pub const FANOUT_MAX_TOPIC_BYTES: u32 = 8 * 1024;
+    /// `listeners.publish.frame_timeout` (fan-out): a minion's frames are a few bytes.
+    pub const FANOUT_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Highest `max_frame` and `max_topic_bytes` (the largest frame the ZMTP codec takes).
+    pub const FANOUT_LIMIT_MAX: u32 = 64 * 1024 * 1024;
     pub const CLOSE_RATE: u32 = 500;
     /// `migrate_buffer`: most Salt requests are a few KiB; big job returns go over it.
     pub const MIGRATE_BUFFER: u32 = 1024 * 1024;

@@ -32,6 +32,23 @@ pub mod defaults {
     pub const NONCE_WINDOW_SECS: u64 = 600;
     /// Salt's `publish_session`: the publish key is rotated once a day.
     pub const PUBLISH_SESSION_SECS: u64 = 86_400;
+    /// `saltgate_max_clear_load`: a clear request's largest frame. A `ping` is a few bytes and
+    /// an `_auth` about 1 KiB (id, 451-byte public key, 256-byte token, nonce).
+    pub const MAX_CLEAR_LOAD: u64 = 64 * 1024;
+    /// `saltgate_untrusted_max_frame`: the largest frame on a request connection that has not
+    /// yet sent a request its minion's session key decrypts.
+    pub const UNTRUSTED_MAX_FRAME: u64 = 1024 * 1024;
+    /// `saltgate_frame_timeout`: a request frame must end this long after its first byte (a
+    /// minion waits 60 s for a reply: a request still arriving then is for nobody).
+    pub const FRAME_TIMEOUT_SECS: u64 = 60;
+    /// `saltgate_write_timeout`: a reply that makes no progress this long closes the
+    /// connection (Salt's ZMTP heartbeat timeout).
+    pub const WRITE_TIMEOUT_SECS: u64 = 30;
+    /// `saltgate_cluster_auth_timeout`: a cluster peer connection must deliver a frame that
+    /// authenticates within this of its accept.
+    pub const CLUSTER_AUTH_TIMEOUT_SECS: u64 = 10;
+    /// `saltgate_cluster_max_unauthenticated`: peer connections not yet authenticated at once.
+    pub const CLUSTER_MAX_UNAUTHENTICATED: u64 = 64;
 }
 
 /// The keys `saltgate-master` reads. Everything else is warned about and ignored.
@@ -61,6 +78,12 @@ const KNOWN_KEYS: &[&str] = &[
     "cluster_secret",
     "cluster_allow_insecure_empty_secret",
     "saltgate_metrics_bind",
+    "saltgate_max_clear_load",
+    "saltgate_untrusted_max_frame",
+    "saltgate_frame_timeout",
+    "saltgate_write_timeout",
+    "saltgate_cluster_auth_timeout",
+    "saltgate_cluster_max_unauthenticated",
 ];
 
 /// Keys that do not change what a stock minion sees, accepted silently (common in real files).
@@ -102,6 +125,12 @@ struct RawSaltMaster {
     cluster_secret: Option<Sp<String>>,
     cluster_allow_insecure_empty_secret: Option<Sp<bool>>,
     saltgate_metrics_bind: Option<Sp<String>>,
+    saltgate_max_clear_load: Option<Sp<u64>>,
+    saltgate_untrusted_max_frame: Option<Sp<u64>>,
+    saltgate_frame_timeout: Option<Sp<u64>>,
+    saltgate_write_timeout: Option<Sp<u64>>,
+    saltgate_cluster_auth_timeout: Option<Sp<u64>>,
+    saltgate_cluster_max_unauthenticated: Option<Sp<u64>>,
 }
 
 /// Salt 3008 cluster settings (`cluster_id` set).
@@ -164,6 +193,39 @@ pub struct SaltMasterConfig {
     /// Where the Prometheus metrics endpoint listens (`saltgate_metrics_bind`, a saltgate
     /// extension Salt does not have); `None`: no endpoint.
     pub metrics_bind: Option<SocketAddr>,
+    /// What an unauthenticated client can make the master hold (saltgate extensions).
+    pub limits: MasterLimits,
+}
+
+/// What an unauthenticated client can make saltgate-master hold (issue 31): the `saltgate_*`
+/// keys of the same names. Salt has none of them (libzmq: no frame limit, no deadlines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MasterLimits {
+    /// `saltgate_max_clear_load`: bytes of a clear request (`ping`, `_auth`).
+    pub max_clear_load: usize,
+    /// `saltgate_untrusted_max_frame`: bytes of a frame before the connection is trusted.
+    pub untrusted_max_frame: usize,
+    /// `saltgate_frame_timeout`, seconds.
+    pub frame_timeout_secs: u64,
+    /// `saltgate_write_timeout`, seconds.
+    pub write_timeout_secs: u64,
+    /// `saltgate_cluster_auth_timeout`, seconds.
+    pub cluster_auth_timeout_secs: u64,
+    /// `saltgate_cluster_max_unauthenticated`.
+    pub cluster_max_unauthenticated: usize,
+}
+
+impl Default for MasterLimits {
+    fn default() -> Self {
+        MasterLimits {
+            max_clear_load: defaults::MAX_CLEAR_LOAD as usize,
+            untrusted_max_frame: defaults::UNTRUSTED_MAX_FRAME as usize,
+            frame_timeout_secs: defaults::FRAME_TIMEOUT_SECS,
+            write_timeout_secs: defaults::WRITE_TIMEOUT_SECS,
+            cluster_auth_timeout_secs: defaults::CLUSTER_AUTH_TIMEOUT_SECS,
+            cluster_max_unauthenticated: defaults::CLUSTER_MAX_UNAUTHENTICATED as usize,
+        }
+    }
 }
 
 impl SaltMasterConfig {
@@ -188,6 +250,7 @@ impl SaltMasterConfig {
             rotate_aes_key: true,
             cluster: None,
             metrics_bind: None,
+            limits: MasterLimits::default(),
         }
     }
 }
@@ -362,6 +425,73 @@ pub fn parse_salt_master(
             c.request_window_secs = v.value;
         }
     }
+    // The limits: each a positive whole number, at most `max`.
+    const MAX_FRAME: u64 = 64 * 1024 * 1024;
+    let mut lim = MasterLimits::default();
+    let mut clear = lim.max_clear_load as u64;
+    let mut untrusted = lim.untrusted_max_frame as u64;
+    let mut cluster_cap = lim.cluster_max_unauthenticated as u64;
+    for (field, raw_v, slot, max, unit) in [
+        (
+            "saltgate_max_clear_load",
+            &raw.saltgate_max_clear_load,
+            &mut clear,
+            MAX_FRAME,
+            "bytes",
+        ),
+        (
+            "saltgate_untrusted_max_frame",
+            &raw.saltgate_untrusted_max_frame,
+            &mut untrusted,
+            MAX_FRAME,
+            "bytes",
+        ),
+        (
+            "saltgate_frame_timeout",
+            &raw.saltgate_frame_timeout,
+            &mut lim.frame_timeout_secs,
+            86_400,
+            "seconds",
+        ),
+        (
+            "saltgate_write_timeout",
+            &raw.saltgate_write_timeout,
+            &mut lim.write_timeout_secs,
+            86_400,
+            "seconds",
+        ),
+        (
+            "saltgate_cluster_auth_timeout",
+            &raw.saltgate_cluster_auth_timeout,
+            &mut lim.cluster_auth_timeout_secs,
+            3600,
+            "seconds",
+        ),
+        (
+            "saltgate_cluster_max_unauthenticated",
+            &raw.saltgate_cluster_max_unauthenticated,
+            &mut cluster_cap,
+            1_000_000,
+            "connections",
+        ),
+    ] {
+        if let Some(v) = raw_v {
+            if v.value == 0 || v.value > max {
+                errors.push(ConfigError::new(
+                    span!(v),
+                    field,
+                    format!("{} is out of range", v.value),
+                    format!("write a number of {unit} from 1 to {max}, or remove the key for the default"),
+                ));
+            } else {
+                *slot = v.value;
+            }
+        }
+    }
+    lim.max_clear_load = clear as usize;
+    lim.untrusted_max_frame = untrusted as usize;
+    lim.cluster_max_unauthenticated = cluster_cap as usize;
+    c.limits = lim;
     if let Some(v) = &raw.publish_session {
         c.publish_session_secs = v.value;
     }
@@ -656,6 +786,34 @@ mod tests {
             );
             assert!(f.fix.contains("IP:PORT"), "{bad}: {}", f.fix);
         }
+    }
+
+    #[test]
+    fn limits_default_to_safe_values_and_refuse_zero() {
+        let c = parse_salt_master("id: m\n", None).unwrap().config;
+        assert_eq!(c.limits, MasterLimits::default());
+        assert_eq!(c.limits.max_clear_load, 64 * 1024);
+        let c = parse_salt_master(
+            "saltgate_max_clear_load: 1024\nsaltgate_cluster_max_unauthenticated: 3\nsaltgate_frame_timeout: 5\n",
+            None,
+        )
+        .unwrap()
+        .config;
+        assert_eq!(
+            (
+                c.limits.max_clear_load,
+                c.limits.cluster_max_unauthenticated
+            ),
+            (1024, 3)
+        );
+        assert_eq!(c.limits.frame_timeout_secs, 5);
+        let e = parse_salt_master("saltgate_write_timeout: 0\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("saltgate_write_timeout") && e.contains("from 1 to"),
+            "{e}"
+        );
     }
 
     #[test]

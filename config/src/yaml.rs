@@ -49,6 +49,10 @@ const LISTENER_KEYS: &[&str] = &[
     "mode",
     "dedup_cluster_pki_dir",
     "hwm",
+    "max_frame",
+    "max_topics",
+    "max_topic_bytes",
+    "frame_timeout",
     "balance",
     "timeout_client",
     "timeout_server",
@@ -146,6 +150,7 @@ impl Checker<'_> {
         }
         self.dedup_dir(f.get("dedup_cluster_pki_dir"), &p, &mut l);
         self.fanout_hwm(f.get("hwm"), &p, &mut l);
+        self.fanout_limits(&f, &p, &mut l);
         if let Some(b) = f.get("balance") {
             let field = join(&p, "balance");
             if let Some(t) = self.text(b, &field, "roundrobin, leastconn, source or first") {

@@ -1,5 +1,5 @@
-//! `listeners.publish.dedup_cluster_pki_dir` and `listeners.publish.hwm` (fan-out mode only)
-//! for [`crate::yaml`].
+//! `listeners.publish.dedup_cluster_pki_dir`, `hwm` and the session limits (`max_frame`,
+//! `max_topics`, `max_topic_bytes`, `frame_timeout`), fan-out mode only, for [`crate::yaml`].
 
 use crate::model::{defaults, ListenerConfig, ListenerMode, Role};
 use crate::yaml_tree::Node;
@@ -44,6 +44,65 @@ impl Checker<'_> {
         l.dedup_cluster_pki_dir = Some(std::path::PathBuf::from(t.trim()));
     }
 
+    /// The session limits of the listener at `p` (its `mode` is already read): `max_frame`,
+    /// `max_topics`, `max_topic_bytes` and `frame_timeout`, fan-out only.
+    pub(crate) fn fanout_limits(
+        &mut self,
+        f: &crate::yaml_values::Fields<'_>,
+        p: &str,
+        l: &mut ListenerConfig,
+    ) {
+        let fanout = l.role == Role::Publish && l.mode == ListenerMode::Fanout;
+        let d = crate::model::FanoutLimits::default();
+        let lim = &mut l.fanout_limits;
+        let max = defaults::FANOUT_LIMIT_MAX;
+        let ints: [(&str, &mut u32, u32, u32, u32); 3] = [
+            ("max_frame", &mut lim.max_frame, 256, max, d.max_frame),
+            (
+                "max_topics",
+                &mut lim.max_topics,
+                1,
+                1_000_000,
+                d.max_topics,
+            ),
+            (
+                "max_topic_bytes",
+                &mut lim.max_topic_bytes,
+                64,
+                max,
+                d.max_topic_bytes,
+            ),
+        ];
+        for (key, slot, min, max, default) in ints {
+            let Some(v) = f.get(key) else { continue };
+            let field = join(p, key);
+            if !fanout {
+                self.not_fanout(v, &field, p, key);
+                continue;
+            }
+            if let Some(n) = self.u32_in(v, &field, min, max, &default.to_string()) {
+                *slot = n;
+            }
+        }
+        if let Some(v) = f.get("frame_timeout") {
+            let field = join(p, "frame_timeout");
+            if !fanout {
+                self.not_fanout(v, &field, p, "frame_timeout");
+            } else if let Some(t) = self.duration(v, &field, "10s") {
+                lim.frame_timeout = t;
+            }
+        }
+    }
+
+    fn not_fanout(&mut self, v: &Node, field: &str, p: &str, key: &str) {
+        self.err(
+            v,
+            field,
+            format!("{key} limits what a minion sends the fan-out hub (in l4 mode its bytes pass to a master untouched)"),
+            format!("add mode: fanout to listeners.publish, or remove {key} from {p}"),
+        );
+    }
+
     /// `hwm` of the listener at `p` (its `mode` is already read): the per-session queue of the
     /// publish fan-out, in messages.
     pub(crate) fn fanout_hwm(&mut self, v: Option<&Node>, p: &str, l: &mut ListenerConfig) {
@@ -75,6 +134,32 @@ mod tests {
             None,
         )
         .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn fanout_limits_are_read_written_back_and_refused_outside_fanout() {
+        let c = with(
+            ", mode: fanout, max_frame: 4096, max_topics: 3, max_topic_bytes: 512, frame_timeout: 2s",
+            "",
+        )
+        .unwrap();
+        let l = c.publish.fanout_limits;
+        assert_eq!(
+            (l.max_frame, l.max_topics, l.max_topic_bytes),
+            (4096, 3, 512)
+        );
+        assert_eq!(l.frame_timeout, std::time::Duration::from_secs(2));
+        let text = crate::emit::to_yaml(&c, "test");
+        assert_eq!(parse_yaml(&text, None).unwrap(), c, "written back as read");
+        let e = with(", max_topics: 3", "").unwrap_err();
+        assert!(
+            e.contains("listeners.publish.max_topics") && e.contains("add mode: fanout"),
+            "{e}"
+        );
+        let e = with(", mode: fanout, max_frame: 0", "").unwrap_err();
+        assert!(e.contains("listeners.publish.max_frame"), "{e}");
+        let e = with(", mode: fanout, frame_timeout: 0s", "").unwrap_err();
+        assert!(e.contains("listeners.publish.frame_timeout"), "{e}");
     }
 
     #[test]

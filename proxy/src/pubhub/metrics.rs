@@ -28,6 +28,9 @@ pub struct FanoutMetrics {
     pub unreadable: [IntCounter; 5],
     /// `saltgate_fanout_dedup_key_loads_total`: cluster keys loaded (the first and each change).
     pub key_loads: IntCounter,
+    /// `saltgate_fanout_sessions_cut_total{reason}`: minion sessions closed for a limit, one
+    /// handle per [`super::session::CUT_REASONS`], in order.
+    pub cut: [IntCounter; 7],
     /// The hub serving the publish listener now (set when it starts), for `/api/v1/fanout`.
     hub: std::sync::Mutex<std::sync::Weak<super::Hub>>,
 }
@@ -45,6 +48,11 @@ impl FanoutMetrics {
         let reasons = counter_vec_by(
             "saltgate_fanout_dedup_unreadable_total",
             "Messages whose job id the fan-out dedup could not read; forwarded as is.",
+            "reason",
+        );
+        let cuts = counter_vec_by(
+            "saltgate_fanout_sessions_cut_total",
+            "Minion sessions the fan-out hub closed for a limit (oversized frame, frame_timeout, write_timeout, topics, topic_bytes, handshake or heartbeat timeout).",
             "reason",
         );
         let counter = |name: &str, help: &str| {
@@ -95,6 +103,7 @@ impl FanoutMetrics {
                 "saltgate_fanout_dedup_key_loads_total",
                 "Cluster keys loaded by the fan-out dedup (the first one and each change).",
             ),
+            cut: super::session::CUT_REASONS.map(|r| cuts.with_label_values(&[r])),
             hub: std::sync::Mutex::new(std::sync::Weak::new()),
         }
     }
@@ -109,6 +118,16 @@ impl FanoutMetrics {
     /// The hub serving the publish listener, if one has started and still runs.
     pub(crate) fn hub(&self) -> Option<std::sync::Arc<super::Hub>> {
         self.hub.lock().unwrap_or_else(|p| p.into_inner()).upgrade()
+    }
+
+    /// The `saltgate_fanout_sessions_cut_total` handle for `reason` (one of
+    /// [`super::session::CUT_REASONS`]).
+    pub(crate) fn cut(&self, reason: &str) -> &IntCounter {
+        let i = super::session::CUT_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        &self.cut[i]
     }
 
     /// The `saltgate_fanout_dedup_unreadable_total` handle for `e`.

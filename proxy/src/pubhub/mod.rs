@@ -28,7 +28,7 @@ use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use saltgate_wire::publish_job::JobIdError;
 use saltgate_wire::zmtp::frame::encode_message;
-use saltgate_wire::zmtp::Heartbeat;
+use saltgate_wire::zmtp::{Heartbeat, TopicLimits, TopicSet};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -64,44 +64,18 @@ impl Default for HubOptions {
     }
 }
 
-/// A minion's subscriptions: a multiset of prefixes, as libzmq keeps it per subscriber.
-#[derive(Debug, Default)]
-pub(crate) struct Topics(Vec<(Bytes, usize)>);
-
-impl Topics {
-    pub fn subscribe(&mut self, t: Bytes) {
-        match self.0.iter_mut().find(|(x, _)| *x == t) {
-            Some((_, n)) => *n += 1,
-            None => self.0.push((t, 1)),
-        }
-    }
-
-    pub fn cancel(&mut self, t: &[u8]) {
-        if let Some(i) = self.0.iter().position(|(x, _)| x == t) {
-            self.0[i].1 -= 1;
-            if self.0[i].1 == 0 {
-                self.0.swap_remove(i);
-            }
-        }
-    }
-
-    pub fn matches(&self, first: &[u8]) -> bool {
-        self.0.iter().any(|(t, _)| first.starts_with(t))
-    }
-}
-
 /// One minion session as the fan-out sees it.
 pub(crate) struct Slot {
     id: u64,
     /// The minion's address (the admin view lists sessions that drop).
     peer: SocketAddr,
-    topics: Mutex<Topics>,
+    topics: Mutex<TopicSet>,
     tx: mpsc::Sender<Bytes>,
     dropped: AtomicU64,
 }
 
 impl Slot {
-    fn topics(&self) -> std::sync::MutexGuard<'_, Topics> {
+    fn topics(&self) -> std::sync::MutexGuard<'_, TopicSet> {
         self.topics.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -177,17 +151,19 @@ impl Hub {
     }
 
     /// Adds a session from `peer` whose queue holds `hwm` messages (`listeners.publish.hwm` when
-    /// it attaches); returns its slot and the receiving end of its queue.
+    /// it attaches) and whose topics are bounded by `topics`; returns its slot and the
+    /// receiving end of its queue.
     pub(crate) fn attach(
         &self,
         peer: SocketAddr,
         hwm: usize,
+        topics: TopicLimits,
     ) -> (Arc<Slot>, mpsc::Receiver<Bytes>) {
         let (tx, rx) = mpsc::channel(hwm.max(1));
         let slot = Arc::new(Slot {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             peer,
-            topics: Mutex::new(Topics::default()),
+            topics: Mutex::new(TopicSet::new(topics)),
             tx,
             dropped: AtomicU64::new(0),
         });
@@ -311,7 +287,7 @@ mod tests {
     fn hub(hwm: usize) -> (Hub, impl Fn(&Hub) -> (Arc<Slot>, mpsc::Receiver<Bytes>)) {
         let peer: SocketAddr = "127.0.5.1:1".parse().unwrap();
         (Hub::new(HubOptions::default()), move |h: &Hub| {
-            h.attach(peer, hwm)
+            h.attach(peer, hwm, TopicLimits::default())
         })
     }
 
@@ -319,28 +295,13 @@ mod tests {
         Bytes::from_static(s.as_bytes())
     }
 
-    #[test]
-    fn topics_match_by_prefix_and_count_duplicates() {
-        let mut t = Topics::default();
-        assert!(!t.matches(b"x"));
-        t.subscribe(b("min"));
-        t.subscribe(b("min"));
-        assert!(t.matches(b"minion1"));
-        t.cancel(b"min");
-        assert!(t.matches(b"minion1"));
-        t.cancel(b"min");
-        assert!(!t.matches(b"minion1"));
-        t.subscribe(Bytes::new());
-        assert!(t.matches(b"") && t.matches(b"anything"));
-    }
-
     #[tokio::test]
     async fn a_full_queue_drops_for_that_session_only() {
         let (h, attach) = hub(2);
         let (slow, _slow_rx) = attach(&h);
         let (fast, mut fast_rx) = attach(&h);
-        slow.topics().subscribe(Bytes::new());
-        fast.topics().subscribe(Bytes::new());
+        slow.topics().subscribe(Bytes::new()).unwrap();
+        fast.topics().subscribe(Bytes::new()).unwrap();
         for i in 0..5u8 {
             let r = h.publish(&[Bytes::from(vec![i])]);
             assert!(!r.duplicate);
@@ -359,8 +320,8 @@ mod tests {
         let (h, attach) = hub(10);
         let (a, mut a_rx) = attach(&h);
         let (c, mut c_rx) = attach(&h);
-        a.topics().subscribe(b("minion-a"));
-        c.topics().subscribe(b("minion-c"));
+        a.topics().subscribe(b("minion-a")).unwrap();
+        c.topics().subscribe(b("minion-c")).unwrap();
         let r = h.publish(&[b("minion-a"), b("payload")]);
         assert_eq!((r.queued, r.dropped), (1, 0));
         let got = a_rx.try_recv().unwrap();
@@ -387,7 +348,7 @@ mod tests {
             let (h, attach) = hub(100);
             h.dedup.key.sync(Some(dir), false, None).await;
             let (s, rx) = attach(&h);
-            s.topics().subscribe(Bytes::new());
+            s.topics().subscribe(Bytes::new()).unwrap();
             (h, rx)
         }
 

@@ -86,6 +86,10 @@ pub struct Connection<S = TcpStream> {
     peer: PeerInfo,
     /// When bytes last arrived (any bytes: a large frame trickling in counts as traffic).
     last_rx: tokio::time::Instant,
+    /// When the first byte of the frame now partly received arrived (`None`: no partial frame).
+    frame_started: Option<tokio::time::Instant>,
+    /// Longest a write may make no progress (`None`: no limit).
+    write_timeout: Option<Duration>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
@@ -115,6 +119,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 properties: Properties::default(),
             },
             last_rx: tokio::time::Instant::now(),
+            frame_started: None,
+            write_timeout: None,
         };
         let props = match conn.read_frame().await? {
             Frame::Command(body) => match Command::parse(&body)? {
@@ -162,15 +168,36 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     // No partial frame: hold no buffer while idle (frames already taken keep
                     // their bytes alive on their own).
                     self.rbuf = BytesMut::new();
+                    self.frame_started = None;
+                } else {
+                    // The next frame began with the bytes of the last read.
+                    self.frame_started = Some(self.last_rx);
                 }
                 return Ok(frame);
             }
+            let was_empty = self.rbuf.is_empty();
             let n = self.fill().await?;
             if n == 0 {
                 return Err(ZmtpError::Eof);
             }
             self.last_rx = tokio::time::Instant::now();
+            if was_empty {
+                self.frame_started = Some(self.last_rx);
+            }
         }
+    }
+
+    /// When the first byte of a frame still incomplete arrived; `None` when no frame is partly
+    /// received. A caller bounds how long a frame may take with it (a peer sending one byte
+    /// now and then is not silent, but holds its buffer for ever).
+    pub fn frame_started(&self) -> Option<tokio::time::Instant> {
+        self.frame_started
+    }
+
+    /// Bounds every later write: one that makes no progress for `timeout` fails with
+    /// [`ZmtpError::WriteTimeout`] (a peer that does not read). `None`: no bound.
+    pub fn set_write_timeout(&mut self, timeout: Option<Duration>) {
+        self.write_timeout = timeout;
     }
 
     /// The largest frame the next reads accept.
@@ -232,14 +259,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// Writes bytes already framed (e.g. a message encoded once for many subscribers with
     /// [`super::frame::encode_message`]) and flushes. The caller vouches for the framing.
     pub async fn send_encoded(&mut self, framed: &[u8]) -> Result<(), ZmtpError> {
-        self.io.write_all(framed).await?;
-        self.io.flush().await?;
-        Ok(())
+        write_all_timed(&mut self.io, framed, self.write_timeout).await
     }
 
     async fn flush_wbuf(&mut self) -> Result<(), ZmtpError> {
-        self.io.write_all(&self.wbuf).await?;
-        self.io.flush().await?;
+        write_all_timed(&mut self.io, &self.wbuf, self.write_timeout).await?;
         self.wbuf.clear();
         // Do not keep a large buffer around on idle connections.
         if self.wbuf.capacity() > 64 * 1024 {
@@ -252,6 +276,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     pub async fn shutdown(&mut self) {
         let _ = self.io.shutdown().await;
     }
+}
+
+/// Writes all of `buf` and flushes; with a timeout, each write must make progress within it,
+/// else [`ZmtpError::WriteTimeout`] (a peer that does not read). For callers that drive a
+/// stream by hand (the proxy's fan-out sessions); [`Connection`] uses it for every write.
+pub async fn write_all_timed<S: AsyncWrite + Unpin>(
+    io: &mut S,
+    mut buf: &[u8],
+    timeout: Option<Duration>,
+) -> Result<(), ZmtpError> {
+    let Some(t) = timeout else {
+        io.write_all(buf).await?;
+        io.flush().await?;
+        return Ok(());
+    };
+    while !buf.is_empty() {
+        match tokio::time::timeout(t, io.write(buf)).await {
+            Err(_) => return Err(ZmtpError::WriteTimeout(t)),
+            Ok(Ok(0)) => return Err(ZmtpError::Io(std::io::ErrorKind::WriteZero.into())),
+            Ok(Ok(n)) => buf = buf.get(n..).unwrap_or_default(),
+            Ok(Err(e)) => return Err(e.into()),
+        }
+    }
+    tokio::time::timeout(t, io.flush())
+        .await
+        .map_err(|_| ZmtpError::WriteTimeout(t))??;
+    Ok(())
 }
 
 impl Connection<TcpStream> {

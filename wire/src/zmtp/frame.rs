@@ -227,6 +227,11 @@ impl MessageAssembler {
         Ok(Some(std::mem::take(&mut self.parts)))
     }
 
+    /// Changes the message size limit (a peer trusted later may send larger messages).
+    pub fn set_max_size(&mut self, max_size: usize) {
+        self.max_size = max_size;
+    }
+
     /// Bytes a next frame may still carry before the message exceeds its limit.
     pub fn remaining(&self) -> usize {
         self.max_size.saturating_sub(self.size)

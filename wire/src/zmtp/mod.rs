@@ -7,6 +7,7 @@
 //! * [`conn`] — one handshaken connection (greeting + READY) with framed reads and writes;
 //! * [`peer`] — the per-connection driver every role uses: answers every PING with a PONG,
 //!   optionally sends PINGs and drops silent peers, and applies subscriptions;
+//! * [`topics`] — a subscriber's topics (a bounded multiset of prefixes);
 //! * [`socket`] — the four roles Salt uses: PUB, SUB, REQ, ROUTER.
 //!
 //! Why not the `zeromq` crate: Salt 3008 masters send ZMTP 3.1 PINGs every 10 s and drop peers
@@ -19,8 +20,10 @@ pub mod frame;
 pub mod greeting;
 pub mod peer;
 pub mod socket;
+pub mod topics;
 
 use std::fmt;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -37,6 +40,7 @@ pub use socket::req::{ReqError, ReqOptions, ReqSocket};
 pub use socket::router::{Router, RouterError, RouterMessage, RouterOptions, RouterSender};
 pub use socket::subscriber::{ReconnectPolicy, SubOptions, Subscriber};
 pub use socket::ProtocolRefusals;
+pub use topics::{TopicLimits, TopicRefusal, TopicSet};
 
 /// Errors on one ZMTP connection. Each says whose fault it is via [`ZmtpError::side`].
 #[derive(Debug, Error)]
@@ -63,6 +67,15 @@ pub enum ZmtpError {
     IncompatibleSocketType { ours: SocketType, peer: String },
     #[error("timed out during {0}")]
     Timeout(&'static str),
+    /// A frame's first byte arrived, its last did not within the deadline (a slowloris).
+    #[error("a frame was not completed within {0:?} of its first byte (raise frame_timeout)")]
+    FrameTimeout(Duration),
+    /// A write made no progress for this long: the peer does not read.
+    #[error("the peer read nothing for {0:?} (a write could not complete)")]
+    WriteTimeout(Duration),
+    /// A SUBSCRIBE past the subscriber's limits.
+    #[error(transparent)]
+    Topics(#[from] TopicRefusal),
 }
 
 /// Who caused an error: useful as a log level or a metric label.

@@ -31,6 +31,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::command::Command;
 use super::conn::Connection;
 use super::frame::{Frame, MessageAssembler, DEFAULT_MAX_MESSAGE_FRAMES};
+use super::topics::TopicSet;
 use super::ZmtpError;
 
 /// ZMTP 3.1 heartbeat settings (libzmq's `ZMQ_HEARTBEAT_IVL`, `_TIMEOUT`, `_TTL`).
@@ -88,6 +89,9 @@ pub(crate) enum Outbound {
     Encoded(Bytes),
     Subscribe(Bytes),
     Cancel(Bytes),
+    /// The application vouches for this peer (ROUTER: it sent a request only a key holder
+    /// could): its frames may be as large as [`DriverConfig::trusted_max_frame_size`].
+    Trust,
 }
 
 /// A message received from a peer, tagged with the peer's routing id (ROUTER) or empty.
@@ -97,44 +101,6 @@ pub(crate) struct Delivered {
     pub frames: Vec<Bytes>,
     /// When the last frame was read off the connection.
     pub received: Instant,
-}
-
-/// A subscription multiset with prefix matching, as libzmq keeps it per subscriber.
-#[derive(Debug, Default)]
-pub(crate) struct TopicSet {
-    topics: Vec<(Bytes, usize)>,
-}
-
-impl TopicSet {
-    pub fn subscribe(&mut self, topic: Bytes) {
-        match self.topics.iter_mut().find(|(t, _)| *t == topic) {
-            Some((_, n)) => *n += 1,
-            None => self.topics.push((topic, 1)),
-        }
-    }
-
-    pub fn cancel(&mut self, topic: &[u8]) {
-        if let Some(i) = self.topics.iter().position(|(t, _)| t == topic) {
-            let gone = match self.topics.get_mut(i) {
-                Some((_, n)) => {
-                    *n -= 1;
-                    *n == 0
-                }
-                None => false,
-            };
-            if gone {
-                self.topics.swap_remove(i);
-            }
-        }
-    }
-
-    pub fn matches(&self, first_frame: &[u8]) -> bool {
-        self.topics.iter().any(|(t, _)| first_frame.starts_with(t))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.topics.is_empty()
-    }
 }
 
 /// What the driver does with a message when the role's channel is full. The counter counts
@@ -166,15 +132,29 @@ pub(crate) enum Inbound {
 pub(crate) struct DriverConfig {
     pub heartbeat: Option<Heartbeat>,
     pub max_message_frames: usize,
+    /// Largest message (and frame) until the peer is trusted ([`Outbound::Trust`]).
     pub max_message_size: usize,
+    /// Largest message once trusted (never below `max_message_size`).
+    pub trusted_max_frame_size: usize,
+    /// Longest a frame may take from its first byte to its last (`None`: no limit).
+    pub frame_timeout: Option<Duration>,
+    /// Longest a write may make no progress (`None`: no limit): a peer that does not read is
+    /// cut even though its heartbeat cannot be checked while we wait to write to it.
+    pub write_timeout: Option<Duration>,
 }
 
 impl DriverConfig {
+    /// No frame deadline; writes bounded by the heartbeat timeout (when there is one).
     pub fn new(heartbeat: Option<Heartbeat>, max_frame_size: usize) -> Self {
         DriverConfig {
             heartbeat,
             max_message_frames: DEFAULT_MAX_MESSAGE_FRAMES,
             max_message_size: max_frame_size,
+            trusted_max_frame_size: max_frame_size,
+            frame_timeout: None,
+            write_timeout: heartbeat
+                .filter(|h| !h.interval.is_zero())
+                .map(|h| h.normalised().timeout),
         }
     }
 }
@@ -220,7 +200,8 @@ where
     });
     let mut remote_ttl: Option<Duration> = None;
     let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
-    let max_frame_size = conn.max_frame_size();
+    let mut max_frame_size = conn.max_frame_size().min(cfg.max_message_size);
+    conn.set_write_timeout(cfg.write_timeout);
     // A message waiting for room in the role's channel (`OnFull::Wait`): no reads meanwhile.
     let mut held: Option<Delivered> = None;
     // Silence is counted from the last byte received or the end of the last pause, whichever
@@ -248,6 +229,12 @@ where
         // A message's frames share its size limit: the next frame's header is checked against
         // what is left of it, so a message never holds more than the limit.
         conn.set_max_frame_size(max_frame_size.min(assembler.remaining()));
+        // A frame under way must end in time; a pause of ours does not count against it.
+        let frame_deadline = cfg
+            .frame_timeout
+            .zip(conn.frame_started())
+            .filter(|_| held.is_none())
+            .and_then(|(t, started)| started.max(resumed).checked_add(t));
         let result = tokio::select! {
             frame = conn.read_frame(), if held.is_none() => {
                 match frame {
@@ -282,8 +269,16 @@ where
                     conn.shutdown().await;
                     return CloseReason::LocalClosed;
                 }
+                Some(Outbound::Trust) => {
+                    max_frame_size = cfg.trusted_max_frame_size.max(cfg.max_message_size);
+                    assembler.set_max_size(max_frame_size);
+                    Ok(true)
+                }
                 Some(out) => write_outbound(&mut conn, out, peer_3_1).await,
             },
+            _ = sleep_until(frame_deadline) => {
+                Err(ZmtpError::FrameTimeout(cfg.frame_timeout.unwrap_or_default()))
+            }
             _ = tick(&mut ping_tick) => {
                 let ttl = hb.map(|h| (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16);
                 conn.send_command(&Command::Ping { ttl: ttl.unwrap_or(0), context: Bytes::new() })
@@ -343,8 +338,8 @@ where
                 *remote_ttl = (ttl > 0).then(|| Duration::from_millis(u64::from(ttl) * 100));
                 conn.send_command(&Command::Pong { context }).await?;
             }
-            Command::Subscribe(topic) => apply_subscription(inbound, true, topic),
-            Command::Cancel(topic) => apply_subscription(inbound, false, topic),
+            Command::Subscribe(topic) => apply_subscription(inbound, true, topic)?,
+            Command::Cancel(topic) => apply_subscription(inbound, false, topic)?,
             Command::Error(reason) => {
                 return Err(ZmtpError::PeerError(
                     String::from_utf8_lossy(&reason).into_owned(),
@@ -386,8 +381,8 @@ where
                     // Legacy (ZMTP 3.0) subscriptions: one frame, 0x01/0x00 + topic.
                     if let [only] = frames.as_slice() {
                         match only.first() {
-                            Some(1) => apply_subscription(inbound, true, only.slice(1..)),
-                            Some(0) => apply_subscription(inbound, false, only.slice(1..)),
+                            Some(1) => apply_subscription(inbound, true, only.slice(1..))?,
+                            Some(0) => apply_subscription(inbound, false, only.slice(1..))?,
                             _ => {}
                         }
                     }
@@ -398,18 +393,20 @@ where
     Ok(Step::Go)
 }
 
-fn apply_subscription(inbound: &Inbound, subscribe: bool, topic: Bytes) {
+/// Applies a SUBSCRIBE or CANCEL; a SUBSCRIBE past the topic limits cuts the peer.
+fn apply_subscription(inbound: &Inbound, subscribe: bool, topic: Bytes) -> Result<(), ZmtpError> {
     if let Inbound::Topics { topics, changed } = inbound {
         // A poisoned lock only means another task panicked mid-update; the set is still usable.
         let mut set = topics.lock().unwrap_or_else(|p| p.into_inner());
         if subscribe {
-            set.subscribe(topic);
+            set.subscribe(topic)?;
         } else {
             set.cancel(&topic);
         }
         drop(set);
         changed.notify_waiters();
     }
+    Ok(())
 }
 
 async fn write_outbound<S>(
@@ -429,6 +426,7 @@ where
         Outbound::Cancel(topic) if peer_3_1 => conn.send_command(&Command::Cancel(topic)).await?,
         Outbound::Subscribe(topic) => conn.send_message(&[legacy(1, &topic)]).await?,
         Outbound::Cancel(topic) => conn.send_message(&[legacy(0, &topic)]).await?,
+        Outbound::Trust => {}
     }
     Ok(true)
 }
@@ -438,26 +436,4 @@ fn legacy(flag: u8, topic: &[u8]) -> Bytes {
     b.put_u8(flag);
     b.put_slice(topic);
     b.freeze()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn topic_set_matches_by_prefix_and_counts_duplicates() {
-        let mut t = TopicSet::default();
-        assert!(!t.matches(b"anything"));
-        t.subscribe(Bytes::from_static(b"broad"));
-        t.subscribe(Bytes::from_static(b"broad"));
-        assert!(t.matches(b"broadcast"));
-        assert!(!t.matches(b"bro"));
-        t.cancel(b"broad");
-        assert!(t.matches(b"broadcast"));
-        t.cancel(b"broad");
-        assert!(!t.matches(b"broadcast"));
-        t.subscribe(Bytes::new());
-        assert!(t.matches(b""));
-        assert!(t.matches(b"x"));
-    }
 }

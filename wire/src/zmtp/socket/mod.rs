@@ -28,6 +28,14 @@ pub struct ProtocolRefusals {
     /// Anything else the peer got wrong: not a ZMTP greeting, another version or mechanism, a
     /// malformed frame or command, an incompatible socket type.
     malformed: AtomicU64,
+    /// A frame not completed within its deadline (`frame_timeout`: one byte now and then).
+    slow: AtomicU64,
+    /// A write that made no progress within its deadline: the peer does not read.
+    stalled: AtomicU64,
+    /// A handshake not completed within `handshake_timeout` (a silent connection).
+    handshake_timeout: AtomicU64,
+    /// A SUBSCRIBE past the subscriber's topic limits.
+    topics: AtomicU64,
     /// When a refusal was last logged at warn (Unix seconds).
     last_warn: AtomicU64,
 }
@@ -43,9 +51,47 @@ impl ProtocolRefusals {
         self.malformed.load(Ordering::Relaxed)
     }
 
-    /// Counts `e` if it is the peer's protocol violation; returns whether it was.
+    /// Frames cut for not completing within `frame_timeout`.
+    pub fn slow(&self) -> u64 {
+        self.slow.load(Ordering::Relaxed)
+    }
+
+    /// Peers cut because a write to them made no progress within `write_timeout`.
+    pub fn stalled(&self) -> u64 {
+        self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// Connections cut for not completing the handshake within `handshake_timeout`.
+    pub fn handshake_timeouts(&self) -> u64 {
+        self.handshake_timeout.load(Ordering::Relaxed)
+    }
+
+    /// Subscribers cut for a SUBSCRIBE past their topic limits.
+    pub fn topics(&self) -> u64 {
+        self.topics.load(Ordering::Relaxed)
+    }
+
+    /// Every cut by its `reason` label (for a metric): `oversized`, `malformed`,
+    /// `frame_timeout`, `write_timeout`, `handshake_timeout`, `topics`.
+    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+        [
+            ("oversized", self.oversized()),
+            ("malformed", self.malformed()),
+            ("frame_timeout", self.slow()),
+            ("write_timeout", self.stalled()),
+            ("handshake_timeout", self.handshake_timeouts()),
+            ("topics", self.topics()),
+        ]
+    }
+
+    /// Counts `e` if it is the peer's protocol violation or a limit it hit; returns whether it
+    /// was.
     pub(crate) fn count(&self, e: &ZmtpError) -> bool {
         let counter = match e {
+            ZmtpError::FrameTimeout(_) => &self.slow,
+            ZmtpError::WriteTimeout(_) => &self.stalled,
+            ZmtpError::Timeout("handshake") => &self.handshake_timeout,
+            ZmtpError::Topics(_) => &self.topics,
             ZmtpError::Frame(FrameError::TooLarge { .. } | FrameError::MessageTooLarge { .. }) => {
                 &self.oversized
             }
@@ -101,9 +147,9 @@ impl ProtocolRefusals {
         if self.may_warn() {
             tracing::warn!(%peer, error = %e, oversized = self.oversized(),
                 malformed = self.malformed(),
-                "{what} refused: it broke the protocol (one warning per 10 s, all counted)");
+                "{what} cut: it broke the protocol or a limit (one warning per 10 s, all counted)");
         } else {
-            tracing::debug!(%peer, error = %e, "{what} refused: it broke the protocol");
+            tracing::debug!(%peer, error = %e, "{what} cut: it broke the protocol or a limit");
         }
     }
 }

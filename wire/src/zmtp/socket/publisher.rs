@@ -25,7 +25,8 @@ use tokio::task::JoinHandle;
 use crate::accept::{AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::{encode_message, PUB_DEFAULT_MAX_FRAME_SIZE};
-use crate::zmtp::peer::{drive, DriverConfig, Heartbeat, Inbound, Outbound, TopicSet};
+use crate::zmtp::peer::{drive, DriverConfig, Heartbeat, Inbound, Outbound};
+use crate::zmtp::topics::{TopicLimits, TopicSet};
 use crate::zmtp::SocketType;
 
 use super::ProtocolRefusals;
@@ -48,6 +49,12 @@ pub struct PubOptions {
     pub max_connections: Option<usize>,
     /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
     pub keepalive: Option<Keepalive>,
+    /// Distinct topics, and bytes of them, one subscriber may hold; a SUBSCRIBE past either
+    /// cuts it (counted in [`ProtocolRefusals::topics`]).
+    pub topics: TopicLimits,
+    /// Longest a frame may take from its first byte to its last (default 10 s: a subscriber's
+    /// frames are a few bytes). `None`: no limit.
+    pub frame_timeout: Option<Duration>,
 }
 
 impl Default for PubOptions {
@@ -59,6 +66,8 @@ impl Default for PubOptions {
             handshake_timeout: Duration::from_secs(10),
             max_connections: None,
             keepalive: Some(Keepalive::salt()),
+            topics: TopicLimits::default(),
+            frame_timeout: Some(Duration::from_secs(10)),
         }
     }
 }
@@ -271,7 +280,7 @@ async fn serve(
         }
     };
     let (tx, rx) = mpsc::channel(opts.hwm.max(1));
-    let topics = Arc::new(Mutex::new(TopicSet::default()));
+    let topics = Arc::new(Mutex::new(TopicSet::new(opts.topics)));
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let slot = Arc::new(Slot {
         topics: topics.clone(),
@@ -294,13 +303,9 @@ async fn serve(
         topics,
         changed: shared.changed.clone(),
     };
-    let reason = drive(
-        conn,
-        rx,
-        inbound,
-        DriverConfig::new(opts.heartbeat, opts.max_frame_size),
-    )
-    .await;
+    let mut cfg = DriverConfig::new(opts.heartbeat, opts.max_frame_size);
+    cfg.frame_timeout = opts.frame_timeout;
+    let reason = drive(conn, rx, inbound, cfg).await;
     shared.refusals.note_close(peer, "pub subscriber", &reason);
     shared.update(|slots| slots.retain(|s| s.id != id));
     shared.changed.notify_waiters();
@@ -313,7 +318,7 @@ mod tests {
     fn slot(publisher: &Publisher, id: u64, cap: usize) -> mpsc::Receiver<Outbound> {
         let (tx, rx) = mpsc::channel(cap);
         let mut topics = TopicSet::default();
-        topics.subscribe(Bytes::new());
+        topics.subscribe(Bytes::new()).unwrap();
         let slot = Arc::new(Slot {
             topics: Arc::new(Mutex::new(topics)),
             tx,

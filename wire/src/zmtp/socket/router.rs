@@ -52,6 +52,17 @@ pub struct RouterOptions {
     /// with another message stops being read until there is room (libzmq's `ZMQ_RCVHWM`:
     /// backpressure, no loss; counted in [`Router::paused_inbound`]).
     pub queue: usize,
+    /// Largest frame (and message) of a peer the application has not vouched for with
+    /// [`RouterSender::trust`]: what an unauthenticated client can make a connection hold.
+    /// `None` (default): `max_frame_size` from the start.
+    pub untrusted_max_frame_size: Option<usize>,
+    /// Longest a frame may take from its first byte to its last (a peer trickling one byte
+    /// now and then is not silent, so the heartbeat alone never cuts it). `None`: no limit.
+    pub frame_timeout: Option<Duration>,
+    /// Longest a write to a peer may make no progress: a peer that does not read its replies
+    /// is cut (its heartbeat cannot be checked while a write to it waits). Default: the
+    /// heartbeat timeout (30 s); `None`: no limit.
+    pub write_timeout: Option<Duration>,
 }
 
 impl Default for RouterOptions {
@@ -64,9 +75,16 @@ impl Default for RouterOptions {
             keepalive: Some(Keepalive::salt()),
             hwm: 1000,
             queue: 1000,
+            untrusted_max_frame_size: None,
+            frame_timeout: Some(DEFAULT_FRAME_TIMEOUT),
+            write_timeout: Some(Heartbeat::salt_master().timeout),
         }
     }
 }
+
+/// Default [`RouterOptions::frame_timeout`]: a Salt minion waits 60 s for the reply to a
+/// request, so a request still arriving after that is sent for nobody.
+pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A message from one peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +239,15 @@ impl RouterSender {
         self.send(peer, frames).await
     }
 
+    /// Vouches for the peer with this routing id (it sent what only a key holder could): from
+    /// now on its frames may reach `max_frame_size` instead of `untrusted_max_frame_size`.
+    /// Never waits; a no-op for a peer gone or whose queue is full (it stays untrusted).
+    pub fn trust(&self, peer: &Bytes) {
+        if let Some(s) = self.shared.peers().get(peer) {
+            let _ = s.tx.try_send(Outbound::Trust);
+        }
+    }
+
     /// Whether a peer with this routing id is connected (a request whose sender has gone need
     /// not be handled: its reply could not be delivered).
     pub fn is_connected(&self, peer: &Bytes) -> bool {
@@ -279,9 +306,12 @@ async fn serve(
     opts: Arc<RouterOptions>,
     _permit: ConnectionPermit,
 ) {
+    let untrusted = opts
+        .untrusted_max_frame_size
+        .map_or(opts.max_frame_size, |u| u.min(opts.max_frame_size));
     let mut hs = HandshakeConfig::new(SocketType::Router);
     hs.as_server = true;
-    hs.max_frame_size = opts.max_frame_size;
+    hs.max_frame_size = untrusted;
     hs.timeout = opts.handshake_timeout;
     let conn = match Connection::handshake(stream, &hs).await {
         Ok(c) => c,
@@ -310,13 +340,11 @@ async fn serve(
         peer: id.clone(),
         full: OnFull::Wait(shared.paused.clone()),
     };
-    let reason = drive(
-        conn,
-        out_rx,
-        inbound,
-        DriverConfig::new(opts.heartbeat, opts.max_frame_size),
-    )
-    .await;
+    let mut cfg = DriverConfig::new(opts.heartbeat, untrusted);
+    cfg.trusted_max_frame_size = opts.max_frame_size;
+    cfg.frame_timeout = opts.frame_timeout;
+    cfg.write_timeout = opts.write_timeout;
+    let reason = drive(conn, out_rx, inbound, cfg).await;
     shared.refusals.note_close(addr, "router peer", &reason);
     let mut peers = shared.peers();
     if peers.get(&id).is_some_and(|s| s.conn_id == conn_id) {
