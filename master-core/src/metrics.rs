@@ -23,6 +23,13 @@ use crate::state::Master;
 pub enum Refused {
     /// A clear command other than `_auth` and `ping` (the class of CVE-2020-11651).
     ClearCommand,
+    /// A clear request over `saltgate_max_clear_load` (refused, not echoed).
+    ClearTooLarge,
+    /// A cluster peer connection that sent no authenticated frame within
+    /// `saltgate_cluster_auth_timeout` (closed).
+    PeerAuthTimeout,
+    /// A cluster peer connection over `saltgate_cluster_max_unauthenticated` (closed at once).
+    PeerUnauthenticatedCap,
     /// Not a Salt request: not msgpack, not a map, no `enc` or `load`, an unknown `enc` or
     /// algorithm, a load of the wrong type, an `_auth` without a nonce.
     Malformed,
@@ -71,8 +78,11 @@ pub enum Refused {
 }
 
 impl Refused {
-    pub const ALL: [Refused; 23] = [
+    pub const ALL: [Refused; 26] = [
         Refused::ClearCommand,
+        Refused::ClearTooLarge,
+        Refused::PeerAuthTimeout,
+        Refused::PeerUnauthenticatedCap,
         Refused::Malformed,
         Refused::ProtocolVersion,
         Refused::InvalidId,
@@ -101,6 +111,9 @@ impl Refused {
     pub fn label(self) -> &'static str {
         match self {
             Refused::ClearCommand => "clear_command",
+            Refused::ClearTooLarge => "clear_too_large",
+            Refused::PeerAuthTimeout => "auth_timeout",
+            Refused::PeerUnauthenticatedCap => "unauthenticated_cap",
             Refused::Malformed => "malformed",
             Refused::ProtocolVersion => "protocol_version",
             Refused::InvalidId => "invalid_id",
@@ -131,6 +144,8 @@ impl Refused {
             Refused::PeerMessage
             | Refused::PeerJoin
             | Refused::PeerOversized
+            | Refused::PeerAuthTimeout
+            | Refused::PeerUnauthenticatedCap
             | Refused::PeerMasterError => "cluster",
             _ => "request",
         }
@@ -250,8 +265,14 @@ pub fn render(src: &Sources) -> String {
         ("publish", publish.as_ref()),
     ] {
         if let Some(w) = wire {
-            refusals.push(refusal(port, "oversized", w.oversized()));
-            refusals.push(refusal(port, "zmtp_protocol", w.malformed()));
+            for (reason, n) in w.by_reason() {
+                let reason = if reason == "malformed" {
+                    "zmtp_protocol"
+                } else {
+                    reason
+                };
+                refusals.push(refusal(port, reason, n));
+            }
         }
     }
     family(

@@ -150,7 +150,34 @@ pub const REQUEST_MAX_WAIT: Duration = Duration::from_secs(60);
 /// reply; `None` (no reply: the minion has given up and retries) when that is over
 /// [`AUTH_MAX_WAIT`] for an `_auth` or over [`REQUEST_MAX_WAIT`] for any other request.
 pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>> {
-    let request = decode_request(frame);
+    handle_request(master, frame, waited).map(|h| h.reply)
+}
+
+/// What [`handle_request`] made of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    /// The encoded reply.
+    pub reply: Vec<u8>,
+    /// The request decrypted with its minion's session key: its sender holds that key (the
+    /// request port may then trust its connection with larger frames).
+    pub authenticated: bool,
+}
+
+/// [`handle`], saying whether the request proved its sender (see [`Handled`]). A clear request
+/// over `saltgate_max_clear_load` is refused (Salt echoes a clear `ping`'s whole load: a client
+/// that never reads its reply would pin it in memory).
+pub fn handle_request(master: &Master, frame: &[u8], waited: Duration) -> Option<Handled> {
+    let max_clear = master.config.limits.max_clear_load;
+    let request = match decode_request(frame) {
+        Ok(Request::Clear { cmd, .. }) if frame.len() > max_clear => Err(Refusal::bad_load(
+            Refused::ClearTooLarge,
+            format!(
+                "clear {cmd:?} of {} bytes is over saltgate_max_clear_load ({max_clear})",
+                frame.len()
+            ),
+        )),
+        other => other,
+    };
     let limit = match &request {
         Ok(Request::Clear { cmd, .. }) if cmd != "ping" => AUTH_MAX_WAIT,
         _ => REQUEST_MAX_WAIT,
@@ -158,6 +185,7 @@ pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>
     if waited > limit {
         return None;
     }
+    let mut authenticated = false;
     let reply = match request {
         Err(r) => refused(master, "", r),
         Ok(Request::Clear { cmd, load }) => match cmd.as_str() {
@@ -171,11 +199,25 @@ pub fn handle(master: &Master, frame: &[u8], waited: Duration) -> Option<Vec<u8>
             enc_algo,
             sig_algo,
         }) => match handle_aes(master, &id, &ciphertext, enc_algo, sig_algo) {
-            Ok(v) => v,
-            Err(r) => refused(master, &id, r),
+            Ok(v) => {
+                authenticated = true;
+                v
+            }
+            Err(r) => {
+                // Past decryption (a stale ts, a replayed nonce, an unknown job), the sender
+                // still proved it holds the session key.
+                authenticated = !matches!(
+                    r.kind,
+                    Refused::NoSession | Refused::Undecryptable | Refused::Malformed
+                );
+                refused(master, &id, r)
+            }
         },
     };
-    Some(envelope::encode(&salt_compat(reply)))
+    Some(Handled {
+        reply: envelope::encode(&salt_compat(reply)),
+        authenticated,
+    })
 }
 
 /// Counts and logs a refusal (our own failures as errors); returns its reply.

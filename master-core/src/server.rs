@@ -130,8 +130,12 @@ pub async fn run(
     make_dir(&config.sock_dir, 0o700)?;
     let ret_addr = SocketAddr::new(config.interface, config.ret_port);
     let pub_addr = SocketAddr::new(config.interface, config.publish_port);
+    let lim = config.limits;
     let router_opts = RouterOptions {
         max_frame_size: MAX_REQUEST_FRAME,
+        untrusted_max_frame_size: Some(lim.untrusted_max_frame),
+        frame_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
+        write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
         ..RouterOptions::default()
     };
@@ -257,12 +261,18 @@ pub async fn run(
             let _permit = permit;
             // Its age is taken when a blocking thread runs it: the last moment before the work.
             let reply = tokio::task::spawn_blocking(move || {
-                crate::request::handle(&m, &body, received.elapsed())
+                crate::request::handle_request(&m, &body, received.elapsed())
             })
             .await;
             match reply {
                 Ok(None) => c.expired.fetch_add(1, Ordering::Relaxed),
-                Ok(Some(r)) => match tx.reply(&peer, vec![Bytes::from(r)]).await {
+                Ok(Some(h)) => match {
+                    if h.authenticated {
+                        // It holds a session key: its next frames may be full size.
+                        tx.trust(&peer);
+                    }
+                    tx.reply(&peer, vec![Bytes::from(h.reply)]).await
+                } {
                     Ok(()) => c.replied.fetch_add(1, Ordering::Relaxed),
                     Err(e) => {
                         tracing::debug!(error = %e, "reply not delivered (peer gone)");

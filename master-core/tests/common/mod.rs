@@ -196,7 +196,7 @@ pub async fn scrape(metrics: SocketAddr) -> prometheus_parse::Scrape {
 }
 
 /// Every refusal counter of the metrics endpoint that is not zero, as `"port/reason"` → count;
-/// checks that every reason's series is there (0 until it happens), the ZMTP ports' four too.
+/// checks that every reason's series is there (0 until it happens), the two ZMTP ports' too.
 pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String, u64> {
     let scrape = scrape(metrics).await;
     let series: Vec<_> = scrape
@@ -206,7 +206,10 @@ pub async fn refusals(metrics: SocketAddr) -> std::collections::BTreeMap<String,
         .collect();
     assert_eq!(
         series.len(),
-        saltgate_master::metrics::Refused::ALL.len() + 4,
+        saltgate_master::metrics::Refused::ALL.len()
+            + 2 * saltgate_wire::zmtp::ProtocolRefusals::default()
+                .by_reason()
+                .len(),
         "{series:?}"
     );
     series

@@ -1,0 +1,180 @@
+//! Hostile clients of the request port (issue 31 item 2), against an in-process master on
+//! 127.0.1.31: what an unauthenticated client can make it hold is bounded, and each cut is
+//! counted under its reason on the metrics endpoint.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use saltgate_config::salt_master::parse_salt_master;
+use saltgate_wire::envelope::{self, map, text, RequestEnvelope, Value};
+use saltgate_wire::zmtp::frame::encode_message;
+use saltgate_wire::zmtp::{Connection, HandshakeConfig, ReqOptions, ReqSocket, SocketType};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+mod common;
+
+const IP: &str = "127.0.1.31";
+
+async fn master(extra: &str) -> (common::InProcess, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("sghostile")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let d = dir.path().display();
+    let text = format!(
+        "id: hostile\ninterface: {IP}\npublish_port: 0\nret_port: 0\npki_dir: {d}/pki\n\
+         cachedir: {d}/cache\nsock_dir: {d}/sock\nsaltgate_metrics_bind: {IP}:0\n{extra}"
+    );
+    let config = parse_salt_master(&text, None).unwrap().config;
+    std::fs::create_dir_all(dir.path().join("pki")).unwrap();
+    std::fs::write(
+        dir.path().join("pki/master.pem"),
+        saltgate_test_support::openssl_pem(),
+    )
+    .unwrap();
+    (common::InProcess::start(config).await, dir)
+}
+
+fn metrics(m: &common::InProcess) -> SocketAddr {
+    m.bound.metrics.expect("saltgate_metrics_bind is set")
+}
+
+/// Waits (10 s at most) until the refusal `key` ("port/reason") has been counted.
+async fn counted(m: &common::InProcess, key: &str) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = common::refusals(metrics(m)).await;
+        if let Some(n) = r.get(key) {
+            return *n;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} was never counted: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn ping(pad: usize) -> Vec<u8> {
+    RequestEnvelope::clear(map(vec![
+        ("cmd", text("ping")),
+        ("pad", Value::Binary(vec![b'p'; pad])),
+    ]))
+    .encode()
+}
+
+/// A raw REQ past the handshake: what it sends next is up to the test.
+async fn raw_req(addr: SocketAddr) -> Connection {
+    Connection::connect(addr, &HandshakeConfig::new(SocketType::Req))
+        .await
+        .unwrap()
+}
+
+/// Whether the master closed `c` within 10 s (it may first send PINGs, which are read past).
+async fn closed_by_master(c: &mut Connection) -> bool {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if c.read_frame().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// A clear `ping` used to echo its whole load (a 16 MB ping, never read, pinned 16 MB).
+#[tokio::test]
+async fn a_clear_ping_over_max_clear_load_is_refused_not_echoed() {
+    let (m, _dir) = master("saltgate_max_clear_load: 4096\n").await;
+    let mut req = ReqSocket::new(m.bound.ret, ReqOptions::default());
+    let small = req
+        .request(vec![Bytes::from(ping(16))], Duration::from_secs(10))
+        .await
+        .unwrap();
+    let v = envelope::decode(small.last().unwrap()).unwrap();
+    assert!(envelope::get(&v, "pad").is_some(), "a small ping is echoed");
+    let big = req
+        .request(vec![Bytes::from(ping(100_000))], Duration::from_secs(10))
+        .await
+        .unwrap();
+    let reply = big.last().unwrap();
+    assert!(reply.len() < 1000, "{} bytes came back", reply.len());
+    assert_eq!(envelope::decode(reply).unwrap(), text("bad load"));
+    assert_eq!(counted(&m, "request/clear_too_large").await, 1);
+    m.stop().await;
+}
+
+/// Before a connection proves a session key its frames are capped far below 64 MiB: a 60 MiB
+/// header is refused at once (it used to be accepted and its body held).
+#[tokio::test]
+async fn an_untrusted_connection_is_cut_at_a_frame_header_over_the_untrusted_limit() {
+    let (m, _dir) = master("saltgate_untrusted_max_frame: 65536\n").await;
+    let mut c = raw_req(m.bound.ret).await;
+    // The REQ delimiter, then a frame header announcing 60 MiB and a little of its body.
+    let mut out = BytesMut::new();
+    saltgate_wire::zmtp::frame::encode_frame(&mut out, 1, &[]);
+    out.extend_from_slice(&[0x02]);
+    out.extend_from_slice(&(60u64 << 20).to_be_bytes());
+    out.extend_from_slice(&[0u8; 4096]);
+    c.send_encoded(&out).await.unwrap();
+    assert!(closed_by_master(&mut c).await, "the 60 MiB frame was taken");
+    assert_eq!(counted(&m, "request/oversized").await, 1);
+    m.stop().await;
+}
+
+/// One byte every so often kept a half-sent frame alive (each byte is traffic: the heartbeat
+/// never fired).
+#[tokio::test]
+async fn a_frame_trickled_a_byte_at_a_time_is_cut_at_frame_timeout() {
+    let (m, _dir) = master("saltgate_frame_timeout: 1\n").await;
+    let addr = m.bound.ret;
+    let c = raw_req(addr).await;
+    let mut framed = BytesMut::new();
+    encode_message(&mut framed, &[&b""[..], &ping(300)]);
+    let mut s = c;
+    let trickle = tokio::spawn(async move {
+        // 100 ms a byte: 30 s for the request, far past the 1 s deadline.
+        for b in framed.iter() {
+            if s.send_encoded(&[*b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert_eq!(counted(&m, "request/frame_timeout").await, 1);
+    trickle.abort();
+    m.stop().await;
+}
+
+/// A client that sends requests and never reads the replies: the master's writes block, and the
+/// heartbeat was not checked meanwhile (eight such clients held 500 MB for over 65 s). A reply
+/// that makes no progress within saltgate_write_timeout closes the connection.
+#[tokio::test]
+async fn a_client_that_never_reads_its_replies_is_cut_at_write_timeout() {
+    let (m, _dir) = master("saltgate_write_timeout: 1\n").await;
+    let mut s = TcpStream::connect(m.bound.ret).await.unwrap();
+    // Our own handshake, then pings pipelined, 60 KiB each (echoed), never reading a byte.
+    let mut hello = BytesMut::new();
+    hello.extend_from_slice(&saltgate_wire::zmtp::Greeting::ours(false).encode());
+    saltgate_wire::zmtp::Command::Ready(
+        saltgate_wire::zmtp::Properties::default().with("Socket-Type", "DEALER"),
+    )
+    .encode_frame(&mut hello);
+    s.write_all(&hello).await.unwrap();
+    let mut one = BytesMut::new();
+    encode_message(&mut one, &[&b""[..], &ping(60_000)]);
+    let sender = tokio::spawn(async move {
+        for _ in 0..1000 {
+            if s.write_all(&one).await.is_err() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    });
+    assert_eq!(counted(&m, "request/write_timeout").await, 1);
+    sender.abort();
+    m.stop().await;
+}
