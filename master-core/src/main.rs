@@ -201,7 +201,7 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
                     ] {
                         println!("{}", status_title(state.dir()));
                         for id in l.ids(state) {
-                            println!("{id}");
+                            println!("{}", safe(id));
                         }
                     }
                 }
@@ -243,7 +243,7 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
                     for (status, keys) in &f {
                         println!("{}", status_title(status));
                         for (name, finger) in keys {
-                            println!("{name}:  {finger}");
+                            println!("{}:  {finger}", safe(name));
                         }
                     }
                 }
@@ -297,9 +297,9 @@ fn each_key(
         match act(&id) {
             Ok(()) => {
                 changed = true;
-                println!("Key for minion {id} {done}.");
+                println!("Key for minion {} {done}.", safe(&id));
             }
-            Err(e) => failed.push(format!("{id}: {e:#}")),
+            Err(e) => failed.push(safe(&format!("{id}: {e:#}")).into_owned()),
         }
     }
     if failed.is_empty() {
@@ -396,23 +396,30 @@ fn publish(c: &SaltMasterConfig, p: PublishArgs) -> Result<ExitCode> {
         Out::Json => println!("{}", serde_json::to_string_pretty(&Json::Object(all))?),
         Out::Text => {
             for (m, r) in &all {
-                println!("{m}:");
+                println!("{}:", safe(m));
                 let text = match r {
                     Json::String(s) => s.clone(),
                     other => serde_json::to_string_pretty(other)?,
                 };
                 for line in text.lines() {
-                    println!("    {line}");
+                    println!("    {}", safe(line));
                 }
             }
         }
     }
     if outcome.expected.is_empty() {
-        eprintln!("No minions matched the target. No command was sent, no jid was assigned.");
-        return Ok(ExitCode::from(1));
+        // Salt's master assigns no jid then; ours has published the job (and, in a cluster,
+        // so have its peers): say so, with the jid, and exit as `salt` does with no return.
+        eprintln!(
+            "No minions matched the target. The job was published as jid {}, but no accepted \
+             minion matches it, so none will run it.",
+            outcome.jid
+        );
+        eprintln!("ERROR: No return received");
+        return Ok(ExitCode::from(2));
     }
     for m in &outcome.missing {
-        eprintln!("{m}: Minion did not return. [No response]");
+        eprintln!("{}: Minion did not return. [No response]", safe(m));
     }
     eprintln!("jid: {}", outcome.jid);
     Ok(if outcome.missing.is_empty() {
@@ -420,6 +427,12 @@ fn publish(c: &SaltMasterConfig, p: PublishArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Text a minion or a client chose, made safe for the terminal (control and bidi characters
+/// escaped: wire's one function, which `saltgate ctl` uses too).
+fn safe(s: &str) -> std::borrow::Cow<'_, str> {
+    saltgate_wire::display::terminal_safe(s)
 }
 
 fn jobs(c: &SaltMasterConfig, cmd: JobsCmd) -> Result<ExitCode> {
@@ -431,8 +444,8 @@ fn jobs(c: &SaltMasterConfig, cmd: JobsCmd) -> Result<ExitCode> {
                 let load = &job["load"];
                 println!(
                     "{jid}  {}  {}  {}/{} returned",
-                    load["fun"].as_str().unwrap_or("?"),
-                    load["tgt"].as_str().unwrap_or("?"),
+                    safe(load["fun"].as_str().unwrap_or("?")),
+                    safe(load["tgt"].as_str().unwrap_or("?")),
                     job["returns"].as_object().map_or(0, |o| o.len()),
                     load["minions"].as_array().map_or(0, |a| a.len()),
                 );

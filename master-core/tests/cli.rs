@@ -233,6 +233,40 @@ fn config_errors_and_a_missing_master_are_reported_clearly() {
     assert!(err(&o).contains("saltgate_metrics_bind"), "{}", err(&o));
 }
 
+/// Issue 31 items 7 and 8: ids are printed with control and bidi characters escaped, and a
+/// publish that matches no minion says what happened (its jid) and exits as `salt` does (2).
+#[test]
+fn key_lists_escape_ids_and_a_publish_to_nobody_names_its_jid() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_master_config(dir.path(), "127.0.1.32", "");
+    let pre = dir.path().join("pki/minions_pre");
+    std::fs::create_dir_all(&pre).unwrap();
+    std::fs::write(pre.join("evil\u{202E}gnp.exe"), PUB).unwrap();
+    let o = cli(&config, &["key", "list"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        out.contains("evil\\u{202e}gnp.exe") && !out.contains('\u{202E}'),
+        "{out}"
+    );
+
+    let log = dir.path().join("master.log");
+    let _master = start_master(&config, &log);
+    let o = cli(&config, &["publish", "nobody", "test.arg"]);
+    let e = err(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("No minions matched the target"), "{e}");
+    assert!(!e.contains("no jid was assigned"), "{e}");
+    let jid = e
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| w.len() == 20)
+        .unwrap_or_else(|| panic!("no jid in {e:?}"));
+    assert!(
+        cli(&config, &["jobs", "show", jid]).status.success(),
+        "the jid printed is the job's"
+    );
+}
+
 /// Refusals are logged with their reason by the running binary.
 #[test]
 fn refusals_are_logged_with_their_reason() {

@@ -1,6 +1,7 @@
 //! `saltgate ctl`: a small client of the admin API that prints readable tables and exits non-zero
 //! with a clear message when the API is unreachable or refuses.
 
+use saltgate_wire::display::terminal_safe;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -130,7 +131,14 @@ pub fn status_table(masters: &Value) -> String {
 }
 
 /// Rows as left-aligned columns, two spaces apart (widths in characters).
+/// Aligned columns. Every cell goes through [`terminal_safe`]: minion ids, client addresses
+/// and reasons come from outside, and a bidi override or an escape sequence in one would make
+/// the terminal show something else.
 fn columns(rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| terminal_safe(c).into_owned()).collect())
+        .collect();
     let n = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..n)
         .map(|c| {
@@ -141,7 +149,7 @@ fn columns(rows: &[Vec<String>]) -> String {
         })
         .collect();
     let mut out = String::new();
-    for r in rows {
+    for r in &rows {
         let line: Vec<String> = r
             .iter()
             .zip(&widths)
@@ -273,6 +281,21 @@ pub fn minions_table(minions: &[Value], now_ms: u64) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Issue 31 item 7: an id with U+202E (right-to-left override) displayed as another name.
+    #[test]
+    fn the_minions_table_escapes_bidi_and_control_characters_in_ids() {
+        let list = [json!({
+            "id": "evil\u{202E}gnp.exe\u{1b}[2J",
+            "client": "127.0.0.1:1",
+            "connected": true,
+            "first_seen": 0,
+            "last_seen": 0,
+        })];
+        let t = minions_table(&list, 0);
+        assert!(t.contains("evil\\u{202e}gnp.exe\\u{1b}[2J"), "{t}");
+        assert!(!t.contains('\u{202E}') && !t.contains('\u{1b}'), "{t}");
+    }
 
     #[test]
     fn the_minions_table_shows_masters_states_and_ages() {

@@ -11,6 +11,8 @@
 //!   bin-typed bytes alike.
 //! * [`sniff`] — the minion id of a request connection, read passively from the client's first
 //!   bytes (`_auth`, or the envelope of an `aes` request), bounded and never panicking.
+//! * [`display`] — peer-chosen text (minion ids) made safe for a terminal: control and bidi
+//!   characters escaped.
 //! * [`jid`] — Salt's job ids: the moment a job was published, and back.
 //! * [`crypticle`] — Salt's symmetric crypto (AES-192-CBC + HMAC-SHA256, `pickle::` framing).
 //! * [`publish_job`] — a publish's `jid`, read with the cluster's AES key (fan-out dedup).
@@ -23,6 +25,7 @@
 
 pub mod accept;
 pub mod crypticle;
+pub mod display;
 pub mod envelope;
 pub mod jid;
 pub mod pem;

@@ -356,6 +356,55 @@ async fn serve(
 mod tests {
     use super::*;
 
+    use crate::zmtp::conn::{Connection, HandshakeConfig};
+
+    /// Issue 31 item 2: before the application vouches for a peer its frames are capped at
+    /// `untrusted_max_frame_size`; after [`RouterSender::trust`], at `max_frame_size`.
+    #[tokio::test]
+    async fn a_peer_gets_the_full_frame_limit_only_once_trusted() {
+        let mut router = Router::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            RouterOptions {
+                max_frame_size: 1 << 20,
+                untrusted_max_frame_size: Some(1024),
+                ..RouterOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let addr = router.local_addr();
+        let big = vec![7u8; 100 * 1024];
+        let t = Duration::from_secs(10);
+        let cfg = HandshakeConfig::new(SocketType::Req);
+
+        let mut trusted = Connection::connect(addr, &cfg).await.unwrap();
+        trusted.send_message(&[&b""[..], b"hello"]).await.unwrap();
+        let first = tokio::time::timeout(t, router.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        router.sender().trust(&first.peer);
+        trusted.send_message(&[&b""[..], &big[..]]).await.unwrap();
+        let second = tokio::time::timeout(t, router.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(second.frames.last().map(|f| f.len()), Some(big.len()));
+
+        let mut stranger = Connection::connect(addr, &cfg).await.unwrap();
+        stranger.send_message(&[&b""[..], &big[..]]).await.unwrap();
+        let cut = tokio::time::timeout(t, async {
+            loop {
+                if stranger.read_frame().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(cut.is_ok(), "an untrusted 100 KiB frame was taken");
+        assert_eq!(router.refusals().oversized(), 1);
+    }
+
     #[test]
     fn generated_ids_are_five_bytes_starting_with_zero() {
         assert_eq!(&generated_id(0x0102_0304)[..], &[0, 1, 2, 3, 4]);
