@@ -21,7 +21,14 @@
 //!   stored and published, or refused); any other is an old sender's, never written to. A
 //!   healthy connection may be idle for hours (TCP keepalive finds a vanished peer); once a
 //!   frame's first byte arrived, the rest must arrive within [`FRAME_TIMEOUT`]. Each frame is
-//!   limited to [`MAX_PEER_MESSAGE`].
+//!   limited to [`MAX_PEER_MESSAGE`], its buffer growing as its bytes arrive.
+//! * Until a connection has delivered a frame that authenticates (one [`handle_message`]
+//!   accepted: only a member knows the cluster key), it is *unauthenticated*: it must do so
+//!   within `saltgate_cluster_auth_timeout` (10 s) of its accept, and at most
+//!   `saltgate_cluster_max_unauthenticated` (64) such connections are served at once; one over
+//!   the cap is closed at once. Both cuts are counted (`reason`: `auth_timeout`,
+//!   `unauthenticated_cap`). So a flood of silent connections holds at most that many
+//!   descriptors for at most that long, and the request port and the CLI keep theirs.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -480,8 +487,12 @@ pub async fn read_frame_idle(s: &mut TcpStream) -> std::io::Result<Option<Vec<u8
                 format!("peer message of {len} bytes is over the limit of {MAX_PEER_MESSAGE}"),
             ));
         }
-        let mut buf = vec![0u8; len];
-        s.read_exact(&mut buf).await?;
+        // Grown as bytes arrive: a header announcing 16 MiB costs nothing until they come.
+        let mut buf = Vec::new();
+        (&mut *s).take(len as u64).read_to_end(&mut buf).await?;
+        if buf.len() < len {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
         Ok(buf)
     };
     match tokio::time::timeout(FRAME_TIMEOUT, rest).await {
@@ -510,26 +521,86 @@ pub async fn serve(listener: TcpListener, master: Arc<Master>) {
             ..AcceptOptions::default()
         },
     );
+    let unauthenticated = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let cap = master.config.limits.cluster_max_unauthenticated;
     loop {
         let (s, from, _permit) = acceptor.accept().await;
         if let Some(cl) = &master.cluster {
             cl.stats.accepted.fetch_add(1, Ordering::Relaxed);
         }
-        tokio::spawn(serve_connection(s, from, master.clone()));
+        if unauthenticated.fetch_add(1, Ordering::AcqRel) >= cap {
+            unauthenticated.fetch_sub(1, Ordering::AcqRel);
+            master
+                .refusals
+                .count(crate::metrics::Refused::PeerUnauthenticatedCap);
+            tracing::debug!(%from, cap, "cluster connection closed: too many unauthenticated");
+            drop(s);
+            continue;
+        }
+        let slot = Unauthenticated(Some(unauthenticated.clone()));
+        tokio::spawn(serve_guarded(s, from, master.clone(), slot));
     }
+}
+
+/// A connection's place among the unauthenticated ones, given back when it authenticates or
+/// ends.
+struct Unauthenticated(Option<Arc<std::sync::atomic::AtomicUsize>>);
+
+impl Unauthenticated {
+    fn authenticated(&mut self) {
+        if let Some(n) = self.0.take() {
+            n.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Unauthenticated {
+    fn drop(&mut self) {
+        self.authenticated();
+    }
+}
+
+/// [`serve_connection`] holding `slot` until the connection authenticates.
+async fn serve_guarded(s: TcpStream, from: SocketAddr, m: Arc<Master>, mut slot: Unauthenticated) {
+    serve_with(s, from, m, &mut slot).await
 }
 
 /// Handles the frames of one accepted peer connection until EOF. A connection that starts with
 /// a hello is answered and acknowledged; any other (an old sender's, or a join) is only
 /// answered where a frame has a reply (a join's `join_ok`).
-pub async fn serve_connection(mut s: TcpStream, from: SocketAddr, m: Arc<Master>) {
+pub async fn serve_connection(s: TcpStream, from: SocketAddr, m: Arc<Master>) {
+    serve_with(s, from, m, &mut Unauthenticated(None)).await
+}
+
+async fn serve_with(
+    mut s: TcpStream,
+    from: SocketAddr,
+    m: Arc<Master>,
+    slot: &mut Unauthenticated,
+) {
     let Some(cl) = &m.cluster else { return };
+    // Until a frame authenticates, everything must happen by this deadline.
+    let auth_timeout = Duration::from_secs(m.config.limits.cluster_auth_timeout_secs);
+    let auth_deadline = Instant::now() + auth_timeout;
+    let mut authenticated = false;
     let st = cl.stats.clone();
     // Frames handled on this connection, and how many of them were acknowledged.
     let (mut handled, mut acked) = (0u64, 0u64);
     let mut acking = false;
     loop {
-        let frame = match read_frame_idle(&mut s).await {
+        let read = if authenticated {
+            read_frame_idle(&mut s).await
+        } else {
+            match tokio::time::timeout_at(auth_deadline, read_frame_idle(&mut s)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    m.refusals.count(crate::metrics::Refused::PeerAuthTimeout);
+                    tracing::debug!(%from, ?auth_timeout, "cluster connection closed: nothing authenticated in time");
+                    return;
+                }
+            }
+        };
+        let frame = match read {
             Ok(Some(f)) => f,
             Ok(None) => return,
             Err(e) => {
@@ -553,6 +624,10 @@ pub async fn serve_connection(mut s: TcpStream, from: SocketAddr, m: Arc<Master>
         match reply {
             Ok(Ok(r)) => {
                 st.handled.fetch_add(1, Ordering::Relaxed);
+                if !authenticated {
+                    authenticated = true;
+                    slot.authenticated();
+                }
                 if let Some(r) = r {
                     if write_frame(&mut s, &r).await.is_err() {
                         return;

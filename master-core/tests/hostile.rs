@@ -178,3 +178,54 @@ async fn a_client_that_never_reads_its_replies_is_cut_at_write_timeout() {
     sender.abort();
     m.stop().await;
 }
+
+/// Issue 31 item 3: 19,990 silent connections to the cluster peer port took a member to its
+/// descriptor limit (nothing closed them). Now at most `saltgate_cluster_max_unauthenticated`
+/// are held, each for at most `saltgate_cluster_auth_timeout`.
+#[tokio::test]
+async fn silent_cluster_connections_are_capped_and_cut_at_the_auth_deadline() {
+    let dir = tempfile::Builder::new()
+        .prefix("sghostilec")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let cpki = dir.path().join("cpki");
+    std::fs::create_dir_all(&cpki).unwrap();
+    std::fs::write(
+        cpki.join("cluster.pem"),
+        saltgate_test_support::openssl_pem(),
+    )
+    .unwrap();
+    let extra = format!(
+        "cluster_id: c31\ncluster_peers: [{IP}:1]\ncluster_pki_dir: {}\ncluster_pool_port: 0\n\
+         cluster_secret: a-long-random-secret\nsaltgate_cluster_max_unauthenticated: 4\n\
+         saltgate_cluster_auth_timeout: 1\n",
+        cpki.display()
+    );
+    let (m, _dir) = master(&extra).await;
+    let pool = m.bound.cluster.expect("a cluster port");
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        silent.push(TcpStream::connect(pool).await.unwrap());
+    }
+    // Six over the cap are closed at once, the four others at the deadline: every one ends.
+    for s in &mut silent {
+        let mut b = [0u8; 1];
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncReadExt::read(s, &mut b),
+        )
+        .await
+        .expect("the master never closed a silent cluster connection");
+        assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+    }
+    // Every close was counted before it happened. Six over the cap, unless the machine was so
+    // slow that a slot came free while the ten were being accepted.
+    let r = common::refusals(metrics(&m)).await;
+    let (cap, late) = (
+        r.get("cluster/unauthenticated_cap").copied().unwrap_or(0),
+        r.get("cluster/auth_timeout").copied().unwrap_or(0),
+    );
+    assert_eq!(cap + late, 10, "{r:?}");
+    assert!(cap >= 1 && late >= 4, "{r:?}");
+    m.stop().await;
+}
