@@ -24,14 +24,37 @@ pub const MAX_LINE: u64 = 1024 * 1024;
 /// Longest wait a client may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
+/// Descriptors held back for the CLI socket: when a flood on a network port has taken every
+/// other one (EMFILE), the operator's `publish` and key rotation still get through.
+pub const CLI_RESERVE: usize = 4;
+
+static RESERVE: saltgate_wire::reserve::Reserve = saltgate_wire::reserve::Reserve::new(CLI_RESERVE);
+
 pub(crate) async fn serve(listener: UnixListener, master: Arc<Master>) {
+    // Exhaustion warns once per episode (a flood used to log EMFILE ten times a second).
+    let mut exhausted = false;
     loop {
+        RESERVE.refill();
         match listener.accept().await {
             Ok((stream, _)) => {
+                if exhausted {
+                    tracing::info!("CLI socket accepts again");
+                    exhausted = false;
+                }
                 tokio::spawn(serve_one(stream, master.clone()));
             }
+            Err(e) if saltgate_wire::accept::is_exhaustion(&e) && RESERVE.release_one() => {
+                // Accept again at once, on a reserved descriptor.
+                if !exhausted {
+                    tracing::warn!(error = %e, "out of descriptors: the CLI socket uses its reserve");
+                    exhausted = true;
+                }
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "CLI socket accept failed; backing off");
+                if !exhausted {
+                    tracing::warn!(error = %e, "CLI socket accept failed; backing off");
+                    exhausted = true;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

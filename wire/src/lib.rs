@@ -9,6 +9,8 @@
 //!   clear `ping` on the request port.
 //! * [`envelope`] — Salt's msgpack envelopes (request, reply, publish), tolerant of str- and
 //!   bin-typed bytes alike.
+//! * [`reserve`] — descriptors held back so that what must keep working (health checks, a
+//!   CLI socket) still can when a flood has taken every other one.
 //! * [`sniff`] — the minion id of a request connection, read passively from the client's first
 //!   bytes (`_auth`, or the envelope of an `aes` request), bounded and never panicking.
 //! * [`display`] — peer-chosen text (minion ids) made safe for a terminal: control and bidi
@@ -31,6 +33,7 @@ pub mod jid;
 pub mod pem;
 pub mod probe;
 pub mod publish_job;
+pub mod reserve;
 #[cfg(feature = "rsa")]
 pub mod rsa;
 pub mod sniff;
