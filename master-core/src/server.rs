@@ -266,19 +266,19 @@ pub async fn run(
             .await;
             match reply {
                 Ok(None) => c.expired.fetch_add(1, Ordering::Relaxed),
-                Ok(Some(h)) => match {
+                Ok(Some(h)) => {
                     if h.authenticated {
                         // It holds a session key: its next frames may be full size.
                         tx.trust(&peer);
                     }
-                    tx.reply(&peer, vec![Bytes::from(h.reply)]).await
-                } {
-                    Ok(()) => c.replied.fetch_add(1, Ordering::Relaxed),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "reply not delivered (peer gone)");
-                        c.undelivered.fetch_add(1, Ordering::Relaxed)
+                    match tx.reply(&peer, vec![Bytes::from(h.reply)]).await {
+                        Ok(()) => c.replied.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            tracing::debug!(error = %e, "reply not delivered (peer gone)");
+                            c.undelivered.fetch_add(1, Ordering::Relaxed)
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "request handler failed");
                     c.failed.fetch_add(1, Ordering::Relaxed)

@@ -569,7 +569,7 @@ mod tests {
         let deadline = started + Duration::from_secs(10);
         let mut queued = 0;
         while queued < 64 && Instant::now() < deadline {
-            queued += hub.publish(&[big.clone()]).queued;
+            queued += hub.publish(std::slice::from_ref(&big)).queued;
             tokio::task::yield_now().await;
         }
         let end = ends(task).await;
