@@ -382,4 +382,42 @@ mod tests {
         let r = publisher.publish(vec![Bytes::from_static(b"x")]);
         assert_eq!(r, PublishReport::default());
     }
+
+    /// Issue 31: a subscriber used to keep any number of topics of any size (and each
+    /// SUBSCRIBE scanned them all). Past `topics` it is cut and counted.
+    #[tokio::test]
+    async fn a_subscriber_past_its_topic_limit_is_cut_and_counted() {
+        use crate::zmtp::{Command, TopicLimits};
+        let p = Publisher::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            PubOptions {
+                topics: TopicLimits {
+                    max_topics: 2,
+                    max_bytes: 1024,
+                },
+                ..PubOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let cfg = HandshakeConfig::new(SocketType::Sub);
+        let mut c = Connection::connect(p.local_addr(), &cfg).await.unwrap();
+        for t in [&b"a"[..], b"b", b"c"] {
+            // The third may meet a closed connection: that is the point.
+            let _ = c
+                .send_command(&Command::Subscribe(Bytes::copy_from_slice(t)))
+                .await;
+        }
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            while c.read_frame().await.is_ok() {}
+        })
+        .await;
+        assert!(closed.is_ok(), "a third topic was kept");
+        let refusals = p.refusals();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while refusals.topics() == 0 && tokio::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(refusals.topics(), 1);
+    }
 }
