@@ -4,6 +4,17 @@
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use saltgate_wire::publish_job::JobIdError;
 
+/// Every `reason` of `saltgate_fanout_sessions_cut_total`.
+pub const CUT_REASONS: [&str; 7] = [
+    "oversized",
+    "frame_timeout",
+    "write_timeout",
+    "topics",
+    "topic_bytes",
+    "handshake_timeout",
+    "heartbeat_timeout",
+];
+
 /// Handles for `saltgate_fanout_*`.
 pub struct FanoutMetrics {
     /// `saltgate_fanout_upstream_connects_total{master}`: upstream SUB connections established.
@@ -29,7 +40,7 @@ pub struct FanoutMetrics {
     /// `saltgate_fanout_dedup_key_loads_total`: cluster keys loaded (the first and each change).
     pub key_loads: IntCounter,
     /// `saltgate_fanout_sessions_cut_total{reason}`: minion sessions closed for a limit, one
-    /// handle per [`super::session::CUT_REASONS`], in order.
+    /// handle per [`CUT_REASONS`], in order.
     pub cut: [IntCounter; 7],
 }
 
@@ -101,19 +112,16 @@ impl FanoutMetrics {
                 "saltgate_fanout_dedup_key_loads_total",
                 "Cluster keys loaded by the fan-out dedup (the first one and each change).",
             ),
-            cut: super::session::CUT_REASONS.map(|r| cuts.with_label_values(&[r])),
+            cut: CUT_REASONS.map(|r| cuts.with_label_values(&[r])),
         }
     }
 }
 
 impl FanoutMetrics {
     /// The `saltgate_fanout_sessions_cut_total` handle for `reason` (one of
-    /// [`super::session::CUT_REASONS`]).
+    /// [`CUT_REASONS`]).
     pub(crate) fn cut(&self, reason: &str) -> &IntCounter {
-        let i = super::session::CUT_REASONS
-            .iter()
-            .position(|r| *r == reason)
-            .unwrap_or(0);
+        let i = CUT_REASONS.iter().position(|r| *r == reason).unwrap_or(0);
         &self.cut[i]
     }
 

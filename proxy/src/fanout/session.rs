@@ -66,17 +66,6 @@ impl End {
     }
 }
 
-/// Every `reason` of `saltgate_fanout_sessions_cut_total`.
-pub(crate) const CUT_REASONS: [&str; 7] = [
-    "oversized",
-    "frame_timeout",
-    "write_timeout",
-    "topics",
-    "topic_bytes",
-    "handshake_timeout",
-    "heartbeat_timeout",
-];
-
 /// What one minion session may make the hub hold (`listeners.publish`, read when it connects).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SessionLimits {
