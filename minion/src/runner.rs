@@ -18,7 +18,7 @@ use crate::channel::{Identity, ReqChannel};
 use crate::exec::ExecContext;
 use crate::grains::HostGrains;
 use crate::job::JidQueue;
-use crate::keys::{KeyError, MasterKeyStore, MinionKey};
+use crate::keys::{KeyError, MasterKeyStore, MinionKey, SignCheck};
 use crate::link::{Link, LinkConfig, ServeEnd, Stats};
 
 #[derive(Debug, Error)]
@@ -46,6 +46,7 @@ pub fn link_config(cfg: &MinionConfig, req_addr: SocketAddr) -> LinkConfig {
         recon_randomize: cfg.recon_randomize,
     };
     l.source = cfg.source_address;
+    l.reauth_delay = cfg.random_reauth_delay;
     l
 }
 
@@ -80,7 +81,12 @@ pub async fn run(
     let key = tokio::task::spawn_blocking(move || MinionKey::load_or_create(&pki, "minion"))
         .await
         .map_err(|e| RunError::Task(e.to_string()))??;
-    let store = MasterKeyStore::open(&cfg.pki_dir, cfg.master_finger.clone())?;
+    let store =
+        MasterKeyStore::open(&cfg.pki_dir, cfg.master_finger.clone())?.with_sign_check(SignCheck {
+            verify: cfg.verify_master_pubkey_sign,
+            always: cfg.always_verify_signature,
+            key_name: cfg.master_sign_key_name.clone(),
+        });
     let ident = Identity {
         id: id.clone(),
         key: Arc::new(key),
