@@ -221,3 +221,33 @@ async fn failback_ready(ident: Identity, master: SocketAddr, cfg: &MinionConfig)
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::reauth_wait;
+
+    #[test]
+    fn random_reauth_delay_reaches_the_link_and_bounds_a_random_wait() {
+        let cfg = saltgate_config::salt_minion::parse_minion(
+            "master: 127.0.0.1\nrandom_reauth_delay: 3\n",
+            None,
+        )
+        .unwrap()
+        .config;
+        let lc = link_config(&cfg, "127.0.0.1:4506".parse().unwrap());
+        assert_eq!(lc.reauth_delay, Duration::from_secs(3));
+        let d = MinionConfig::default();
+        assert_eq!(
+            link_config(&d, "127.0.0.1:4506".parse().unwrap()).reauth_delay,
+            Duration::from_secs(10),
+            "Salt's default"
+        );
+        assert_eq!(reauth_wait(Duration::ZERO), Duration::ZERO);
+        let max = Duration::from_millis(200);
+        let waits: Vec<Duration> = (0..200).map(|_| reauth_wait(max)).collect();
+        assert!(waits.iter().all(|w| *w <= max), "{waits:?}");
+        let distinct: std::collections::BTreeSet<_> = waits.iter().collect();
+        assert!(distinct.len() > 20, "the wait is random: {distinct:?}");
+    }
+}
