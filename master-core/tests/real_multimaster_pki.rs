@@ -274,3 +274,63 @@ fn stock_minion_refuses_a_master_signed_by_another_key() {
         "a minion that refused its master answers nothing"
     );
 }
+
+/// `key gen-signature --auto-create` on a fresh `pki_dir`: the file it writes is what Salt's own
+/// `salt.crypt.verify_signature` (the venv's Python) accepts for that master key, and refuses
+/// for another.
+#[test]
+fn gen_signature_output_verifies_with_salts_own_python() {
+    let venv = venv();
+    let dir = tempfile::Builder::new()
+        .prefix("sgpki")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let conf = master_config(&dir.path().join("m"), "127.28.1.4", "sg-mm-d", (0, 0), "");
+    let pki = dir.path().join("m/pki");
+    openssl_pub(&pki.join("master.pem"), &pki.join("master.pub"));
+    let o = cli(&conf, &["key", "gen-signature"]);
+    assert!(!o.status.success(), "no signing key without --auto-create");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--auto-create"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = cli(
+        &conf,
+        &["key", "gen-signature", "--auto-create", "--signature-path"],
+    );
+    assert!(!o.status.success(), "--signature-path needs a value");
+    let out = dir.path().join("sigs");
+    let o = Command::new(common::bin())
+        .arg("-c")
+        .arg(&conf)
+        .args(["key", "gen-signature", "--auto-create", "--signature-path"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sig = out.join("sg-mm-d_pubkey_signature");
+    assert!(sig.exists() && pki.join("master_sign.pub").exists());
+    let other = dir.path().join("other.pem");
+    std::fs::write(&other, openssl_pem()).unwrap();
+    openssl_pub(&other, &dir.path().join("other.pub"));
+    let check = |pub_file: &Path| -> String {
+        let o = Command::new(venv.join("bin/python"))
+            .arg("-c")
+            .arg(
+                "import sys, binascii, salt.crypt as c\n\
+                 msg = c.clean_key(open(sys.argv[2]).read())\n\
+                 sig = binascii.a2b_base64(open(sys.argv[3], 'rb').read())\n\
+                 print(c.verify_signature(sys.argv[1], msg, sig))",
+            )
+            .arg(pki.join("master_sign.pub"))
+            .arg(pub_file)
+            .arg(&sig)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    assert_eq!(check(&pki.join("master.pub")), "True");
+    assert_eq!(check(&dir.path().join("other.pub")), "False");
+}
