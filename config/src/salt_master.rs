@@ -49,6 +49,8 @@ pub mod defaults {
     pub const CLUSTER_AUTH_TIMEOUT_SECS: u64 = 10;
     /// `saltgate_cluster_max_unauthenticated`: peer connections not yet authenticated at once.
     pub const CLUSTER_MAX_UNAUTHENTICATED: u64 = 64;
+    /// `master_sign_key_name`: the signing key pair `<name>.pem`/`<name>.pub` in `pki_dir`.
+    pub const MASTER_SIGN_KEY_NAME: &str = "master_sign";
 }
 
 /// The keys `saltgate-master` reads. Everything else is warned about and ignored.
@@ -84,6 +86,10 @@ const KNOWN_KEYS: &[&str] = &[
     "saltgate_write_timeout",
     "saltgate_cluster_auth_timeout",
     "saltgate_cluster_max_unauthenticated",
+    "master_sign_pubkey",
+    "master_sign_key_name",
+    "master_pubkey_signature",
+    "master_use_pubkey_signature",
 ];
 
 /// Keys that do not change what a stock minion sees, accepted silently (common in real files).
@@ -131,6 +137,38 @@ struct RawSaltMaster {
     saltgate_write_timeout: Option<Sp<u64>>,
     saltgate_cluster_auth_timeout: Option<Sp<u64>>,
     saltgate_cluster_max_unauthenticated: Option<Sp<u64>>,
+    master_sign_pubkey: Option<Sp<bool>>,
+    master_sign_key_name: Option<Sp<String>>,
+    master_pubkey_signature: Option<Sp<Option<String>>>,
+    master_use_pubkey_signature: Option<Sp<bool>>,
+}
+
+/// MultiMaster-PKI: how the master signs its public key in `_auth` replies (Salt's
+/// `master_sign_pubkey` and friends, `salt/crypt.py` `MasterKeys`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PubkeySigning {
+    /// `master_sign_pubkey`: add `pub_sig` to every `_auth` reply (default false).
+    pub sign_pubkey: bool,
+    /// `master_sign_key_name` (default `master_sign`): the signing key pair's file stem in
+    /// `pki_dir`, created on start when missing (unless a signature file is used).
+    pub key_name: String,
+    /// `master_pubkey_signature`: the pre-computed signature's file name in `pki_dir`; `None`
+    /// is Salt's default, `<id>_pubkey_signature` (see [`SaltMasterConfig::pubkey_signature_file`]).
+    pub signature_file: Option<String>,
+    /// `master_use_pubkey_signature`: send the pre-computed signature file's content instead of
+    /// signing (default false).
+    pub use_signature_file: bool,
+}
+
+impl Default for PubkeySigning {
+    fn default() -> Self {
+        PubkeySigning {
+            sign_pubkey: false,
+            key_name: defaults::MASTER_SIGN_KEY_NAME.to_string(),
+            signature_file: None,
+            use_signature_file: false,
+        }
+    }
 }
 
 /// Salt 3008 cluster settings (`cluster_id` set).
@@ -193,6 +231,8 @@ pub struct SaltMasterConfig {
     /// Where the Prometheus metrics endpoint listens (`saltgate_metrics_bind`, a saltgate
     /// extension Salt does not have); `None`: no endpoint.
     pub metrics_bind: Option<SocketAddr>,
+    /// MultiMaster-PKI signing of the master public key.
+    pub signing: PubkeySigning,
     /// What an unauthenticated client can make the master hold (saltgate extensions).
     pub limits: MasterLimits,
 }
@@ -251,7 +291,18 @@ impl SaltMasterConfig {
             cluster: None,
             metrics_bind: None,
             limits: MasterLimits::default(),
+            signing: PubkeySigning::default(),
         }
+    }
+
+    /// The pre-computed signature's file name in `pki_dir`: `master_pubkey_signature`, else
+    /// Salt 3008's default `<id>_pubkey_signature` (`MasterKeys.__init__`; Salt's tutorial says
+    /// `master_pubkey_signature`, its code uses the id).
+    pub fn pubkey_signature_file(&self) -> String {
+        self.signing
+            .signature_file
+            .clone()
+            .unwrap_or_else(|| format!("{}_pubkey_signature", self.id))
     }
 }
 
@@ -528,6 +579,39 @@ pub fn parse_salt_master(
                 format!("{:?} is not an address and port", b.value),
                 "write IP:PORT, e.g. 127.0.0.1:9506 ('[::1]:9506', quoted, for IPv6), or remove \
                  the key to serve no metrics",
+            )),
+        }
+    }
+    if let Some(v) = &raw.master_sign_pubkey {
+        c.signing.sign_pubkey = v.value;
+    }
+    if let Some(v) = &raw.master_use_pubkey_signature {
+        c.signing.use_signature_file = v.value;
+    }
+    if let Some(v) = &raw.master_sign_key_name {
+        let name = v.value.trim();
+        if safe_name(name) {
+            c.signing.key_name = name.to_string();
+        } else {
+            errors.push(ConfigError::new(
+                span!(v),
+                "master_sign_key_name",
+                format!("{:?} is not a key file name", v.value),
+                "write the signing key pair's name without .pem/.pub (letters, digits, '-', '_', \
+                 '.'), e.g. master_sign",
+            ));
+        }
+    }
+    if let Some(v) = &raw.master_pubkey_signature {
+        match v.value.as_deref().map(str::trim) {
+            None | Some("") => {}
+            Some(name) if safe_name(name) => c.signing.signature_file = Some(name.to_string()),
+            Some(name) => errors.push(ConfigError::new(
+                span!(v),
+                "master_pubkey_signature",
+                format!("{name:?} is not a file name inside pki_dir"),
+                "write the signature file's name only (it lives in pki_dir, as in Salt), e.g. \
+                 master_pubkey_signature",
             )),
         }
     }
@@ -839,5 +923,41 @@ mod tests {
         assert_eq!(cl.pki_dir, PathBuf::from("/p"));
         assert_eq!(cl.pool_port, 4520);
         assert!(!format!("{cl:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn pubkey_signing_options_follow_salt_defaults_and_refuse_paths() {
+        let c = parse_salt_master("id: m1\n", None).unwrap();
+        assert_eq!(c.config.signing, PubkeySigning::default());
+        assert_eq!(c.config.signing.key_name, "master_sign");
+        assert_eq!(c.config.pubkey_signature_file(), "m1_pubkey_signature");
+        let l = parse_salt_master(
+            "id: m1\nmaster_sign_pubkey: True\nmaster_sign_key_name: mysign\n\
+             master_pubkey_signature: sig.b64\nmaster_use_pubkey_signature: True\n",
+            None,
+        )
+        .unwrap();
+        assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+        let s = &l.config.signing;
+        assert!(s.sign_pubkey && s.use_signature_file);
+        assert_eq!(s.key_name, "mysign");
+        assert_eq!(l.config.pubkey_signature_file(), "sig.b64");
+        let c = parse_salt_master("id: m1\nmaster_pubkey_signature: null\n", None).unwrap();
+        assert_eq!(c.config.pubkey_signature_file(), "m1_pubkey_signature");
+        for (text, field) in [
+            ("master_pubkey_signature: ../x\n", "master_pubkey_signature"),
+            (
+                "master_pubkey_signature: /etc/sig\n",
+                "master_pubkey_signature",
+            ),
+            ("master_sign_key_name: a/b\n", "master_sign_key_name"),
+        ] {
+            let e = parse_salt_master(text, None).unwrap_err();
+            assert_eq!(
+                (e.first().field.as_str(), e.first().at.line),
+                (field, 1),
+                "{text}"
+            );
+        }
     }
 }

@@ -27,6 +27,7 @@ pub mod defaults {
     pub const RECON_DEFAULT_MS: u64 = 1000;
     pub const RECON_MAX_MS: u64 = 10000;
     pub const MINION_JID_QUEUE_HWM: usize = 100;
+    pub const MASTER_SIGN_KEY_NAME: &str = "master_sign";
 }
 
 /// `master_type`.
@@ -91,6 +92,15 @@ pub struct MinionConfig {
     pub grains: Vec<(String, GrainValue)>,
     /// `source_address`: the local IP both connections to a master are dialled from.
     pub source_address: Option<std::net::IpAddr>,
+    /// `verify_master_pubkey_sign`: the master must send `pub_sig`, a signature of its public
+    /// key by `<pki_dir>/<master_sign_key_name>.pub`, verified on first contact and whenever the
+    /// key changes (MultiMaster-PKI).
+    pub verify_master_pubkey_sign: bool,
+    /// `always_verify_signature`: verify `pub_sig` on every `_auth`, also when the key is the
+    /// cached one.
+    pub always_verify_signature: bool,
+    /// `master_sign_key_name` (default `master_sign`): the verification key's file stem.
+    pub master_sign_key_name: String,
 }
 
 /// A static grain value from the config file.
@@ -135,6 +145,9 @@ impl Default for MinionConfig {
             minion_jid_queue_hwm: MINION_JID_QUEUE_HWM,
             grains: Vec::new(),
             source_address: None,
+            verify_master_pubkey_sign: false,
+            always_verify_signature: false,
+            master_sign_key_name: MASTER_SIGN_KEY_NAME.into(),
         }
     }
 }
@@ -307,8 +320,6 @@ const KNOWN_IGNORED: &[&str] = &[
     "return",
     "sign_pub_messages",
     "zmq_filtering",
-    "verify_master_pubkey_sign",
-    "always_verify_signature",
     "multiprocessing",
     "process_count_max",
     "minion_sign_messages",
@@ -604,6 +615,36 @@ pub fn parse_minion(text: &str, file: Option<&Path>) -> Result<LoadedMinion, Con
                     c.err(v, key, m, "write a local IP address, e.g. 10.0.0.5");
                 }
             },
+            "verify_master_pubkey_sign" => {
+                cfg.verify_master_pubkey_sign = c.boolean(v, key).unwrap_or(false)
+            }
+            "always_verify_signature" => {
+                cfg.always_verify_signature = c.boolean(v, key).unwrap_or(false)
+            }
+            "master_sign_key_name" => {
+                if let Some(name) = c.text(
+                    v,
+                    key,
+                    "write the key's name without .pub, e.g. master_sign",
+                ) {
+                    let name = name.trim().to_string();
+                    if name.is_empty()
+                        || name == "."
+                        || name == ".."
+                        || name.contains(['/', '\\', '\0'])
+                    {
+                        c.err(
+                            v,
+                            key,
+                            format!("{name:?} is not a key file name"),
+                            "write the verification key's file name in pki_dir without .pub, \
+                             e.g. master_sign",
+                        );
+                    } else {
+                        cfg.master_sign_key_name = name;
+                    }
+                }
+            }
             "recon_default" => cfg.recon_default = c.millis(v, key).unwrap_or(cfg.recon_default),
             "recon_max" => cfg.recon_max = c.millis(v, key).unwrap_or(cfg.recon_max),
             "recon_randomize" => cfg.recon_randomize = c.boolean(v, key).unwrap_or(true),

@@ -89,3 +89,23 @@ fn source_address_is_an_ip_and_a_name_is_refused() {
     assert_eq!((e.at.line, e.field.as_str()), (2, "source_address"));
     assert!(e.fix.contains("IP address"), "{e}");
 }
+
+#[test]
+fn multimaster_pki_keys_are_read_not_warned() {
+    let l = ok(
+        "master: m\nverify_master_pubkey_sign: True\nalways_verify_signature: yes\n\
+                master_sign_key_name: mm_sign\n",
+    );
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    let c = l.config;
+    assert!(c.verify_master_pubkey_sign && c.always_verify_signature);
+    assert_eq!(c.master_sign_key_name, "mm_sign");
+    let d = ok("master: m\nmaster_sign_key_name: master_sign\n");
+    assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+    assert_eq!(MinionConfig::default().master_sign_key_name, "master_sign");
+    assert!(!MinionConfig::default().verify_master_pubkey_sign);
+    let e = err("master: m\nmaster_sign_key_name: ../x\n");
+    assert_eq!((e.field.as_str(), e.at.line), ("master_sign_key_name", 2));
+    let e = err("master: m\nverify_master_pubkey_sign: maybe\n");
+    assert_eq!(e.field, "verify_master_pubkey_sign");
+}

@@ -38,6 +38,12 @@ pub enum KeyError {
         #[source]
         source: RsaError,
     },
+    #[error(
+        "master_use_pubkey_signature is set but the signature file {path} is missing or empty; \
+         create it with `saltgate-master key gen-signature` (salt-key --gen-signature), or name \
+         it with master_pubkey_signature"
+    )]
+    SignatureMissing { path: PathBuf },
     #[error("no key for minion {0:?}")]
     NotFound(String),
     #[error("the key of {id:?} is {state}, not {wanted}")]

@@ -12,6 +12,7 @@
 //! * [`cluster`] — cluster keys, peer join and forwarding of publishes and returns;
 //! * [`peerlink`] — the peer protocol's transport: a persistent connection per peer;
 //!   [`peerproto`] — its hello and acks, and the fallback for an old peer;
+//! * [`signing`] — MultiMaster-PKI: `pub_sig` in `_auth` replies, `key gen-signature`;
 //! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`);
 //! * [`metrics`] — refusals by reason, request outcomes, and the opt-in Prometheus endpoint.
 //!
@@ -32,5 +33,6 @@ pub mod pillar;
 pub mod request;
 pub mod rotate;
 pub mod server;
+pub mod signing;
 pub mod state;
 pub mod target;

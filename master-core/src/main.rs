@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use saltgate_config::salt_master::{load_salt_master, SaltMasterConfig};
 use saltgate_master::keys::{status_title, KeyState, KeyStore};
+use saltgate_master::signing::{gen_signature, GenSignature};
 use saltgate_master::target::any_glob_match;
 use saltgate_master::{cli, jobs::JobCache, server};
 use serde_json::{json, Value as Json};
@@ -72,6 +73,29 @@ enum KeyCmd {
         #[arg(long, value_enum, default_value = "text")]
         out: Out,
     },
+    /// Sign the master public key for MultiMaster-PKI, as `salt-key --gen-signature`: writes
+    /// base64 of the signature to `<pki_dir>/<master_pubkey_signature>` (default
+    /// `<id>_pubkey_signature`), for `master_use_pubkey_signature`.
+    GenSignature(GenSignatureArgs),
+}
+
+#[derive(Args)]
+struct GenSignatureArgs {
+    /// The private key to sign with (default `<pki_dir>/<master_sign_key_name>.pem`).
+    #[arg(long = "priv")]
+    private: Option<PathBuf>,
+    /// The public key to sign (default `<pki_dir>/master.pub`).
+    #[arg(long = "pub")]
+    public: Option<PathBuf>,
+    /// The directory to write the signature file to (default `pki_dir`).
+    #[arg(long)]
+    signature_path: Option<PathBuf>,
+    /// Create the signing key pair when it does not exist yet.
+    #[arg(long)]
+    auto_create: bool,
+    /// Key size for --auto-create (2048 or more; smaller is rounded up, as salt-key does).
+    #[arg(long, default_value_t = 2048)]
+    keysize: usize,
 }
 
 #[derive(Args)]
@@ -231,6 +255,17 @@ fn key(c: &SaltMasterConfig, cmd: KeyCmd) -> Result<ExitCode> {
                 request_rotation(c);
             }
             done?;
+        }
+        KeyCmd::GenSignature(a) => {
+            let opts = GenSignature {
+                private: a.private,
+                public: a.public,
+                signature_dir: a.signature_path,
+                auto_create: a.auto_create,
+                keysize: Some(a.keysize),
+            };
+            let path = gen_signature(c, &opts)?;
+            println!("Signature written to {}", path.display());
         }
         KeyCmd::Finger { id, out } => {
             // The master's own keys sit beside the minion keys: `pki_dir`, or in a cluster

@@ -352,7 +352,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
             return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
         }
     }
-    match accept_reply(master, id, load, &minion_pub, enc_algo) {
+    match accept_reply(master, id, load, &minion_pub, enc_algo, sig_algo) {
         Ok(inner) => {
             tracing::info!(minion = %id, "authenticated");
             clear_signed(master, inner, sig_algo)
@@ -371,6 +371,7 @@ fn accept_reply(
     load: &Value,
     minion_pub: &PublicKey,
     enc_algo: EncAlgo,
+    sig_algo: SigAlgo,
 ) -> Result<Value, saltgate_wire::rsa::RsaError> {
     let aes = master.aes.current().to_key_string();
     let session = master.sessions.get_or_create(id).to_key_string();
@@ -379,6 +380,9 @@ fn accept_reply(
         ("pub_key", text(&master.master_key.pub_pem)),
         ("publish_port", Value::from(master.publish_port)),
     ];
+    if let Some(ps) = &master.pub_sig {
+        m.push(("pub_sig", ps.value(&master.master_key.pub_pem, sig_algo)?));
+    }
     if let Some(token) = get(load, "token").and_then(as_bytes) {
         // Proves we hold the private key the minion pinned: decrypt its token, send it back.
         match master.master_key.private.decrypt(enc_algo, token) {

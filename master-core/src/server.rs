@@ -126,6 +126,13 @@ pub async fn run(
             path: config.pki_dir.clone(),
             source: std::io::Error::other(e.to_string()),
         })??;
+    let sign_config = config.clone();
+    let pub_sig = tokio::task::spawn_blocking(move || crate::signing::PubSig::load(&sign_config))
+        .await
+        .map_err(|e| KeyError::Io {
+            path: config.pki_dir.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })??;
     make_dir(&config.cachedir, 0o755)?;
     make_dir(&config.sock_dir, 0o700)?;
     let ret_addr = SocketAddr::new(config.interface, config.ret_port);
@@ -179,7 +186,7 @@ pub async fn run(
     }
     let (master, cluster_listener, join_peers) =
         build_master(config, master_key, bound_pub.port(), Some(publisher)).await?;
-    let master = Arc::new(master);
+    let master = Arc::new(master.with_pub_sig(pub_sig));
     master.keys.ensure_dirs()?;
     let bound = Bound {
         ret: router.local_addr(),

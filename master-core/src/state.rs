@@ -183,6 +183,8 @@ pub struct Master {
     /// Returns of known jobs the job cache could not take (a full disk): still passed on to
     /// the waiting `publish` and the origin master, logged, and counted here.
     pub returns_not_cached: std::sync::atomic::AtomicU64,
+    /// `pub_sig` of `_auth` replies (`master_sign_pubkey`); see [`crate::signing`].
+    pub pub_sig: Option<crate::signing::PubSig>,
 }
 
 /// For each minion, a digest of (accepted key, `tok`) that verified: the same pair needs no
@@ -314,8 +316,15 @@ impl Master {
             toks: VerifiedToks::default(),
             refusals: crate::metrics::Refusals::new(),
             returns_not_cached: Default::default(),
+            pub_sig: None,
             config,
         }
+    }
+
+    /// Signs the master public key in `_auth` replies (MultiMaster-PKI).
+    pub fn with_pub_sig(mut self, pub_sig: Option<crate::signing::PubSig>) -> Self {
+        self.pub_sig = pub_sig;
+        self
     }
 
     /// Turns this master into a cluster member: the cluster key and publish key replace its own

@@ -4,7 +4,8 @@
 //!
 //! Checks, in Salt's order: the reply is a clear envelope with a signed `load`; a `pub_key` in
 //! it must equal the cached master key (or pass `master_finger` and be cached on first
-//! contact); no `pub_sig` (we do not verify master signing keys, as Salt's default); the `aes`
+//! contact); `pub_sig` present exactly when `verify_master_pubkey_sign` is on, and then a new
+//! or changed master key is taken only when its signature verifies (MultiMaster-PKI); the `aes`
 //! key decrypts and its X9.31 `sig` is the SHA-256 hex digest of it; our `token`, when we sent
 //! one, comes back decrypted and re-encrypted to us; the PKCS#1 signature over the raw `load`
 //! verifies with the master key; the `nonce` is ours. Then `ret` decides pending/rejected/full.
@@ -53,10 +54,6 @@ pub enum AuthError {
     BadAlgo(String),
     #[error(transparent)]
     MasterKey(#[from] KeyError),
-    #[error(
-        "master sent pub_sig (master_sign_pubkey); verify_master_pubkey_sign is not supported"
-    )]
-    PubSigUnsupported,
     #[error("the aes key did not decrypt with our key: {0}")]
     AesDecrypt(String),
     #[error("the aes key's signature (sig) is missing or wrong")]
@@ -125,10 +122,8 @@ pub fn verify_reply(
     let field = |k: &str| envelope::get(&inner, k);
     let mut accepted = None;
     if let Some(pem) = field("pub_key").and_then(envelope::as_str) {
-        if field("pub_sig").is_some() {
-            return Err(AuthError::PubSigUnsupported);
-        }
-        let master_pub = store.check_or_pin(pem)?;
+        let pub_sig = field("pub_sig").map(|v| envelope::as_bytes(v).unwrap_or_default());
+        let (master_pub, replaced) = store.verify_master(pem, pub_sig)?;
         let aes_ct = field("aes")
             .and_then(envelope::as_bytes)
             .ok_or_else(|| AuthError::AesDecrypt("no aes".into()))?;
@@ -144,7 +139,9 @@ pub fn verify_reply(
         if !sig_ok {
             return Err(AuthError::AesSignature);
         }
-        if let Some(token) = sent_token {
+        // A key that replaced the cached one (verified by its signature) never saw our token:
+        // it was encrypted to the old key (Salt's `extract_aes(master_pub=False)`).
+        if let Some(token) = sent_token.filter(|_| !replaced) {
             let back = field("token")
                 .and_then(envelope::as_bytes)
                 .and_then(|t| key.private.decrypt(EncAlgo::OaepSha1, t).ok());
@@ -211,13 +208,24 @@ mod tests {
         Master { key, pem }
     }
 
-    /// Builds the reply a Salt master sends on accept, with knobs to break each part.
     fn accept_reply(
         m: &Master,
         minion: &MinionKey,
         nonce: &str,
         token: Option<&[u8]>,
         tamper: &str,
+    ) -> Reply {
+        accept_reply_with(m, minion, nonce, token, tamper, None)
+    }
+
+    /// Builds the reply a Salt master sends on accept, with knobs to break each part.
+    fn accept_reply_with(
+        m: &Master,
+        minion: &MinionKey,
+        nonce: &str,
+        token: Option<&[u8]>,
+        tamper: &str,
+        pub_sig: Option<&str>,
     ) -> Reply {
         let mpub = PublicKey::from_pem(&minion.public_pem).unwrap();
         let aes = CrypticleKey::generate().to_key_string();
@@ -227,6 +235,7 @@ mod tests {
             ("enc", text("pub")),
             ("pub_key", text(&m.pem)),
             ("publish_port", Value::from(4505)),
+            ("pub_sig", pub_sig.map(text).unwrap_or(Value::Nil)),
             (
                 "aes",
                 envelope::bin(&mpub.encrypt(EncAlgo::OaepSha1, aes.as_bytes()).unwrap()),
@@ -262,6 +271,7 @@ mod tests {
                 envelope::bin(&mpub.encrypt(EncAlgo::OaepSha1, t).unwrap()),
             ));
         }
+        inner.retain(|(k, v)| *k != "pub_sig" || !v.is_nil());
         let raw = envelope::encode(&map(inner));
         let mut sig = m.key.sign(SigAlgo::Pkcs1v15Sha1, &raw).unwrap();
         if tamper == "sig" {
@@ -337,5 +347,57 @@ mod tests {
             assert!(format!("{out:?}").starts_with(want));
         }
         assert!(verify_reply(Reply::Text("bad load".into()), &k, &n, None, &store).is_err());
+    }
+
+    #[test]
+    fn multimaster_pki_a_signed_master_is_taken_over_and_a_rogue_one_refused() {
+        use crate::keys::SignCheck;
+        use base64::Engine;
+        let dir = tempfile::tempdir().unwrap();
+        let signer = PrivateKey::generate(1024).unwrap();
+        std::fs::write(
+            dir.path().join("master_sign.pub"),
+            signer.public_key().to_pem().unwrap(),
+        )
+        .unwrap();
+        let store = MasterKeyStore::open(dir.path(), None)
+            .unwrap()
+            .with_sign_check(SignCheck {
+                verify: true,
+                always: false,
+                key_name: "master_sign".into(),
+            });
+        let sign = |by: &PrivateKey, m: &Master| {
+            let s = by.sign(SigAlgo::Pkcs1v15Sha1, m.pem.as_bytes()).unwrap();
+            base64::engine::general_purpose::STANDARD.encode(s) + "\n"
+        };
+        let k = minion_key();
+        let n = new_nonce();
+        let (a, b) = (master(), master());
+        let r = accept_reply_with(&a, &k, &n, None, "", Some(&sign(&signer, &a)));
+        let out = verify_reply(r, &k, &n, None, &store).unwrap();
+        assert!(matches!(out, AuthOutcome::Accepted(_)), "{out:?}");
+        // Failover to master b (another master key, same signing key): taken over, and the
+        // token we encrypted to a's key is not asked back.
+        let tok = b"token for a";
+        let r = accept_reply_with(&b, &k, &n, None, "", Some(&sign(&signer, &b)));
+        let out = verify_reply(r, &k, &n, Some(tok), &store).unwrap();
+        assert!(matches!(out, AuthOutcome::Accepted(_)), "{out:?}");
+        // A master signed by another key is refused with the reason.
+        let rogue = PrivateKey::generate(1024).unwrap();
+        let c = master();
+        let r = accept_reply_with(&c, &k, &n, None, "", Some(&sign(&rogue, &c)));
+        let e = verify_reply(r, &k, &n, None, &store).unwrap_err();
+        assert!(
+            matches!(e, AuthError::MasterKey(KeyError::PubSigInvalid { .. })),
+            "{e:?}"
+        );
+        // And one that does not sign at all.
+        let r = accept_reply(&c, &k, &n, None, "");
+        let e = verify_reply(r, &k, &n, None, &store).unwrap_err();
+        assert!(
+            matches!(e, AuthError::MasterKey(KeyError::PubSigMissing)),
+            "{e:?}"
+        );
     }
 }

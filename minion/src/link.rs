@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::auth::AuthOutcome;
+use crate::auth::{AuthError, AuthOutcome};
 use crate::channel::{ChannelError, Identity, ReqChannel};
 use crate::exec::{self, ExecContext, Outcome};
 use crate::job::{JidQueue, Job};
@@ -83,6 +83,9 @@ pub struct LinkConfig {
     pub source: Option<std::net::IpAddr>,
     /// Publish signatures verified once for all the links sharing it (a swarm's).
     pub sig_cache: Option<Arc<crate::sigcache::SigCache>>,
+    /// `random_reauth_delay`: the longest random wait before re-authenticating when a publish
+    /// shows that the master's publish key changed (0 = at once).
+    pub reauth_delay: Duration,
 }
 
 impl LinkConfig {
@@ -102,8 +105,19 @@ impl LinkConfig {
             pillar: true,
             source: None,
             sig_cache: None,
+            reauth_delay: Duration::ZERO,
         }
     }
+}
+
+/// Salt's documented `random_reauth_delay`: a wait drawn uniformly from `[0, max]` (ms
+/// resolution) so that minions do not all re-authenticate at once after a key change.
+pub fn reauth_wait(max: Duration) -> Duration {
+    let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(rand::random_range(0..=ms))
 }
 
 /// Why [`Link::establish`] gave up (single-try mode only; otherwise it retries forever).
@@ -261,6 +275,11 @@ impl Link {
                                 "the master rejected this minion's key: delete it on the master \
                                  (salt-key -d) to let it be accepted again; retrying")
                         }
+                        LinkError::Channel(ChannelError::Auth(AuthError::MasterKey(k))) => {
+                            self.stats.error();
+                            tracing::error!(%master, %id, error = %k,
+                                "master refused: its public key did not authenticate")
+                        }
                         other => {
                             self.stats.error();
                             tracing::warn!(%master, %id, error = %other, "authentication failed")
@@ -414,7 +433,10 @@ impl Link {
             Err(CrypticleError::BadMac) => {
                 // The master's publish key changed (restart, rotation): re-authenticate and try
                 // again, as Salt's minion does, so the job is not lost.
-                tracing::info!(master = %self.cfg.req_addr, "publish key changed; re-authenticating");
+                let wait = reauth_wait(self.cfg.reauth_delay);
+                tracing::info!(master = %self.cfg.req_addr, ?wait,
+                    "publish key changed; re-authenticating after a random wait (random_reauth_delay)");
+                tokio::time::sleep(wait).await;
                 self.set_auth(false);
                 let new = self.establish(false).await.ok()?;
                 *est = Established {

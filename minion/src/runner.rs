@@ -18,7 +18,7 @@ use crate::channel::{Identity, ReqChannel};
 use crate::exec::ExecContext;
 use crate::grains::HostGrains;
 use crate::job::JidQueue;
-use crate::keys::{KeyError, MasterKeyStore, MinionKey};
+use crate::keys::{KeyError, MasterKeyStore, MinionKey, SignCheck};
 use crate::link::{Link, LinkConfig, ServeEnd, Stats};
 
 #[derive(Debug, Error)]
@@ -46,6 +46,7 @@ pub fn link_config(cfg: &MinionConfig, req_addr: SocketAddr) -> LinkConfig {
         recon_randomize: cfg.recon_randomize,
     };
     l.source = cfg.source_address;
+    l.reauth_delay = cfg.random_reauth_delay;
     l
 }
 
@@ -80,7 +81,12 @@ pub async fn run(
     let key = tokio::task::spawn_blocking(move || MinionKey::load_or_create(&pki, "minion"))
         .await
         .map_err(|e| RunError::Task(e.to_string()))??;
-    let store = MasterKeyStore::open(&cfg.pki_dir, cfg.master_finger.clone())?;
+    let store =
+        MasterKeyStore::open(&cfg.pki_dir, cfg.master_finger.clone())?.with_sign_check(SignCheck {
+            verify: cfg.verify_master_pubkey_sign,
+            always: cfg.always_verify_signature,
+            key_name: cfg.master_sign_key_name.clone(),
+        });
     let ident = Identity {
         id: id.clone(),
         key: Arc::new(key),
@@ -213,5 +219,35 @@ async fn failback_ready(ident: Identity, master: SocketAddr, cfg: &MinionConfig)
         if chan.ping(interval.max(Duration::from_secs(1))).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::link::reauth_wait;
+
+    #[test]
+    fn random_reauth_delay_reaches_the_link_and_bounds_a_random_wait() {
+        let cfg = saltgate_config::salt_minion::parse_minion(
+            "master: 127.0.0.1\nrandom_reauth_delay: 3\n",
+            None,
+        )
+        .unwrap()
+        .config;
+        let lc = link_config(&cfg, "127.0.0.1:4506".parse().unwrap());
+        assert_eq!(lc.reauth_delay, Duration::from_secs(3));
+        let d = MinionConfig::default();
+        assert_eq!(
+            link_config(&d, "127.0.0.1:4506".parse().unwrap()).reauth_delay,
+            Duration::from_secs(10),
+            "Salt's default"
+        );
+        assert_eq!(reauth_wait(Duration::ZERO), Duration::ZERO);
+        let max = Duration::from_millis(200);
+        let waits: Vec<Duration> = (0..200).map(|_| reauth_wait(max)).collect();
+        assert!(waits.iter().all(|w| *w <= max), "{waits:?}");
+        let distinct: std::collections::BTreeSet<_> = waits.iter().collect();
+        assert!(distinct.len() > 20, "the wait is random: {distinct:?}");
     }
 }

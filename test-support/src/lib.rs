@@ -198,3 +198,18 @@ pub fn write_openssl_key(path: &Path) {
     std::fs::create_dir_all(path.parent().expect("a key path has a directory")).unwrap();
     std::fs::write(path, openssl_pem()).unwrap();
 }
+
+/// Test-only MultiMaster-PKI keys and a signature made by real Salt 3008.5 (see
+/// `data/multimaster_pki/README.md`).
+pub mod pki_fixture {
+    /// The signing private key (`master_sign.pem`).
+    pub const SIGN_PEM: &str = include_str!("../data/multimaster_pki/sign.pem");
+    /// Its public half (`master_sign.pub`, copied to minions).
+    pub const SIGN_PUB: &str = include_str!("../data/multimaster_pki/sign.pub");
+    /// A master public key file (`master.pub`).
+    pub const MASTER_PUB: &str = include_str!("../data/multimaster_pki/master.pub");
+    /// Salt's `b2a_base64(PKCS1v15-SHA1 signature of clean_key(MASTER_PUB) by SIGN_PEM)`.
+    pub const SALT_SIG: &str = include_str!("../data/multimaster_pki/salt_sig.b64");
+    /// The same with PKCS1v15-SHA224.
+    pub const SALT_SIG224: &str = include_str!("../data/multimaster_pki/salt_sig224.b64");
+}
