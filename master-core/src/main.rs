@@ -16,7 +16,7 @@ use serde_json::{json, Value as Json};
 #[derive(Parser)]
 #[command(
     name = "saltgate-master",
-    version,
+    version = env!("SALTGATE_VERSION"),
     about = "A Salt-wire-compatible master"
 )]
 struct Cli {
@@ -36,6 +36,16 @@ struct Cli {
 enum Cmd {
     /// Serve minions until SIGINT/SIGTERM.
     Run,
+    /// Validate a master configuration without starting (exit 0 valid, 1 invalid), like
+    /// `saltgate check-config`.
+    CheckConfig {
+        /// The file to check (default: the --config file).
+        file: Option<PathBuf>,
+    },
+    /// Write the man pages (DIR/man) and bash/zsh completions (DIR/completions) made from this
+    /// command line's definition; the Debian package ships them.
+    #[command(hide = true)]
+    GenDocs { dir: PathBuf },
     /// Manage minion keys in the PKI directory (like salt-key; works with or without a running master).
     #[command(subcommand)]
     Key(KeyCmd),
@@ -171,13 +181,67 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<ExitCode> {
+    match &cli.cmd {
+        Cmd::CheckConfig { file } => return Ok(check_config(file.as_ref().unwrap_or(&cli.config))),
+        Cmd::GenDocs { dir } => {
+            gen_docs(dir).with_context(|| format!("writing the docs into {}", dir.display()))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
     let config = load_config(&cli.config)?;
     match cli.cmd {
+        Cmd::CheckConfig { .. } | Cmd::GenDocs { .. } => Ok(ExitCode::SUCCESS),
         Cmd::Run => run(config),
         Cmd::Key(k) => key(&config, k),
         Cmd::Publish(p) => publish(&config, p),
         Cmd::Jobs(j) => jobs(&config, j),
     }
+}
+
+/// `check-config`: every error names the file, line and key (exit 1); warnings are printed and do
+/// not fail the check, as Salt ignores keys it does not use.
+fn check_config(path: &std::path::Path) -> ExitCode {
+    match load_salt_master(path) {
+        Ok(l) => {
+            for w in &l.warnings {
+                eprintln!("warning: {w}");
+            }
+            let c = &l.config;
+            eprintln!(
+                "configuration valid: id {}; publish on {}:{}, ret on {}:{}; pki_dir {}, cachedir {}, sock_dir {}",
+                c.id,
+                c.interface,
+                c.publish_port,
+                c.interface,
+                c.ret_port,
+                c.pki_dir.display(),
+                c.cachedir.display(),
+                c.sock_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            for err in &e.0 {
+                eprintln!("error: {err}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `gen-docs DIR`: one man page per command and subcommand in DIR/man, and the bash and zsh
+/// completions in DIR/completions (`saltgate-master.bash`, `_saltgate-master`).
+fn gen_docs(dir: &std::path::Path) -> std::io::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let (man, completions) = (dir.join("man"), dir.join("completions"));
+    std::fs::create_dir_all(&man)?;
+    std::fs::create_dir_all(&completions)?;
+    clap_mangen::generate_to(cmd.clone(), &man)?;
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh] {
+        clap_complete::generate_to(shell, &mut cmd, "saltgate-master", &completions)?;
+    }
+    Ok(())
 }
 
 fn run(config: SaltMasterConfig) -> Result<ExitCode> {
@@ -191,6 +255,7 @@ fn run(config: SaltMasterConfig) -> Result<ExitCode> {
                 _ = tokio::signal::ctrl_c() => {},
                 _ = term.recv() => {},
             }
+            saltgate_wire::sd_notify::notify("STOPPING=1");
         };
         server::run(config, shutdown, |b| {
             let cluster = b
@@ -203,6 +268,8 @@ fn run(config: SaltMasterConfig) -> Result<ExitCode> {
                 b.publish,
                 b.cli_socket.display()
             );
+            // Type=notify: the listeners are bound and the CLI socket is open.
+            saltgate_wire::sd_notify::notify("READY=1");
         })
         .await
     })?;

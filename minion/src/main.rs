@@ -14,7 +14,7 @@ use tokio::sync::watch;
 #[derive(Parser)]
 #[command(
     name = "saltgate-minion",
-    version,
+    version = env!("SALTGATE_VERSION"),
     about = "A Salt-wire-compatible minion"
 )]
 struct Cli {
@@ -30,6 +30,16 @@ enum Cmd {
         #[arg(short = 'c', long = "config")]
         config: PathBuf,
     },
+    /// Validate a minion configuration without starting (exit 0 valid, 1 invalid), like
+    /// `saltgate check-config`.
+    CheckConfig {
+        /// The Salt minion config (YAML).
+        file: PathBuf,
+    },
+    /// Write the man pages (DIR/man) and bash/zsh completions (DIR/completions) made from this
+    /// command line's definition; the Debian package ships them.
+    #[command(hide = true)]
+    GenDocs { dir: PathBuf },
     /// Run N simulated minions against one master.
     Swarm {
         /// How many minions.
@@ -99,16 +109,75 @@ fn secs(s: f64, what: &str) -> anyhow::Result<Duration> {
         .with_context(|| format!("{what}: {s} is not a number of seconds"))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// `check-config`: every error names the file, line and key (exit 1); warnings (keys Salt has
+/// that this minion ignores) are printed and do not fail the check.
+fn check_config(path: &std::path::Path) -> std::process::ExitCode {
+    match load_minion(path) {
+        Ok(l) => {
+            for w in &l.warnings {
+                eprintln!("warning: {w}");
+            }
+            let c = &l.config;
+            let masters: Vec<String> = c.masters.iter().map(|m| m.to_string()).collect();
+            eprintln!(
+                "configuration valid: id {}; master(s) {}; pki_dir {}",
+                c.id.as_deref().unwrap_or("<hostname>"),
+                masters.join(", "),
+                c.pki_dir.display()
+            );
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            for err in &e.0 {
+                eprintln!("error: {err}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `gen-docs DIR`: one man page per command and subcommand in DIR/man, and the bash and zsh
+/// completions in DIR/completions (`saltgate-minion.bash`, `_saltgate-minion`).
+fn gen_docs(dir: &std::path::Path) -> std::io::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let (man, completions) = (dir.join("man"), dir.join("completions"));
+    std::fs::create_dir_all(&man)?;
+    std::fs::create_dir_all(&completions)?;
+    clap_mangen::generate_to(cmd.clone(), &man)?;
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh] {
+        clap_complete::generate_to(shell, &mut cmd, "saltgate-minion", &completions)?;
+    }
+    Ok(())
+}
+
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    let cli = Cli::parse();
+    match &cli.cmd {
+        Cmd::CheckConfig { file } => return Ok(check_config(file)),
+        Cmd::GenDocs { dir } => {
+            gen_docs(dir).with_context(|| format!("writing the docs into {}", dir.display()))?;
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SALTGATE_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: logs shipped to files or journald stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match Cli::parse().cmd {
+    tokio::runtime::Runtime::new()
+        .context("starting the tokio runtime")?
+        .block_on(serve(cli.cmd))?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn serve(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::CheckConfig { .. } | Cmd::GenDocs { .. } => Ok(()),
         Cmd::Run { config } => {
             let loaded = load_minion(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
             for w in &loaded.warnings {

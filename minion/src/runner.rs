@@ -111,6 +111,10 @@ pub async fn run(
         addrs.push(resolve(m).await?);
     }
     tracing::info!(%id, masters = ?addrs, mode = ?cfg.master_type, "minion starting");
+    // Type=notify: the key is loaded and every master resolved; from here the minion connects
+    // and reconnects by itself. READY does not wait for a master to answer, so a master that
+    // is down does not fail the unit's start (docs/install.md).
+    saltgate_wire::sd_notify::notify("READY=1");
     match cfg.master_type {
         MasterType::Str => {
             let mut tasks = tokio::task::JoinSet::new();

@@ -13,7 +13,7 @@ use saltgate_proxy::ConfigSource;
 #[derive(Parser)]
 #[command(
     name = "saltgate",
-    version,
+    version = env!("SALTGATE_VERSION"),
     about = "A Salt-aware L4 proxy and load balancer for Salt master clusters"
 )]
 struct Cli {
@@ -61,6 +61,10 @@ enum Cmd {
     },
     /// Convert an HAProxy configuration into saltgate YAML on standard output.
     ImportHaproxy { file: PathBuf },
+    /// Write the man pages (DIR/man) and bash/zsh completions (DIR/completions) made from this
+    /// command line's definition; the Debian package ships them.
+    #[command(hide = true)]
+    GenDocs { dir: PathBuf },
     /// Talk to a running saltgate's admin API.
     Ctl {
         /// Admin API address.
@@ -179,6 +183,13 @@ fn main() -> ExitCode {
                 None => ExitCode::FAILURE,
             }
         }
+        Cmd::GenDocs { dir } => match gen_docs(&dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: cannot write the docs into {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        },
         Cmd::ImportHaproxy { file } => match load(&file, Format::Haproxy) {
             Some(l) => {
                 print!("{}", emit::to_yaml(&l.config, &file.display().to_string()));
@@ -271,6 +282,20 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `gen-docs DIR`: one man page per command and subcommand in DIR/man, and the bash and zsh
+/// completions in DIR/completions (`saltgate.bash`, `_saltgate`).
+fn gen_docs(dir: &Path) -> std::io::Result<()> {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    let (man, completions) = (dir.join("man"), dir.join("completions"));
+    std::fs::create_dir_all(&man)?;
+    std::fs::create_dir_all(&completions)?;
+    clap_mangen::generate_to(cmd.clone(), &man)?;
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh] {
+        clap_complete::generate_to(shell, &mut cmd, "saltgate", &completions)?;
+    }
+    Ok(())
 }
 
 /// How often the configuration file is polled for changes.

@@ -21,6 +21,7 @@
 //! * `rsa` and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
 //!   signatures and X9.31 private-encrypt/public-decrypt. `rsa` is the default feature `rsa`,
 //!   which links the system's OpenSSL; the proxy builds without it.
+//! * [`sd_notify`] — systemd's readiness datagrams (`Type=notify`), for the three daemons.
 //!
 //! This crate knows nothing about proxies, jobs or config files. Nothing in it panics on bytes a
 //! peer controls: every parser is bounds-checked and every frame size is limited.
@@ -36,6 +37,7 @@ pub mod publish_job;
 pub mod reserve;
 #[cfg(feature = "rsa")]
 pub mod rsa;
+pub mod sd_notify;
 pub mod sniff;
 pub mod zmtp;
 
