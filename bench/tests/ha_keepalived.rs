@@ -592,16 +592,18 @@ async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
         return;
     }
     let started = Instant::now();
-    let saltgate = bin("saltgate");
     let master_bin = bin("saltgate-master");
-    // Under target/: keepalived's enable_script_security refuses a script below a directory
-    // others may write (such as /tmp).
+    // In /run (root's, 0755; the lab directory 0700): keepalived's enable_script_security
+    // disables a track_script below a directory others may write (such as /tmp, or a checkout
+    // with loose permissions), so the saltgate binary it runs is copied in.
     let dir = tempfile::Builder::new()
-        .prefix("ha-lab")
+        .prefix("saltgate-ha-lab")
         .disable_cleanup(std::env::var_os("SALTGATE_KEEP").is_some())
-        .tempdir_in(saltgate.parent().unwrap())
+        .tempdir_in("/run")
         .unwrap();
     let d = dir.path().to_path_buf();
+    let saltgate = d.join("saltgate");
+    std::fs::copy(bin("saltgate"), &saltgate).unwrap();
     let prefix = format!("sgha{}", std::process::id() % 100_000);
     let net = Netns::create(&prefix);
     let mut lab = Lab {
