@@ -71,9 +71,9 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.at)?;
         if !self.field.is_empty() {
-            write!(f, "{}: ", self.field)?;
+            write!(f, "{}: ", Visible(&self.field))?;
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", Visible(&self.message))?;
         if !self.fix.is_empty() {
             write!(f, "; {}", self.fix)?;
         }
@@ -82,6 +82,24 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Writes a text quoted from the input with its control characters escaped (`\u{0}`), so that
+/// an error about a NUL or an escape sequence shows the byte instead of nothing, or of a
+/// terminal command.
+struct Visible<'a>(&'a str);
+
+impl fmt::Display for Visible<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_unicode())?;
+            } else {
+                fmt::Write::write_char(f, c)?;
+            }
+        }
+        Ok(())
+    }
+}
 
 /// All the problems found in one file; never empty.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

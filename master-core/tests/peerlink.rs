@@ -18,11 +18,14 @@ use saltgate_master::peerlink::{self, read_frame_idle};
 use saltgate_master::server::build_master;
 use saltgate_master::state::{Master, PublishRequest};
 use saltgate_master::target::{Target, TargetType};
+use saltgate_test_support::wait_until;
 use saltgate_wire::envelope::{self, map, raw_str, text, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 mod common;
+/// How long a condition of these tests may take.
+const WAIT: Duration = Duration::from_secs(30);
 use common::openssl_pem;
 
 /// A cluster member without minion sockets: its state and its bound (unserved) peer port.
@@ -113,14 +116,6 @@ fn ret_body(jid: &str, minion: &str) -> Value {
     ])
 }
 
-async fn wait_for(what: &str, cond: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn n(a: &std::sync::atomic::AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
@@ -133,7 +128,7 @@ async fn a_thousand_forwarded_returns_share_one_connection() {
 
     // A's publish reaches B (MAC'd, on A's link to B).
     let jid = publish_job(&a).await;
-    wait_for("the publish on B", || n(&cl(&b).stats.handled) == 1).await;
+    wait_until("the publish on B", WAIT, || n(&cl(&b).stats.handled) == 1).await;
     assert!(b.jobs.exists(&jid));
 
     let mut rx = a.wait_returns(&jid);
@@ -163,7 +158,7 @@ async fn a_thousand_forwarded_returns_share_one_connection() {
     assert_eq!(n(&cl(&b).stats.hellos), 1);
     assert_eq!(n(&cl(&b).stats.old_peer), 0);
     assert_eq!(n(&cl(&b).stats.single), 0);
-    wait_for("1,000 acks", || n(&cl(&b).stats.acked) == 1000).await;
+    wait_until("1,000 acks", WAIT, || n(&cl(&b).stats.acked) == 1000).await;
     assert_eq!(n(&cl(&b).stats.resent), 0);
 }
 
@@ -198,7 +193,7 @@ async fn the_link_reconnects_to_a_restarted_peer() {
         })
     };
     send(0).await.unwrap();
-    wait_for("the first 100", || count() == 100).await;
+    wait_until("the first 100", WAIT, || count() == 100).await;
     // A "restarts": its sockets close, its port is bound again.
     first.abort();
     let _ = first.await;
@@ -312,7 +307,7 @@ async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
         .await
         .unwrap();
     s.write_u32(u32::MAX).await.unwrap();
-    wait_for("the oversized frame's refusal", || {
+    wait_until("the oversized frame's refusal", WAIT, || {
         a.refusals.get(Refused::PeerOversized) == 1
     })
     .await;
@@ -325,7 +320,7 @@ async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
     s.write_u32(signed.len() as u32).await.unwrap();
     s.write_all(&signed).await.unwrap();
     drop(s);
-    wait_for("the old-style frame", || {
+    wait_until("the old-style frame", WAIT, || {
         n(&cl(&a).stats.handled) == before + 1
     })
     .await;
@@ -478,7 +473,10 @@ async fn an_old_receiver_gets_every_frame_one_per_connection() {
     assert_eq!(n(&st.old_peer), 1, "one probe: the next comes after 60 s");
     assert_eq!(n(&st.hellos), 0);
     // B counts a frame once the receiver closed, just after its return was handled.
-    wait_for("100 frames one per connection", || n(&st.single) == 100).await;
+    wait_until("100 frames one per connection", WAIT, || {
+        n(&st.single) == 100
+    })
+    .await;
     assert_eq!(n(&st.acked), 100);
     assert_eq!(n(&st.dropped), 0);
     assert_eq!(n(&a.cluster.as_ref().unwrap().stats.handled), 0, "no link");
@@ -519,7 +517,7 @@ async fn frames_received_but_not_acknowledged_are_sent_again() {
         "the dying peer's link and the restarted one's"
     );
     assert_eq!(n(&st.dropped), 0);
-    wait_for("every frame acknowledged", || n(&st.acked) == 100).await;
+    wait_until("every frame acknowledged", WAIT, || n(&st.acked) == 100).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,7 @@ use saltgate_config::{
     AdminConfig, Config, Format, Global, HealthSettings, ListenerConfig, ListenerMode, Role,
 };
 use saltgate_proxy::{start, Options, Running};
+use saltgate_test_support::wait_until;
 use saltgate_wire::zmtp::{
     Command, Connection, Frame, HandshakeConfig, PubOptions, Publisher, ReconnectPolicy,
     SocketType, SubOptions, Subscriber,
@@ -138,17 +139,6 @@ async fn until_heard_from(sub: &mut Subscriber, masters: &[(usize, &Publisher)])
     seen
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + T;
-    while !cond() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 async fn metric(r: &Running, name: &str, labels: &[(&str, &str)]) -> f64 {
     let admin = r.admin_addr().expect("admin API on");
     let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
@@ -262,7 +252,7 @@ async fn a_master_marked_down_loses_only_its_upstream_and_gets_it_back_when_up()
     let m1 = r.master("m1").expect("m1 configured");
     m1.set_port(Role::Publish, false);
     assert!(!m1.is_up());
-    wait_for("m1's upstream closed", || b.subscriber_count() == 0).await;
+    wait_until("m1's upstream closed", T, || b.subscriber_count() == 0).await;
     until_heard_from(&mut sub, &[(0, &a)]).await;
     assert_eq!(a.subscriber_count(), 1, "the other upstream stays");
 
@@ -289,7 +279,7 @@ async fn a_master_whose_request_port_is_down_keeps_publishing_to_the_minions() {
     // A barrier: m0's publish port goes down after m1's request port, and the hub handles every
     // master in one pass, so once m0's upstream is gone the hub has seen m1's flip too.
     m0.set_port(Role::Publish, false);
-    wait_for("m0's upstream closed", || a.subscriber_count() == 0).await;
+    wait_until("m0's upstream closed", T, || a.subscriber_count() == 0).await;
     assert_eq!(
         b.subscriber_count(),
         1,
@@ -301,7 +291,7 @@ async fn a_master_whose_request_port_is_down_keeps_publishing_to_the_minions() {
 
     // A restart: both ports down (no upstream), then the publish port back first.
     m1.set_port(Role::Publish, false);
-    wait_for("m1's upstream closed", || b.subscriber_count() == 0).await;
+    wait_until("m1's upstream closed", T, || b.subscriber_count() == 0).await;
     m1.set_port(Role::Publish, true);
     assert!(!m1.is_up(), "the request port is still down");
     until_heard_from(&mut sub, &[(0, &a), (1, &b)]).await;

@@ -243,7 +243,17 @@ async fn a_restarted_master_is_up_within_rise_downinters_of_answering_even_after
     // meanwhile hang until their handshake deadline, not the 5 s timeout.
     let py = PyMaster::start(IP, ports, 0.0).await;
     py.signal(libc::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Checks reach the stalled process (no longer refused) and give up at the handshake deadline.
+    took_until(
+        "both ports' checks to reach the stalled restart",
+        Duration::from_secs(10),
+        || {
+            [Role::Publish, Role::Request]
+                .iter()
+                .all(|&role| m.last_check(role).detail.contains("no ZMTP handshake"))
+        },
+    )
+    .await;
     assert!(!m.is_up());
     py.signal(libc::SIGCONT);
     let bound = h.downinter * h.rise + Duration::from_secs(2);

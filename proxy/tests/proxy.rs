@@ -189,29 +189,38 @@ async fn seed_fixture_timeouts_keep_an_hour_idle_publish_session_and_close_a_61s
 async fn idle_timeout_counts_from_the_last_byte_in_either_direction() {
     let c = FakeCluster::start(1, Behaviour::Echo).await;
     let mut cfg = c.config();
-    // A 1 s limit and a byte every 250 ms: a loaded CI machine may stall the test a few hundred
-    // ms without closing the session early.
-    cfg.request.timeout_client = Some(Duration::from_secs(1));
-    cfg.request.timeout_server = Some(Duration::from_secs(1));
+    cfg.request.timeout_client = Some(Duration::from_secs(60));
+    cfg.request.timeout_server = Some(Duration::from_secs(60));
     let (r, _stop) = run(cfg, Some(Arc::new(ScriptedProber::default()))).await;
     let (mut s, _) = connect(addr(&r, Role::Request)).await;
+    // Paused time. While paused, a wait on loopback I/O moves the clock to the next timer (the
+    // 20 ms checks), so an echo may cost paused seconds: the margins are seconds, not ms.
+    tokio::time::pause();
     let t0 = tokio::time::Instant::now();
     for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::advance(Duration::from_secs(20)).await;
         assert_eq!(
             echo(&mut s, b"k").await,
             b"k",
-            "traffic keeps the session open"
+            "a byte every 20 s keeps a session with a 60 s limit open"
         );
     }
-    assert!(t0.elapsed() > Duration::from_millis(1400));
-    let idle_from = tokio::time::Instant::now();
-    assert!(closed(&mut s).await);
-    let idle = idle_from.elapsed();
+    assert!(t0.elapsed() >= Duration::from_secs(120), "twice the limit");
+    tokio::time::advance(Duration::from_secs(50)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let mut b = [0u8; 8];
     assert!(
-        idle >= Duration::from_millis(700) && idle < Duration::from_secs(4),
-        "closed after {idle:?}"
+        matches!(s.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "50 s after the last byte the session is still open"
     );
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert!(
+        closed(&mut s).await,
+        "61 s after the last byte it is closed"
+    );
+    tokio::time::resume();
 }
 
 #[tokio::test]

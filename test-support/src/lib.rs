@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests of every crate (a dev-dependency only): the venv with
 //! real Salt 3008.5, a guard that stops a child's whole process group (by PID) when dropped,
-//! a condition wait, and stock `salt-minion` configurations.
+//! the condition waits (`wait_for` blocking, `wait_until` async), and stock `salt-minion` configurations.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -114,7 +114,8 @@ impl Drop for ProcGuard {
     }
 }
 
-/// Polls `f` until it returns `Some`, or panics naming `what` after `timeout`.
+/// Polls `f` until it returns `Some`, or panics naming `what` after `timeout` (blocking: for tests
+/// that drive processes from a plain thread).
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
@@ -122,7 +123,22 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
             return v;
         }
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Awaits `cond` on the tokio clock (so paused time works), re-checking every few milliseconds
+/// and yielding between checks; panics naming `what` after `timeout`. The one async condition
+/// wait of every crate's tests.
+pub async fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
 

@@ -5,9 +5,10 @@
 //! any test running beside it.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
+use saltgate_test_support::wait_until;
 use saltgate_wire::zmtp::{Connection, HandshakeConfig, Router, RouterOptions, SocketType};
 use socket2::{Domain, Socket, Type};
 
@@ -40,14 +41,6 @@ fn highest_open_fd() -> u64 {
         .unwrap()
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn router_accept_backs_off_on_emfile_logs_once_and_recovers() {
     let mut router = Router::bind("127.0.0.1:0".parse().unwrap(), RouterOptions::default())
@@ -69,7 +62,7 @@ async fn router_accept_backs_off_on_emfile_logs_once_and_recovers() {
         c.connect(&addr.into()).unwrap();
     }
     let stats = router.accept_stats();
-    wait_for("accept to fail with EMFILE", || {
+    wait_until("accept to fail with EMFILE", T, || {
         stats.exhaustion_errors() >= 3
     })
     .await;
@@ -87,7 +80,7 @@ async fn router_accept_backs_off_on_emfile_logs_once_and_recovers() {
     // Descriptors come back: the waiting clients are accepted and new ones served.
     drop(filler);
     set_nofile_soft(original.rlim_cur);
-    wait_for("the waiting clients to be accepted", || {
+    wait_until("the waiting clients to be accepted", T, || {
         stats.accepted() >= clients.len() as u64
     })
     .await;

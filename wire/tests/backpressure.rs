@@ -5,9 +5,10 @@
 //! connections in the backlog.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
+use saltgate_test_support::wait_until;
 use saltgate_wire::zmtp::{
     Command, Connection, Frame, HandshakeConfig, Heartbeat, PubOptions, Publisher, Router,
     RouterOptions, SocketType, ZmtpError, PUB_DEFAULT_MAX_FRAME_SIZE,
@@ -24,6 +25,17 @@ async fn raw(addr: SocketAddr, ty: SocketType) -> Connection {
     Connection::connect(addr, &HandshakeConfig::new(ty))
         .await
         .expect("raw connect")
+}
+
+/// Reads (and never answers) until the peer closes the connection.
+async fn until_closed(c: &mut Connection) {
+    loop {
+        match tokio::time::timeout(T, c.read_frame()).await {
+            Err(_) => panic!("the router never dropped a silent peer"),
+            Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+        }
+    }
 }
 
 /// Sends a PING and waits for the PONG echoing its context (skipping the peer's own PINGs).
@@ -48,14 +60,6 @@ async fn ping_pong(c: &mut Connection, context: &'static [u8]) {
     }
 }
 
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + T;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test]
 async fn router_whose_app_reads_late_gets_every_request_in_order_and_keeps_the_peer() {
     let queue = 4;
@@ -64,7 +68,7 @@ async fn router_whose_app_reads_late_gets_every_request_in_order_and_keeps_the_p
         any(),
         RouterOptions {
             queue,
-            // The router drops peers silent for 300 ms; the pause below is three times that.
+            // The router drops peers silent for 300 ms; the pause below outlasts three of those.
             heartbeat: Some(Heartbeat {
                 interval: Duration::from_millis(100),
                 timeout: Duration::from_millis(300),
@@ -83,9 +87,13 @@ async fn router_whose_app_reads_late_gets_every_request_in_order_and_keeps_the_p
     }
     // The application does not read: the peer is paused, not dropped, and not taken for
     // silent (it is the router that is not reading). Replies still go out meanwhile.
-    wait_for("the peer to be paused", || router.paused_inbound() >= 1).await;
+    wait_until("the peer to be paused", T, || router.paused_inbound() >= 1).await;
     let first = router.recv().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Several silence limits pass while it stays paused: the router drops silent peers meanwhile.
+    for _ in 0..3 {
+        let mut silent = raw(router.local_addr(), SocketType::Req).await;
+        until_closed(&mut silent).await;
+    }
     router
         .reply(&first.peer, vec![Bytes::from_static(b"while paused")])
         .await
@@ -139,7 +147,7 @@ async fn a_paused_router_peer_does_not_hold_up_the_others() {
             .await
             .unwrap();
     }
-    wait_for("the busy peer to be paused", || {
+    wait_until("the busy peer to be paused", T, || {
         router.paused_inbound() >= 1
     })
     .await;
@@ -201,7 +209,7 @@ async fn subscriber_whose_app_never_reads_keeps_its_connection_and_counts_drops(
     for i in 0..10u8 {
         assert_eq!(publisher.publish(vec![Bytes::from(vec![i])]).queued, 1);
     }
-    wait_for("the drops to be counted", || sub.dropped_inbound() == 8).await;
+    wait_until("the drops to be counted", T, || sub.dropped_inbound() == 8).await;
     // Several of the publisher's silence timeouts pass without a reconnect: its PINGs are
     // still answered.
     assert!(

@@ -6,9 +6,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
+use saltgate_test_support::wait_until;
 use saltgate_wire::zmtp::{
-    Heartbeat, PubOptions, Publisher, ReqOptions, ReqSocket, Router, RouterOptions, SubOptions,
-    Subscriber,
+    Connection, HandshakeConfig, Heartbeat, PubOptions, Publisher, ReqOptions, ReqSocket, Router,
+    RouterOptions, SocketType, SubOptions, Subscriber,
 };
 use zeromq::{Endpoint, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -20,6 +21,21 @@ fn fast_heartbeat() -> Option<Heartbeat> {
         timeout: Duration::from_millis(500),
         ttl: Duration::ZERO,
     })
+}
+
+/// Returns once the publisher at `addr` has dropped a ZMTP 3.1 SUB that never answers its PINGs:
+/// proof, on the publisher's own clock, that a whole heartbeat timeout passed meanwhile.
+async fn heartbeat_timeout_passes(addr: SocketAddr) {
+    let mut silent = Connection::connect(addr, &HandshakeConfig::new(SocketType::Sub))
+        .await
+        .expect("silent SUB connects");
+    loop {
+        match tokio::time::timeout(T, silent.read_frame()).await {
+            Err(_) => panic!("the publisher never dropped a silent SUB"),
+            Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+        }
+    }
 }
 
 fn tcp_port(ep: &Endpoint) -> u16 {
@@ -44,8 +60,13 @@ async fn our_pub_serves_a_zmtp_3_0_zeromq_sub_with_legacy_subscriptions_and_no_p
         .unwrap();
     sub.subscribe("salt").await.unwrap();
     assert!(publisher.wait_for_subscribed(1, T).await);
-    // Several heartbeat intervals pass: a PING would make zmq.rs drop the connection.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A whole heartbeat timeout passes, several PING rounds (a PING would make zmq.rs drop the
+    // connection): the publisher drops a silent ZMTP 3.1 SUB meanwhile.
+    heartbeat_timeout_passes(publisher.local_addr()).await;
+    wait_until("the silent SUB to be gone", T, || {
+        publisher.subscriber_count() <= 1
+    })
+    .await;
     assert_eq!(publisher.subscriber_count(), 1);
     assert_eq!(
         publisher.publish(vec![Bytes::from_static(b"other")]).queued,

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use saltgate_test_support::wait_until;
 use saltgate_wire::zmtp::{
     Command, Connection, Frame, HandshakeConfig, Heartbeat, PubOptions, Publisher, ReconnectPolicy,
     ReqError, ReqOptions, ReqSocket, Router, RouterError, RouterOptions, SocketType, SubOptions,
@@ -204,8 +205,16 @@ async fn pub_heartbeat_drops_a_subscriber_that_never_answers_ping_but_keeps_ours
     let mut silent = raw(publisher.local_addr(), SocketType::Sub, b"").await;
     let took = until_closed(&mut silent).await;
     assert!(took < Duration::from_secs(5), "dropped only after {took:?}");
-    // Two more timeouts pass: ours, which answers, is kept.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Two more timeouts pass (two more silent SUBs are dropped meanwhile): ours, which answers,
+    // is kept on its first connection.
+    for _ in 0..2 {
+        let mut silent = raw(publisher.local_addr(), SocketType::Sub, b"").await;
+        until_closed(&mut silent).await;
+    }
+    wait_until("the silent SUBs to be gone", T, || {
+        publisher.subscriber_count() <= 1
+    })
+    .await;
     assert_eq!(publisher.subscriber_count(), 1);
     assert_eq!(sub.connect_count(), 1);
 }
@@ -468,7 +477,14 @@ async fn degenerate_heartbeat_settings_neither_panic_nor_drop_peers() {
         let mut sub = Subscriber::connect(publisher.local_addr(), SubOptions::default());
         sub.subscribe(Bytes::new());
         assert!(publisher.wait_for_subscribed(1, Duration::MAX).await);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The connection's driver turns many times with these settings (each turn computes its
+        // PING and silence deadlines): every message arrives, on the first connection.
+        for i in 0..50 {
+            let msg = Bytes::from(format!("turn {i}"));
+            publisher.publish(vec![msg.clone()]);
+            let got = tokio::time::timeout(T, sub.recv()).await.unwrap().unwrap();
+            assert_eq!(got, vec![msg]);
+        }
         publisher.publish(vec![Bytes::from_static(b"still here")]);
         let got = tokio::time::timeout(T, sub.recv()).await.unwrap().unwrap();
         assert_eq!(got, vec![Bytes::from_static(b"still here")]);

@@ -295,17 +295,25 @@ fn role_comes_from_ports_or_section_names() {
 
 #[test]
 fn garbage_is_an_error_not_a_panic() {
-    for text in [
-        "\u{0}\u{1}\u{2}",
-        "server",
-        "frontend",
-        "frontend a b",
-        "global\n maxconn",
-        "\"",
-        "backend x\n server a [::1",
-        "backend x\n server a 1.2.3.4:+1",
+    // Each input, and what its error must name: the position, the word, and the fix.
+    for (text, want) in [
+        (
+            "\u{0}\u{1}\u{2}",
+            "<config>:1:1: \\u{0}\\u{1}\\u{2}: '\\u{0}\\u{1}\\u{2}' appears before any section; put it inside",
+        ),
+        ("server", "<config>:1:1: server: 'server' appears before any section"),
+        ("frontend", "<config>:1:1: frontend: 'frontend' needs a name; write 'frontend <name>'"),
+        ("frontend a b", "<config>:1:1: frontend: 'frontend a' takes no further words (found \"b\")"),
+        ("global\n maxconn", "<config>:2:2: maxconn: 'maxconn' needs a number"),
+        ("\"", "<config>:1:1: unterminated \" quote starting at column 1; close the quote"),
+        ("backend x\n server a [::1", "<config>:2:2: server a: \"[::1\": missing ']' after the IPv6 address"),
+        ("backend x\n server a 1.2.3.4:+1", "<config>:2:2: server a: \"1.2.3.4:+1\": port offsets are not supported"),
     ] {
-        let _ = parse_haproxy(text, None);
+        let err = match parse_haproxy(text, None) {
+            Ok(_) => panic!("{text:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.starts_with(want), "{text:?}: {err}");
     }
 }
 

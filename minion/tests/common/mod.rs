@@ -174,17 +174,7 @@ pub fn start_minion(dir: &Path, config: &str) -> ProcGuard {
     ProcGuard::spawn("saltgate-minion", cmd)
 }
 
-/// Polls `f` until it returns Some, or panics with `what` after `timeout`.
-pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+pub use saltgate_test_support::wait_for;
 
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

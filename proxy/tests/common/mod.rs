@@ -23,16 +23,9 @@ use tokio::task::JoinHandle;
 
 pub const T: Duration = Duration::from_secs(10);
 
-/// Awaits `cond` with a deadline, re-checking every few milliseconds.
-pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + T;
-    while !cond() {
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for: {what}");
-        }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+/// Awaits `cond` with the proxy tests' deadline `T` (test-support's one condition wait).
+pub async fn wait_for(what: &str, cond: impl FnMut() -> bool) {
+    saltgate_test_support::wait_until(what, T, cond).await
 }
 
 /// A port on `ip` that was free a moment ago, for configuration files, which must name their
