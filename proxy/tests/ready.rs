@@ -322,3 +322,47 @@ async fn binding_an_address_the_host_does_not_hold_names_both_fixes() {
         assert!(err.contains(want), "{want:?} missing from: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_showed_the_token_keeps_the_longer_header_deadline() {
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let mut cfg = c.config();
+    cfg.admin.token_file = Some(token);
+    let (r, _stop, _p) = run(cfg).await;
+    let admin = r.admin_addr().unwrap();
+    let mut s = TcpStream::connect(admin).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\n\r\n")
+        .await
+        .unwrap();
+    let mut b = vec![0u8; 1 << 16];
+    let n = s.read(&mut b).await.unwrap();
+    assert!(
+        b[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&b[..n])
+    );
+    // Kept alive past the short deadline: a second request on it is still answered.
+    tokio::time::sleep(UNAUTHENTICATED_HEADER_TIMEOUT + Duration::from_millis(500)).await;
+    // Drain what is left of the first answer, then ask again.
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(50), s.read(&mut b)).await {
+        if n == 0 {
+            panic!("closed before the header timeout of a connection that showed the token");
+        }
+    }
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut resp = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut resp))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        resp.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&resp)
+    );
+}
