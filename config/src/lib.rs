@@ -20,6 +20,7 @@ pub mod yaml;
 mod yaml_fanout;
 mod yaml_health;
 mod yaml_policy;
+mod yaml_presence;
 mod yaml_queue;
 mod yaml_syntax;
 mod yaml_tree;

@@ -12,7 +12,11 @@ use axum::Json;
 use saltgate_config::Role;
 use serde_json::json;
 
-use super::{AdminOps, St};
+use std::sync::Arc;
+
+use super::ops::AdminOps;
+
+type St = State<Arc<dyn AdminOps>>;
 
 /// The verdict and its one line.
 pub(crate) fn verdict(s: &dyn AdminOps) -> (bool, &'static str) {
