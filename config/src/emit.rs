@@ -200,6 +200,12 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             crate::model::Failback::Never => writeln!(o, "    failback: false")?,
         }
     }
+    if l.freebind {
+        writeln!(
+            o,
+            "    freebind: true             # may bind an address the host does not hold yet (a VIP)"
+        )?;
+    }
     if l.reuse_port {
         writeln!(
             o,

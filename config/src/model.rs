@@ -417,6 +417,9 @@ pub struct ListenerConfig {
     pub failback: Failback,
     /// SO_REUSEPORT on the listening sockets: several saltgate processes may share the port.
     pub reuse_port: bool,
+    /// IP_FREEBIND on the listening sockets (HAProxy's `bind ... freebind`): the bind address may
+    /// be one the host does not hold yet, such as a VIP that keepalived moves (docs/ha.md).
+    pub freebind: bool,
 }
 
 /// What one minion session may make the fan-out hub hold (`listeners.publish` in `mode:
@@ -525,6 +528,7 @@ impl ListenerConfig {
             },
             failback: Failback::After(defaults::FAILBACK),
             reuse_port: false,
+            freebind: false,
         }
     }
 }

@@ -71,6 +71,7 @@ const LISTENER_KEYS: &[&str] = &[
     "rebalance",
     "failback",
     "reuse_port",
+    "freebind",
 ];
 
 impl Checker<'_> {

@@ -72,6 +72,7 @@ impl Checker<'_> {
             }
         }
         l.reuse_port = self.boolean(f.get("reuse_port"), &join(p, "reuse_port"), false);
+        l.freebind = self.boolean(f.get("freebind"), &join(p, "freebind"), false);
         if let Some(v) = f.get("migrate_buffer") {
             let field = join(p, "migrate_buffer");
             if l.on_master_down != OnMasterDown::Migrate {
@@ -298,6 +299,19 @@ mod tests {
         assert_eq!(c.request.failback, Failback::After(Duration::ZERO));
         let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
         assert_eq!(back, c);
+    }
+
+    #[test]
+    fn freebind_is_read_written_back_and_must_be_a_boolean() {
+        let text = |v: &str| {
+            format!("masters:\n  - name: a\n    host: 127.0.0.2\nlisteners:\n  publish:\n    bind: 127.0.0.1:4505\n    freebind: {v}\n  request:\n    bind: 127.0.0.1:4506\n")
+        };
+        let c = parse_yaml(&text("true"), None).unwrap();
+        assert!(c.publish.freebind && !c.request.freebind);
+        let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
+        assert_eq!(back, c);
+        let e = parse_yaml(&text("maybe"), None).unwrap_err().to_string();
+        assert!(e.contains("listeners.publish.freebind"), "{e}");
     }
 
     #[test]

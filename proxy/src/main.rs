@@ -95,6 +95,9 @@ enum CtlAction {
     Enable { name: String },
     /// Reload the configuration file.
     Reload,
+    /// Exit 0 when saltgate is ready (both listeners serve, and a master is UP for each), else 1;
+    /// prints one line saying why. For keepalived's track_script and other probes.
+    Ready,
 }
 
 fn init_logs(format: LogFormat, level: &str) {
@@ -421,6 +424,7 @@ fn ctl(
     };
     let (method, path) = match &action {
         CtlAction::Minions => return ctl_minions(admin, token.as_deref(), timeout),
+        CtlAction::Ready => return ctl_ready(admin, token.as_deref(), timeout),
         CtlAction::Status => ("GET", "/api/v1/masters".to_string()),
         CtlAction::Drain { name } => ("POST", format!("/api/v1/masters/{name}/drain")),
         CtlAction::Disable { name } => ("POST", format!("/api/v1/masters/{name}/disable")),
@@ -447,7 +451,7 @@ fn ctl(
         Ok(v) => {
             match action {
                 CtlAction::Status => print!("{}", saltgate_proxy::ctl::status_table(&v)),
-                CtlAction::Minions => {}
+                CtlAction::Minions | CtlAction::Ready => {}
                 CtlAction::Reload => {
                     println!("reloaded: configuration generation {}", v["generation"])
                 }
@@ -462,6 +466,40 @@ fn ctl(
         }
         Err(e) => {
             eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `saltgate ctl ready`: exit 0 when ready, 1 otherwise, with one line on standard output saying
+/// why (an unreachable API is "not ready" too: keepalived must not keep the VIP on a node whose
+/// saltgate is gone).
+fn ctl_ready(
+    admin: std::net::SocketAddr,
+    token: Option<&str>,
+    timeout: std::time::Duration,
+) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            println!("not ready: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(saltgate_proxy::ctl::ready(admin, token, timeout)) {
+        Ok((ready, why)) => {
+            println!("{why}");
+            if ready {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            println!("not ready: {e}");
             ExitCode::FAILURE
         }
     }

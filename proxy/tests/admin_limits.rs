@@ -1,4 +1,5 @@
-//! Issue 12 items 2 and 4, the parts the other tests leave out: a client trickling its request
+//! Issue 12 items 2 and 4, the parts the other tests leave out (without a token, the header
+//! deadline is `UNAUTHENTICATED_HEADER_TIMEOUT`, issue 31 item 5): a client trickling its request
 //! headers a byte at a time (slowloris) and an idle kept-alive connection are closed at the header
 //! timeout, not kept; an admin API exposed beyond loopback without a token is refused by
 //! `check-config` too, and with `admin.allow_unauthenticated: true` it is accepted with a warning
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::api::*;
 use common::*;
 use saltgate_config::{HealthSettings, MasterConfig, Probe};
-use saltgate_proxy::admin::HEADER_READ_TIMEOUT;
+use saltgate_proxy::admin::UNAUTHENTICATED_HEADER_TIMEOUT as HEADER_READ_TIMEOUT;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -206,6 +206,7 @@ fn listener(ps: &mut Parser<'_>, role: Role, pair: &Pair<'_>) -> ListenerConfig 
             }
         })
         .collect();
+    l.freebind = f.freebind;
     // HAProxy: `timeout tunnel` supersedes client and server once a TCP session is established.
     // HAProxy reads a zero idle timeout as "no timeout".
     let idle = |t: Option<super::At<std::time::Duration>>| t.map(|t| t.v).filter(|d| !d.is_zero());

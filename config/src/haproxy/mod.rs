@@ -105,6 +105,8 @@ struct Proxy {
     line: u32,
     mode_http: Option<At<bool>>,
     binds: Vec<At<String>>,
+    /// A `bind` line of this section has `freebind`.
+    freebind: bool,
     tcplog: Option<bool>,
     timeout_client: Option<At<Duration>>,
     timeout_server: Option<At<Duration>>,
@@ -130,6 +132,7 @@ impl Proxy {
             name,
             line,
             binds: Vec::new(),
+            freebind: false,
             servers: Vec::new(),
             default_backend: if kind.has_frontend() {
                 defaults.default_backend.clone()
@@ -147,6 +150,7 @@ impl Proxy {
             line: 0,
             mode_http: None,
             binds: Vec::new(),
+            freebind: false,
             tcplog: None,
             timeout_client: None,
             timeout_server: None,
@@ -375,6 +379,7 @@ impl Parser<'_> {
                 }
                 for opt in &l.words[2..] {
                     match opt.as_str() {
+                        "freebind" => p.freebind = true,
                         "v4v6" | "v6only" | "transparent" | "defer-accept" | "tfo" => self.warn(l.no, format!("bind option '{opt}' ignored")),
                         _ => self.error(l.no, "bind", format!("bind option '{opt}' is not supported"), "remove it; saltgate binds plain TCP (no ssl, no accept-proxy)"),
                     }

@@ -508,3 +508,14 @@ fn balance_first_is_imported_with_failback_at_once_as_haproxy() {
         .iter()
         .any(|lc| lc.balance == crate::model::Balance::First));
 }
+
+#[test]
+fn bind_freebind_becomes_freebind_on_that_listener() {
+    let text = "listen salt-pub\n  mode tcp\n  bind 127.0.0.1:4505 freebind\n  timeout client 1d\n  timeout server 1d\n  timeout connect 2s\n  server m1 127.0.0.2:4505 check\nlisten salt-req\n  mode tcp\n  bind 127.0.0.1:4506\n  timeout client 1m\n  timeout server 1m\n  timeout connect 2s\n  server m1 127.0.0.2:4506 check\n";
+    let l = ok(text);
+    assert!(l.config.publish.freebind && !l.config.request.freebind);
+    let yaml = crate::emit::to_yaml(&l.config, "test");
+    assert!(yaml.contains("freebind: true"), "{yaml}");
+    let back = crate::yaml::parse_yaml(&yaml, None).unwrap();
+    assert!(back.publish.freebind && !back.request.freebind);
+}

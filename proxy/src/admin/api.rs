@@ -6,6 +6,7 @@
 //! | route | |
 //! |---|---|
 //! | `GET /healthz` | the process is alive (no token needed) |
+//! | `GET /ready` | 200 or 503 and one line saying why, nothing else ([`ready`]; no token needed) |
 //! | `GET /readyz` | 200 when the listeners are bound and a master is UP and enabled, else 503 (also while shutting down) (no token needed) |
 //! | `GET /metrics` | Prometheus text format |
 //! | `GET /api/v1/masters` | state, sessions per port, last check of every master; clients queued per listener |
@@ -29,8 +30,11 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use super::conns;
+use super::conns::UNAUTHENTICATED_HEADER_TIMEOUT;
 use super::error::{AdminError, ApplyError};
 use super::ops::{error, page_limit, AdminOps, MAX_PAGE};
+use super::ready;
 use crate::select::master::{CheckReport, MasterState};
 
 /// Longest an admin request may take (a reload resolves names and binds sockets).
@@ -46,19 +50,26 @@ type St = State<Ops>;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection is asked to close (after its request in progress) once it has been open this long.
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
-/// Admin connections open at once; one more is closed at once.
+/// Connections that have not sent their first byte yet, at once (they hold no slot of
+/// [`MAX_CONNECTIONS`]); one more evicts the longest-waiting one.
+pub const MAX_WAITING: usize = 256;
+/// Admin connections open at once; one more evicts the longest-idle one, or is closed at once
+/// when every one has a request in progress (admin/conns.rs).
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// Serves the API on `sock` until `stop` is cancelled: at most [`MAX_CONNECTIONS`] connections,
-/// each with [`HEADER_READ_TIMEOUT`] and [`CONNECTION_LIFETIME`].
+/// Serves the API on `sock` until `stop` is cancelled. A connection waits for its first byte
+/// outside the slots (at most [`MAX_WAITING`] wait), then takes one of at most
+/// [`MAX_CONNECTIONS`] slots (the longest-idle one is evicted for a new one), each with [`HEADER_READ_TIMEOUT`] (and
+/// [`UNAUTHENTICATED_HEADER_TIMEOUT`] until it has shown the token) and [`CONNECTION_LIFETIME`].
 pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) {
     use hyper::server::conn::http1;
     use hyper_util::rt::{TokioIo, TokioTimer};
     use tower::ServiceExt;
 
-    let app = router(ops);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let refused = crate::ops::ratelimit::LogLimit::default();
+    let app = router(ops.clone());
+    let slots = conns::Slots::new(MAX_CONNECTIONS);
+    let waiting = conns::Slots::new(MAX_WAITING);
+    let refused = Arc::new(crate::ops::ratelimit::LogLimit::default());
     let conns = tokio_util::task::TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
@@ -75,20 +86,61 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
             },
             _ = stop.cancelled() => break,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            if let Some(left_out) = refused.allow() {
-                tracing::warn!(target: "saltgate_proxy::admin", client = %peer, max = MAX_CONNECTIONS, left_out, "admin API: too many connections; this one is closed at once");
-            }
-            drop(stream);
-            continue;
+        // Waiting for its first byte, a connection holds no slot (a probe sends its request at
+        // once; an idle connection never takes a slot from one). The waiting ones are bounded too:
+        // the longest-waiting is evicted for a new one.
+        let Ok((waiting_slot, evicted)) = waiting.admit() else {
+            continue; // unreachable: a waiting connection has no request in progress
         };
+        if evicted {
+            ops.admin_cut(conns::Cut::EvictedIdle.as_str());
+        }
         let app = app.clone();
         let stop = stop.clone();
+        let ops = ops.clone();
+        let slots = slots.clone();
+        let refused = refused.clone();
         conns.spawn(async move {
-            let _slot = slot;
+            let deadline = tokio::time::sleep(UNAUTHENTICATED_HEADER_TIMEOUT);
+            let mut first = [0u8; 1];
+            tokio::select! {
+                // `peek` waits for a byte (or the end) without taking it (`readable` may wake
+                // spuriously).
+                r = stream.peek(&mut first) => if !matches!(r, Ok(n) if n > 0) { return },
+                _ = deadline => {
+                    ops.admin_cut(conns::Cut::HeaderTimeout.as_str());
+                    return;
+                }
+                _ = waiting_slot.conn.evicted.cancelled() => return,
+                _ = stop.cancelled() => return,
+            }
+            drop(waiting_slot);
+            let slot = match slots.admit() {
+                Ok((slot, evicted)) => {
+                    if evicted {
+                        ops.admin_cut(conns::Cut::EvictedIdle.as_str());
+                    }
+                    slot
+                }
+                Err(cut) => {
+                    ops.admin_cut(cut.as_str());
+                    if let Some(left_out) = refused.allow() {
+                        tracing::warn!(target: "saltgate_proxy::admin", client = %peer, max = MAX_CONNECTIONS, left_out, "admin API: every connection has a request in progress; this one is closed at once");
+                    }
+                    return;
+                }
+            };
+            let conn_state = slot.conn.clone();
+            let token = ops.token();
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    app.clone().oneshot(req.map(axum::body::Body::new))
+                    let busy = conn_state.start(bearer_ok(&token, req.headers()));
+                    let fut = app.clone().oneshot(req.map(axum::body::Body::new));
+                    async move {
+                        let r = fut.await;
+                        drop(busy);
+                        r
+                    }
                 });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -99,8 +151,20 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
             tokio::pin!(lifetime);
             let mut asked = false;
             loop {
+                let deadline = slot.conn.header_deadline();
                 tokio::select! {
-                    _ = conn.as_mut() => return,
+                    r = conn.as_mut() => {
+                        if r.is_err_and(|e| e.is_timeout()) {
+                            ops.admin_cut(conns::Cut::HeaderTimeout.as_str());
+                        }
+                        return;
+                    }
+                    _ = slot.conn.changed() => {}
+                    _ = slot.conn.evicted.cancelled() => return,
+                    _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                        ops.admin_cut(conns::Cut::HeaderTimeout.as_str());
+                        return;
+                    }
                     _ = &mut lifetime, if !asked => {
                         asked = true;
                         conn.as_mut().graceful_shutdown();
@@ -133,10 +197,11 @@ pub(crate) fn router(shared: Ops) -> Router {
         .route_layer(middleware::from_fn_with_state(shared.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({ "status": "alive" })) }))
+        .route("/ready", get(ready::ready))
         .route("/readyz", get(readyz))
         .route("/", get(crate::admin::status_page::page))
         .merge(api)
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /api/v1/minions, /api/v1/fanout, /metrics, /healthz, /readyz") })
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see GET /api/v1/masters, /api/v1/sessions, /api/v1/minions, /api/v1/fanout, /metrics, /healthz, /ready, /readyz") })
         .method_not_allowed_fallback(|| async { error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route (actions and reload are POST, the rest GET)") })
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, REQUEST_TIMEOUT))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT))
@@ -149,6 +214,17 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The request carries the configured bearer token (false when none is configured).
+fn bearer_ok(token: &Option<String>, headers: &header::HeaderMap) -> bool {
+    token.as_ref().is_some_and(|want| {
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|g| same(g.as_bytes(), want.as_bytes()))
+    })
 }
 
 async fn auth(State(s): St, req: Request, next: Next) -> Response {

@@ -35,6 +35,44 @@ pub async fn call(
     token: Option<&str>,
     timeout: Duration,
 ) -> Result<Value, CtlError> {
+    let (status, json) = exchange(addr, method, path, token, timeout).await?;
+    if !(200..300).contains(&status) {
+        let message = json
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("no message")
+            .to_string();
+        return Err(CtlError::Refused { status, message });
+    }
+    Ok(json)
+}
+
+/// `ctl ready`: asks `GET /ready`; `Ok((ready, the line saying why))`, or an error when the
+/// API cannot be reached or gives no readiness answer.
+pub async fn ready(
+    addr: SocketAddr,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<(bool, String), CtlError> {
+    let (status, json) = exchange(addr, "GET", "/ready", token, timeout).await?;
+    let reason = json.get("reason").and_then(Value::as_str);
+    match (status, json.get("ready").and_then(Value::as_bool), reason) {
+        (200, Some(true), Some(r)) => Ok((true, r.to_string())),
+        (503, Some(false), Some(r)) => Ok((false, r.to_string())),
+        _ => Err(CtlError::Protocol(format!(
+            "GET /ready answered HTTP {status} {json}; is this a saltgate with /ready (0.1 or later)?"
+        ))),
+    }
+}
+
+/// Sends one request; the status and JSON body of any answer.
+async fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<(u16, Value), CtlError> {
     let unreachable = |reason: String| CtlError::Unreachable { addr, reason };
     let fut = async {
         let stream = tokio::net::TcpStream::connect(addr)
@@ -69,15 +107,7 @@ pub async fn call(
             .to_bytes();
         let json: Value = serde_json::from_slice(&body)
             .map_err(|e| CtlError::Protocol(format!("{e}: {}", String::from_utf8_lossy(&body))))?;
-        if !(200..300).contains(&status) {
-            let message = json
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("no message")
-                .to_string();
-            return Err(CtlError::Refused { status, message });
-        }
-        Ok(json)
+        Ok((status, json))
     };
     tokio::time::timeout(timeout, fut)
         .await

@@ -25,6 +25,13 @@ pub enum ApplyError {
         addr: SocketAddr,
         reason: std::io::Error,
     },
+    /// The bind address is not one of the host's (`EADDRNOTAVAIL`), such as a VIP on a backup node.
+    #[error(
+        "cannot listen on {addr} ({what}): the host does not hold the address {ip}; if it is a VIP that keepalived moves here, set freebind: true on listeners.{what} (as HAProxy's 'bind ... freebind'), or allow binding any address with the sysctl net.ipv{v}.ip_nonlocal_bind=1; otherwise, correct the bind address",
+        ip = addr.ip(),
+        v = if addr.is_ipv4() { 4 } else { 6 }
+    )]
+    NotLocal { what: String, addr: SocketAddr },
     #[error("admin.token_file {path}: {reason}; put the bearer token in that file, readable by saltgate")]
     Token { path: PathBuf, reason: String },
     #[error("admin: {problem}; {fix}")]

@@ -3,14 +3,18 @@
 //! proxy only through [`ops::AdminOps`], which the control plane implements.
 
 pub mod api;
+pub(crate) mod conns;
 pub mod ctl;
 pub mod error;
 pub(crate) mod fanout_view;
 pub(crate) mod ops;
 pub(crate) mod presence_api;
+pub(crate) mod ready;
 pub mod status_page;
 
 pub use api::{
-    CONNECTION_LIFETIME, HEADER_READ_TIMEOUT, MAX_CONCURRENT, MAX_CONNECTIONS, REQUEST_TIMEOUT,
+    CONNECTION_LIFETIME, HEADER_READ_TIMEOUT, MAX_CONCURRENT, MAX_CONNECTIONS, MAX_WAITING,
+    REQUEST_TIMEOUT,
 };
+pub use conns::UNAUTHENTICATED_HEADER_TIMEOUT;
 pub use ops::{DEFAULT_PAGE, MAX_PAGE};

@@ -35,6 +35,10 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn stopping(&self) -> bool;
     /// Every listener role has a bound listener.
     fn listening(&self) -> bool;
+    /// The listener of `role` is bound.
+    fn listening_on(&self, role: Role) -> bool;
+    /// Counts an admin connection that saltgate closed, by reason.
+    fn admin_cut(&self, reason: &'static str);
     /// Clients waiting in the listener's queue (every master at its `maxconn`).
     fn queued(&self, role: Role) -> usize;
     fn drain(&self, name: &str) -> Result<MasterState, AdminError>;

@@ -91,12 +91,27 @@ impl Control {
                 }
                 let l = cfg.listener(role);
                 let user_timeout = cfg.global.tcp_user_timeout;
-                let sock = listener::bind_sessions(addr, l.backlog, l.reuse_port, user_timeout)
-                    .map_err(|reason| ApplyError::Bind {
-                        what: role.to_string(),
-                        addr,
-                        reason,
-                    })?;
+                let sock = listener::bind_sessions(
+                    addr,
+                    l.backlog,
+                    l.reuse_port,
+                    l.freebind,
+                    user_timeout,
+                )
+                .map_err(|reason| {
+                    if reason.kind() == std::io::ErrorKind::AddrNotAvailable {
+                        ApplyError::NotLocal {
+                            what: role.to_string(),
+                            addr,
+                        }
+                    } else {
+                        ApplyError::Bind {
+                            what: role.to_string(),
+                            addr,
+                            reason,
+                        }
+                    }
+                })?;
                 fresh.push((role, addr, sock));
             }
         }

@@ -265,6 +265,14 @@ impl AdminOps for Control {
         Role::ALL.iter().all(|&r| !self.local_addrs(r).is_empty())
     }
 
+    fn listening_on(&self, role: Role) -> bool {
+        !self.local_addrs(role).is_empty()
+    }
+
+    fn admin_cut(&self, reason: &'static str) {
+        self.metrics.admin_cuts.with_label_values(&[reason]).inc();
+    }
+
     fn queued(&self, role: Role) -> usize {
         self.data.queue(role).len()
     }

@@ -30,13 +30,18 @@ pub fn bind(addr: SocketAddr, backlog: u32, reuse_port: bool) -> io::Result<TcpL
 /// keepalive, TCP_USER_TIMEOUT) are set on the listening socket before `listen`: Linux copies
 /// them into every accepted socket, which saves five `setsockopt` calls per session (see
 /// [`tune_listener`]; a reload that changes `global.tcp_user_timeout` sets them again).
+///
+/// `freebind`: IP_FREEBIND (HAProxy's `freebind`), so `addr` may be an address the host does not
+/// hold yet, such as the VIP on a keepalived backup node; without it such a bind fails with
+/// `EADDRNOTAVAIL` (unless `net.ipv4.ip_nonlocal_bind` / `net.ipv6.ip_nonlocal_bind` is 1).
 pub fn bind_sessions(
     addr: SocketAddr,
     backlog: u32,
     reuse_port: bool,
+    freebind: bool,
     user_timeout: Option<Duration>,
 ) -> io::Result<TcpListener> {
-    bind_with(addr, backlog, reuse_port, |s| {
+    bind_with_opts(addr, backlog, reuse_port, freebind, |s| {
         tune_sock(&SockRef::from(s), user_timeout, true)
     })
 }
@@ -45,6 +50,16 @@ fn bind_with(
     addr: SocketAddr,
     backlog: u32,
     reuse_port: bool,
+    before_listen: impl FnOnce(&Socket),
+) -> io::Result<TcpListener> {
+    bind_with_opts(addr, backlog, reuse_port, false, before_listen)
+}
+
+fn bind_with_opts(
+    addr: SocketAddr,
+    backlog: u32,
+    reuse_port: bool,
+    freebind: bool,
     before_listen: impl FnOnce(&Socket),
 ) -> io::Result<TcpListener> {
     let domain = if addr.is_ipv4() {
@@ -60,11 +75,31 @@ fn bind_with(
     if addr.is_ipv6() {
         s.set_only_v6(true)?;
     }
+    if freebind {
+        set_freebind(&s, addr)?;
+    }
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
     before_listen(&s);
     s.listen(i32::try_from(backlog).unwrap_or(i32::MAX))?;
     TcpListener::from_std(s.into())
+}
+
+#[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+fn set_freebind(s: &Socket, addr: SocketAddr) -> io::Result<()> {
+    if addr.is_ipv4() {
+        s.set_freebind_v4(true)
+    } else {
+        s.set_freebind_v6(true)
+    }
+}
+
+#[cfg(not(any(target_os = "android", target_os = "fuchsia", target_os = "linux")))]
+fn set_freebind(_: &Socket, _: SocketAddr) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "freebind (IP_FREEBIND) exists on Linux only; remove freebind: true",
+    ))
 }
 
 /// Sets nodelay, keepalive and TCP_USER_TIMEOUT (`global.tcp_user_timeout`: unacknowledged data

@@ -57,6 +57,11 @@ pub struct Metrics {
     /// `saltgate_master_resolve_failures_total{master}`: retried lookups of an unresolved master's
     /// host that failed again (the retry backs off from the health interval up to 60 s).
     pub resolve_failures: IntCounterVec,
+    /// `saltgate_admin_connections_cut_total{reason}`: admin API connections saltgate closed:
+    /// `evicted-idle` (the longest-idle one, to make room for a new connection when all slots
+    /// are taken), `full` (every slot had a request in progress), `header-timeout` (no complete
+    /// request headers in time).
+    pub admin_cuts: IntCounterVec,
     /// Not a metric: the recent flips, reloads and checks the status page shows. Here because
     /// every task that reports something already holds the metrics.
     pub events: crate::ops::events::EventLog,
@@ -177,6 +182,11 @@ impl Metrics {
                 "saltgate_local_resource_errors_total",
                 "Probes (during=check) and session connects (during=connect) that failed for want of a local resource (descriptors, buffers, memory); not counted against the master.",
                 &["during"],
+            ),
+            admin_cuts: counter(
+                "saltgate_admin_connections_cut_total",
+                "Admin API connections closed by saltgate (evicted-idle, full, header-timeout).",
+                &["reason"],
             ),
             resolve_failures: counter(
                 "saltgate_master_resolve_failures_total",
