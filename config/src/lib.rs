@@ -7,6 +7,7 @@
 //! Every error names the file, line, field and fix ([`ConfigError`]).
 
 pub mod addr;
+pub mod auth_limit;
 pub mod discovery;
 pub mod duration;
 pub mod emit;

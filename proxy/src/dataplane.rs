@@ -47,6 +47,8 @@ pub struct DataPlane {
     pub presence: Arc<crate::presence::Presence>,
     /// Request-session continuity counters (`on_master_down: migrate`).
     pub replay: crate::replay::ReplayMetrics,
+    /// `listeners.request.auth_limit`: each master's `_auth` gate.
+    pub auth_limits: Arc<crate::replay::auth_limit::AuthLimits>,
 }
 
 impl DataPlane {
@@ -75,6 +77,9 @@ impl DataPlane {
             fanout: Arc::new(crate::pubhub::FanoutMetrics::new(&metrics.registry)),
             presence,
             replay: crate::replay::ReplayMetrics::new(&metrics.registry),
+            auth_limits: Arc::new(crate::replay::auth_limit::AuthLimits::new(
+                &metrics.registry,
+            )),
         }
     }
 
