@@ -66,6 +66,10 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn enable(&self, name: &str) -> Result<MasterState, AdminError>;
     /// Reloads the configuration file (runs to completion even if the caller goes away).
     fn reload(self: Arc<Self>) -> BoxFuture<Result<u64, ApplyError>>;
+    /// Each master's `_auth` gate (`listeners.request.auth_limit`), by master name.
+    fn auth_limits(&self) -> Vec<crate::replay::auth_limit::GateView> {
+        Vec::new()
+    }
 }
 
 type Ops = Arc<dyn AdminOps>;
@@ -280,7 +284,8 @@ async fn masters(State(s): St) -> Response {
     let snap = s.snapshot();
     let list: Vec<MasterView> = snap.masters.iter().map(|m| view(m)).collect();
     let queued = json!({ "publish": s.queued(Role::Publish), "request": s.queued(Role::Request) });
-    Json(json!({ "generation": snap.generation, "masters": list, "queued": queued }))
+    let auth = s.auth_limits();
+    Json(json!({ "generation": snap.generation, "masters": list, "queued": queued, "auth_limit": auth }))
         .into_response()
 }
 

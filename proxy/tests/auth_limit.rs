@@ -217,6 +217,20 @@ async fn at_most_max_in_flight_auth_reach_the_master_and_all_are_answered() {
     assert_eq!(value(&s, "saltgate_auth_queued", &[("master", "m")]), 0.0);
     let waited = value(&s, "saltgate_auth_wait_seconds_count", &[("master", "m")]);
     assert_eq!(waited, n as f64);
+    // The status page's data: the gate's figures in /api/v1/masters.
+    let (code, v) = common::api::json(admin, "GET", "/api/v1/masters", None).await;
+    assert_eq!(code, 200);
+    let g = &v["auth_limit"][0];
+    assert_eq!(g["master"], "m");
+    assert_eq!(
+        (g["limit"].as_u64(), g["auto"].as_bool()),
+        (Some(2), Some(false))
+    );
+    assert_eq!(g["admitted"].as_u64(), Some(n as u64));
+    assert_eq!(
+        (g["in_flight"].as_u64(), g["queued"].as_u64()),
+        (Some(0), Some(0))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -368,6 +368,10 @@ impl AdminOps for Control {
         self.data.load()
     }
 
+    fn auth_limits(&self) -> Vec<crate::replay::auth_limit::GateView> {
+        self.data.auth_limits.views()
+    }
+
     fn token(&self) -> Arc<Option<String>> {
         self.token.load_full()
     }
