@@ -127,11 +127,16 @@ async fn five_hundred_minions_authenticate_behind_a_small_max_in_flight() {
     let summary = swarm.await.unwrap().expect("swarm summary");
     let m = http_get(admin, "/metrics").await.unwrap();
     eprintln!(
-        "summary: {summary}\nadmitted {} queued-max? dropped {}",
+        "summary: {summary}\n_auth admitted {} dropped {}",
         metric(&m, "saltgate_auth_admitted_total", "master=\"m\""),
         metric(&m, "saltgate_auth_dropped_total", "master=\"m\"")
     );
-    assert_eq!(summary["authenticated"], serde_json::json!(N), "{summary}");
+    // Each minion sends its start event once authenticated (`authenticated` itself counts links
+    // still up, and falls as the swarm stops).
+    assert!(
+        summary["start_events"].as_u64().unwrap_or(0) >= N as u64,
+        "{summary}"
+    );
     assert!(metric(&m, "saltgate_auth_admitted_total", "master=\"m\"") >= N as f64);
     assert!(most_in_flight <= LIMIT as f64, "{most_in_flight}");
     assert_eq!(

@@ -9,6 +9,10 @@
 //! already (`queue_full`). A permit is given back when the master's reply to that `_auth` is
 //! complete, or when the session ends or moves.
 //!
+//! A waiting `_auth` whose turn comes too late to be answered before its minion's `auth_timeout`
+//! (its wait plus the master's recent `_auth` latency) is dropped too (`max_wait`): the master
+//! would do the work for a minion that has given up.
+//!
 //! `max_in_flight: auto` starts at 5 (Salt 3008.5's `worker_threads`, the pool that serves
 //! `_auth`) and adapts to the latency measured from admission to the end of the reply: one more
 //! while answers come within an eighth of the minions' `auth_timeout` (and at least half the limit
@@ -99,6 +103,9 @@ pub struct Gate {
     adapt: Mutex<Adapt>,
     auto: std::sync::atomic::AtomicBool,
     auth_timeout_ms: AtomicU64,
+    /// The master's recent `_auth` latency (admission to the end of the reply), a moving
+    /// average in milliseconds; 0 before the first answer.
+    latency_ms: AtomicU64,
     /// Permits to forget as they come back (the limit went down while they were out).
     debt: AtomicUsize,
     queued: AtomicUsize,
@@ -145,6 +152,7 @@ impl Gate {
             }),
             auto: (cfg.max_in_flight == MaxInFlight::Auto).into(),
             auth_timeout_ms: AtomicU64::new(cfg.auth_timeout.as_millis() as u64),
+            latency_ms: AtomicU64::new(0),
             debt: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -340,6 +348,15 @@ impl Queued {
         let until = self.since + max_wait;
         match tokio::time::timeout_at(until, &mut self.acquire).await {
             Ok(Ok(p)) => {
+                let g = &self.gate;
+                let late = self.since.elapsed()
+                    + Duration::from_millis(g.latency_ms.load(Ordering::Relaxed));
+                if late >= Duration::from_millis(g.auth_timeout_ms.load(Ordering::Relaxed)) {
+                    // Its minion gives up before the master could answer: the place goes on.
+                    drop(p);
+                    self.leave(Some(Dropped::MaxWait));
+                    return Err(Dropped::MaxWait);
+                }
                 self.leave(None);
                 self.gate.wait.observe(self.since.elapsed().as_secs_f64());
                 Ok(self.gate.admit(p))
@@ -386,7 +403,19 @@ impl AuthPermit {
     /// The master's reply is complete: the latency feeds `auto`; the place is given back.
     pub fn answered(self) {
         let n = self.gate.in_flight();
-        self.gate.adapt(self.since.elapsed(), n);
+        let took = self.since.elapsed();
+        let ms = took.as_millis() as u64;
+        let _ = self
+            .gate
+            .latency_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 {
+                    ms.max(1)
+                } else {
+                    (old * 7 + ms) / 8
+                })
+            });
+        self.gate.adapt(took, n);
     }
 }
 

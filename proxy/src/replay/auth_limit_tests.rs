@@ -175,3 +175,28 @@ async fn auto_grows_while_answers_are_quick_and_cuts_when_they_are_slow() {
     p.answered();
     assert_eq!(g.limit(), before - before / 4);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_turn_that_comes_too_late_for_the_minions_auth_timeout_is_dropped() {
+    let limits = AuthLimits::new(&Registry::new());
+    let cfg = AuthLimit {
+        max_wait: Duration::from_secs(60),
+        ..fixed(1)
+    };
+    let g = limits.gate("m1", &cfg);
+    // The master answers in 2 s.
+    let p = admitted(g.enter(10));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    p.answered();
+    let p = admitted(g.enter(10));
+    let mut late = queued(g.enter(10));
+    let mut next = queued(g.enter(10));
+    // 3.5 s of waiting + 2 s at the master > auth_timeout (5 s): dropped, the place goes on.
+    tokio::time::advance(Duration::from_millis(3500)).await;
+    drop(p);
+    assert_eq!(late.wait(cfg.max_wait).await.err(), Some(Dropped::MaxWait));
+    // `next` waited as long: dropped too; a fresh one is admitted.
+    assert_eq!(next.wait(cfg.max_wait).await.err(), Some(Dropped::MaxWait));
+    let _p = admitted(g.enter(10));
+    assert_eq!(g.view().dropped_max_wait, 2);
+}
