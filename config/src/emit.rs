@@ -129,7 +129,7 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         }
     }
     writeln!(o)?;
-    crate::presence::emit(o, &c.presence)
+    crate::yaml_presence::emit(o, &c.presence)
 }
 
 fn write_health(o: &mut String, h: &HealthSettings, ind: &str) -> std::fmt::Result {

@@ -355,7 +355,7 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
     );
 
     let admin = admin(&mut c, top.get("admin"));
-    let presence = crate::presence::parse(&mut c, top.get("presence"));
+    let presence = crate::yaml_presence::parse(&mut c, top.get("presence"));
     let health = c.health(top.get("health"), HealthSettings::default(), "health");
 
     let discovery = c.discovery(top.get("discovery"));

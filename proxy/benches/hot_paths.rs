@@ -20,7 +20,6 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use saltgate_config::{Balance, HealthSettings, MasterConfig, Role};
 use saltgate_proxy::master::Master;
 use saltgate_proxy::pump::{BufPool, BUF_SIZE};
-use saltgate_proxy::selection;
 use tokio_util::sync::CancellationToken;
 
 const MASTER_COUNTS: [usize; 3] = [3, 16, 64];
@@ -56,7 +55,7 @@ fn selection(c: &mut Criterion) {
     for balance in [Balance::RoundRobin, Balance::LeastConn, Balance::Source] {
         for n in MASTER_COUNTS {
             let ms = masters(n);
-            let sel = selection::for_balance(balance, n);
+            let sel = saltgate_proxy::snapshot::for_balance(balance, n);
             let mut out = Vec::with_capacity(n);
             let mut k = 0usize;
             g.bench_with_input(BenchmarkId::new(format!("{balance:?}"), n), &ms, |b, ms| {

@@ -1,46 +1,43 @@
 //! saltgate: an L4 proxy and load balancer for Salt master clusters, as a library. The `saltgate`
 //! binary (`main.rs`) is a thin CLI over [`control::start`].
 //!
-//! Two planes. The control plane ([`control`] with its [`control::reload`], and [`admin`]) owns the listeners, reload,
-//! health checks and admin actions. The data plane is what a connection sees: a listener's
-//! [`serve::Serve`] gets each accepted stream with the [`dataplane::DataPlane`] context; the L4
-//! [`session`] picks a master with the listener's [`selection::Selector`] over the current
-//! [`snapshot::Snapshot`] (waiting in the listener's [`queue`] while every master is at its
-//! `maxconn`), connects, registers the session with the master ([`registry`]) and runs
-//! [`pump`] until a [`close::CloseReason`]. [`check`] runs the probers and feeds [`health`]; a
-//! master that goes DOWN has its sessions closed at a bounded pace.
+//! The folders are the planes (docs/architecture.md has the map):
+//!
+//! - [`control`]: owns everything: the listeners, reload, discovery, the checkers' events, the
+//!   admin actions and the two-phase shutdown. Nothing below imports it.
+//! - [`admin`]: the HTTP API, the status page, the fan-out view, the presence API, `ctl`. It
+//!   reaches the running proxy through [`admin::ops::AdminOps`], which the control plane
+//!   implements.
+//! - [`session`]: what a listener does with an accepted connection: the [`session::serve::Serve`]
+//!   trait, the [`session::context::DataPlane`] context, the L4 session (select a master with
+//!   the listener's selector over the current [`select::snapshot::Snapshot`], waiting in the
+//!   listener's queue while every master is at its `maxconn`; connect; register; pump).
+//! - [`fanout`]: the publish fan-out hub (a `Serve`). [`continuity`]: request migration
+//!   (`on_master_down: migrate`), where request policies go. [`presence`]: which minion is where.
+//! - [`select`]: masters, health checks ([`select::check`] feeds [`select::health`]), selection,
+//!   failback, rebalance, the snapshot. [`ops`]: metrics, events, the access log, notify, log
+//!   rate limits.
+//! - [`data`]: the data path, a leaf: accept, buffers, the pump, splice, the session book, the
+//!   queue, close reasons.
+//!
+//! No module imports another in a circle; `scripts/modgraph` prints the graph and checks it.
 
-pub mod accesslog;
 pub mod admin;
-pub mod check;
-pub mod close;
+pub mod continuity;
 pub mod control;
-pub mod ctl;
-pub mod dataplane;
-pub mod error;
-pub mod events;
-pub mod failback;
-mod flow;
-pub mod health;
-pub mod listener;
-pub mod master;
-pub mod metrics;
-pub mod notify;
+pub mod data;
+pub mod fanout;
+pub mod ops;
 pub mod presence;
-pub mod pubhub;
-pub mod pump;
-pub mod queue;
-pub mod ratelimit;
-pub mod rebalance;
-pub mod registry;
-pub mod replay;
-pub mod selection;
-pub mod serve;
-mod session;
-pub mod snapshot;
-mod splice;
-pub mod status_page;
-pub mod upstream;
+pub mod select;
+pub mod session;
+
+// The paths of the flat layout this crate had, kept for the tests, the bench and other crates.
+pub use admin::{ctl, error, status_page};
+pub use data::{close, listener, pump, queue, registry};
+pub use ops::{accesslog, events, metrics, notify, ratelimit};
+pub use select::{check, failback, health, master, rebalance, selection, snapshot, upstream};
+pub use session::serve;
 
 pub use control::reload::ConfigSource;
 pub use control::{start, ConfigOverride, Options, Running, StartError};

@@ -1,4 +1,4 @@
-//! Bulk transfers through the proxy (the path that splices on Linux, see `proxy/src/splice.rs`):
+//! Bulk transfers through the proxy (the path that splices on Linux, see `proxy/src/data/splice.rs`):
 //! both directions at once, byte for byte, with half-close in either order, on both listeners
 //! (the request listener's presence tap sees the first bytes through the copy path), and the
 //! byte counters. Addresses: 127.22.1.x.

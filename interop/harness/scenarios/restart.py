@@ -87,7 +87,7 @@ def run(s):
         reb_ok = reb_ok and p_ok
     if bound_ok is False:
         # judged (issue 10 part 3): a kept ping lost before Salt's request gate opened no longer
-        # holds UP back, a fresh ping goes beside it each check (proxy/src/check.rs)
+        # holds UP back, a fresh ping goes beside it each check (proxy/src/select/check.rs)
         res["notes"].append("scenario 4: saltgate's UP came later than the bound rise x downinter + 2 s "
                             "(plus the master's own answer time) after the master's first clear ping "
                             "answer: FAIL")

@@ -16,7 +16,7 @@ use std::time::Duration;
 use saltgate_config::discovery::Skipped;
 use saltgate_config::Config;
 
-use crate::control::{lock, Control};
+use crate::control::state::{lock, Control};
 
 /// How long one listing of the directory may take (a hung network filesystem).
 const LIST_TIMEOUT: Duration = Duration::from_secs(10);

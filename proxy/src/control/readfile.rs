@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::ApplyError;
+use crate::admin::error::ApplyError;
 
 /// How long reading the configuration file may take (a hung network filesystem must not stall
 /// a runtime worker, nor reloads forever).

@@ -8,26 +8,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use saltgate_config::{Config, ConfigErrors, Format, ListenerMode, Role};
+use saltgate_config::{Config, ConfigErrors, ListenerMode, Role};
 use tokio::net::TcpListener;
 
-use crate::check;
-use crate::close::CloseReason;
-use crate::control::{lock, AdminHandle, Control, ListenerHandle};
-use crate::error::ApplyError;
-use crate::listener::{self, Limit};
-use crate::master::Admin;
-use crate::serve::Serve;
-use crate::snapshot::Snapshot;
+use crate::admin::error::ApplyError;
+use crate::control::state::{lock, AdminHandle, Control, ListenerHandle};
+use crate::data::close::CloseReason;
+use crate::data::listener::{self, Limit};
+use crate::fanout::{HubHandles, PubHub};
+use crate::select::check;
+use crate::select::master::Admin;
+use crate::select::snapshot::Snapshot;
+use crate::session::l4::L4Session;
+use crate::session::serve::Serve;
 
 pub(crate) use super::readfile::{read_file, read_token};
 
-/// Where a reload reads the configuration from.
-#[derive(Debug, Clone)]
-pub struct ConfigSource {
-    pub path: PathBuf,
-    pub format: Format,
-}
+pub use super::state::ConfigSource;
 
 impl Control {
     /// Puts `config` (plus the masters discovery found, see [`super::discovery`]) in force.
@@ -231,7 +228,7 @@ impl Control {
         // role keeps its socket: a new accept loop takes it over, nothing is rebound.
         running.retain(|h| {
             // A listener whose role stays but whose kind of `Serve` changes is handed over too.
-            let same_serve = || h.serve.kind() == crate::serve::for_listener(h.role, cfg).kind();
+            let same_serve = || h.serve.kind() == for_listener(h.role, cfg, &self.fanout).kind();
             if wanted.iter().any(|&(r, a)| r == h.role && h.serves(a)) && same_serve() {
                 return true;
             }
@@ -263,7 +260,7 @@ impl Control {
             let local = sock.local_addr().unwrap_or(bind);
             let stop = self.accept_stop.child_token();
             let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
-            let serve: Arc<dyn Serve> = crate::serve::for_listener(role, cfg);
+            let serve: Arc<dyn Serve> = for_listener(role, cfg, &self.fanout);
             tracing::info!(listener = %role, addr = %local, serve = serve.kind(), "listening");
             let (data, tracker, to_serve) =
                 (self.data.clone(), self.tracker.clone(), serve.clone());
@@ -308,7 +305,7 @@ impl Control {
             let local = sock.local_addr().unwrap_or(cfg.admin.bind);
             let stop = self.admin_stop.child_token();
             tracing::info!(addr = %local, "admin API listening");
-            tokio::spawn(crate::admin::serve(sock, self.clone(), stop.clone()));
+            tokio::spawn(crate::admin::api::serve(sock, self.clone(), stop.clone()));
             *running = Some(AdminHandle {
                 bind: cfg.admin.bind,
                 local,
@@ -328,7 +325,7 @@ impl Control {
             tracing::warn!(trigger, "reload ignored: saltgate is shutting down");
             return Err(ApplyError::Stopping);
         }
-        crate::notify::sd_notify_reloading();
+        crate::ops::notify::sd_notify_reloading();
         let result = match &self.source {
             None => Err(ApplyError::NoSource),
             Some(src) => match read_source_off_runtime(src.clone(), &mut seen).await {
@@ -344,7 +341,7 @@ impl Control {
                 }
             },
         };
-        crate::notify::sd_notify("READY=1");
+        crate::ops::notify::sd_notify("READY=1");
         self.metrics.events.reload(
             trigger,
             result.as_ref().map(|g| *g).map_err(|e| e.to_string()),
@@ -391,9 +388,9 @@ async fn retry_unresolved(control: Arc<Control>, generation: u64) {
         if control.is_stopping() || control.data.load().generation != generation {
             return; // a newer configuration took over (with its own retry if needed)
         }
-        let now = crate::snapshot::resolve_all(
+        let now = crate::select::snapshot::resolve_all(
             &pending,
-            crate::snapshot::RESOLVE_TIMEOUT,
+            crate::select::snapshot::RESOLVE_TIMEOUT,
             control.lookup,
         )
         .await;
@@ -431,7 +428,7 @@ async fn retry_unresolved(control: Arc<Control>, generation: u64) {
 fn reapply(
     control: &Arc<Control>,
     config: Config,
-) -> crate::serve::BoxFuture<Result<u64, ApplyError>> {
+) -> crate::session::serve::BoxFuture<Result<u64, ApplyError>> {
     let control = control.clone();
     Box::pin(async move { control.apply(config, false).await })
 }
@@ -492,16 +489,16 @@ pub async fn preflight(config: &Config) -> Preflight {
             }
         }
     }
-    let resolved = crate::snapshot::resolve_all(
+    let resolved = crate::select::snapshot::resolve_all(
         &config.masters,
-        crate::snapshot::RESOLVE_TIMEOUT,
-        crate::snapshot::system_lookup,
+        crate::select::snapshot::RESOLVE_TIMEOUT,
+        crate::select::snapshot::system_lookup,
     )
     .await;
     let failed: Vec<_> = resolved.into_iter().filter_map(Result::err).collect();
     if !config.masters.is_empty() && failed.len() == config.masters.len() {
         out.errors
-            .push(crate::snapshot::NoMasterResolves(failed).to_string());
+            .push(crate::select::snapshot::NoMasterResolves(failed).to_string());
     } else {
         out.warnings.extend(failed.iter().map(|e| {
             format!("{e} (saltgate starts with this master DOWN, state `unresolved`, and retries)")
@@ -536,7 +533,9 @@ pub(crate) async fn watch_file(control: Arc<Control>, path: PathBuf, every: Dura
 /// `mode: fanout` relays every master's publishes to every minion, so the masters must be one Salt
 /// cluster: refused when two of them sign with different keys (see `pubhub::cluster_check`); the
 /// masters that could not be asked are logged.
-async fn refuse_fanout_without_cluster(snap: &crate::snapshot::Snapshot) -> Result<(), ApplyError> {
+async fn refuse_fanout_without_cluster(
+    snap: &crate::select::snapshot::Snapshot,
+) -> Result<(), ApplyError> {
     let cfg = &snap.config;
     if cfg.listener(Role::Publish).mode != ListenerMode::Fanout {
         return Ok(());
@@ -547,7 +546,7 @@ async fn refuse_fanout_without_cluster(snap: &crate::snapshot::Snapshot) -> Resu
         .filter(|m| !m.upstream.is_unresolved())
         .map(|m| (m.name(), m.addrs[Role::Request as usize]))
         .collect();
-    let notes = crate::pubhub::cluster_check::check(
+    let notes = crate::fanout::cluster_check::check(
         &masters,
         cfg.health.handshake_timeout,
         cfg.health.timeout,
@@ -558,4 +557,16 @@ async fn refuse_fanout_without_cluster(snap: &crate::snapshot::Snapshot) -> Resu
         tracing::warn!("listeners.publish.mode: fanout: {n}; the cluster check compares only the masters that answer");
     }
     Ok(())
+}
+
+/// The [`Serve`] for a listener of `role` under `config` (built here, by the control plane): the fan-out hub for a publish listener
+/// in `mode: fanout`, the L4 session otherwise. Cheap: the hub starts its upstreams with its
+/// first session (a reload calls this to compare kinds).
+pub(crate) fn for_listener(role: Role, config: &Config, fanout: &HubHandles) -> Arc<dyn Serve> {
+    match (role, config.listener(role).mode) {
+        (Role::Publish, ListenerMode::Fanout) => {
+            Arc::new(PubHub::new(Default::default(), fanout.clone()))
+        }
+        _ => Arc::new(L4Session { role }),
+    }
 }

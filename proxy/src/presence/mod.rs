@@ -16,7 +16,6 @@
 //! left is listed for `presence.expire_after`, then forgotten. Served by `GET /api/v1/minions`
 //! ([`api`]), `saltgate ctl minions` and the `saltgate_minions_*` metrics.
 
-pub mod api;
 pub mod table;
 
 use std::net::SocketAddr;
@@ -31,7 +30,7 @@ use saltgate_config::{PresenceConfig, Role};
 use saltgate_wire::sniff::{GiveUp, Sniffer, Source, Verdict};
 use tokio::time::Instant;
 
-use crate::pump::Tap;
+use crate::data::pump::Tap;
 use table::Table;
 
 /// Wall-clock milliseconds since the Unix epoch.

@@ -1,0 +1,464 @@
+//! Health checking: probers (how one port is tested) and the loop that runs them for every master
+//! port on its own schedule and feeds [`crate::select::health::HealthState`].
+//!
+//! Flips are logged once (warn when a master goes DOWN, info when it comes UP) with the reason, and
+//! reported as [`MasterEvent`]s so the proxy can close the sessions of a master that went DOWN.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use saltgate_config::{HealthSettings, Probe, Role};
+use saltgate_wire::probe;
+use tokio::sync::mpsc;
+
+use crate::select::health::{HealthState, PortState};
+
+#[path = "check_reserve.rs"]
+mod reserve;
+use crate::ops::metrics::Metrics;
+use crate::select::master::{CheckReport, Flip, Master};
+
+/// How a probe's `Err` begins when the probe failed for want of a local resource (see
+/// [`is_local_resource`]): such a failure says nothing about the master and is not counted.
+pub const LOCAL_RESOURCE: &str = "local resource exhausted";
+
+/// EMFILE, ENFILE, ENOBUFS, ENOMEM: this host ran out of descriptors, buffers or memory.
+pub fn is_local_resource(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Whether a local resource episode is under way (logged once when it starts and once when it ends).
+static LOCAL_EPISODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records a local resource failure: logged once per episode.
+pub fn local_resource_episode(detail: &str) {
+    if !LOCAL_EPISODE.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        tracing::error!(target: "saltgate_proxy::check", error = %detail, "out of local resources (descriptors, buffers or memory): health checks and connects that fail for this are not counted against masters until it ends (saltgate_local_resource_errors_total); raise the open-file limit or lower maxconn");
+    }
+}
+
+/// A probe or connect got through: ends a local resource episode (logged once).
+fn local_resource_recovered() {
+    if LOCAL_EPISODE.swap(false, std::sync::atomic::Ordering::AcqRel) {
+        tracing::info!(target: "saltgate_proxy::check", "local resources available again: health checks count again");
+    }
+}
+
+fn connect_error(what: &str, e: &std::io::Error) -> String {
+    if is_local_resource(e) {
+        format!("{LOCAL_RESOURCE}: {what}: {e}")
+    } else {
+        format!("{what}: {e}")
+    }
+}
+
+/// Tests one master port with the timeouts and probe of `health`. `Err` carries a short reason for
+/// the logs and the admin API.
+pub trait Prober: Send + Sync + 'static {
+    fn probe(
+        &self,
+        addr: SocketAddr,
+        role: Role,
+        health: HealthSettings,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+/// The real probes: TCP connect, the ZMTP greeting, and Salt's clear `ping` (see [`Probe`]). The
+/// greeting and the ping's connect and ZMTP handshake must come within `handshake_timeout` (a
+/// stopped master fails here at once), the ping's answer within `timeout` (a busy master gets it).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SaltProbes;
+
+impl Prober for SaltProbes {
+    fn probe(
+        &self,
+        addr: SocketAddr,
+        role: Role,
+        health: HealthSettings,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        let timeout = health.timeout;
+        let handshake = health.handshake_timeout.min(timeout);
+        Box::pin(async move {
+            match (health.probe, role) {
+                (Probe::Tcp, _) => {
+                    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await
+                    {
+                        Ok(Ok(_stream)) => Ok(()),
+                        Ok(Err(e)) => Err(connect_error("connect", &e)),
+                        Err(_) => Err(format!("connect: no answer within {timeout:?}")),
+                    }
+                }
+                (Probe::Zmtp, _) | (Probe::Salt, Role::Publish) => {
+                    probe::zmtp_greeting(addr, handshake)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| match e {
+                            probe::ProbeError::Connect(e) => {
+                                connect_error("ZMTP greeting: connect", &e)
+                            }
+                            e => format!("ZMTP greeting: {e}"),
+                        })
+                }
+                (Probe::Salt, Role::Request) => {
+                    match probe::salt_ping_staged(addr, handshake, timeout).await {
+                        Ok(_) => Ok(()),
+                        Err(e) if e.is_not_ready() => Err(
+                            "salt ping: not ready (cluster_retry: not yet a cluster member)"
+                                .to_string(),
+                        ),
+                        Err(probe::ProbeError::Connect(e)) => {
+                            Err(connect_error("salt ping: connect", &e))
+                        }
+                        Err(probe::ProbeError::Timeout(t)) => Err(format!(
+                            "salt ping: ZMTP handshake done, no answer within {t:?} (master busy, or its workers stuck)"
+                        )),
+                        Err(e) => Err(format!("salt ping: {e}")),
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
+/// checks give up on it (see [`run_port_checks`]). Long: a loaded master starting up has been
+/// seen to answer its queue 80-120 s after its first pings; a lost kept ping costs nothing while
+/// a fresh one is outstanding beside it.
+pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// For how long after the kept ping was sent each check also sends a fresh ping beside it. A
+/// ping is lost only when sent just before Salt opens its request gate (a few seconds after
+/// the master stops answering `cluster_retry`); pings sent later are queued and answered in
+/// order, so fresh pings past this window would only queue stale work ahead of the next check.
+pub const FRESH_PING_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Most pings outstanding at once on one DOWN request port: the kept one and one fresh.
+pub const MAX_OUTSTANDING_PINGS: usize = 2;
+
+type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Whether a check of this port keeps its ping outstanding past `timeout`: only Salt's `ping` on
+/// a DOWN request port. Its connect and handshake stage stays bounded by the handshake deadline
+/// (a stopped master still fails at once); only the wait for the answer is extended.
+fn keeps_ping(role: Role, settings: &HealthSettings, state: &HealthState) -> bool {
+    role == Role::Request && settings.probe == Probe::Salt && state.state == PortState::Down
+}
+
+/// The settings a kept ping is sent with: the same handshake deadline, [`KEPT_PING_LIMIT`] for
+/// the answer.
+fn kept_ping_settings(settings: &HealthSettings) -> HealthSettings {
+    HealthSettings {
+        handshake_timeout: settings.handshake_timeout.min(settings.timeout),
+        timeout: KEPT_PING_LIMIT.max(settings.timeout),
+        ..*settings
+    }
+}
+
+/// How long a check on a DOWN request port waits for an answer: on a port steadily DOWN,
+/// `rise x downinter` (at most `timeout`). Nothing is lost by the shorter wait: the ping stays
+/// outstanding and its answer passes a check whenever it comes. But each check (within
+/// [`FRESH_PING_WINDOW`] of the kept ping) sends a fresh ping beside it, so if the kept one was
+/// lost, a fresh one goes out within `rise x downinter` of the master starting to answer, which
+/// keeps UP within `rise x downinter + 2 s` of its first answer. In transition (a check passed
+/// already) the
+/// wait is `timeout`, as on an UP port, so a slow master's answers still count.
+fn down_check_wait(settings: &HealthSettings, state: &HealthState) -> std::time::Duration {
+    if state.successes > 0 {
+        settings.timeout
+    } else {
+        settings
+            .timeout
+            .min(settings.downinter * settings.rise.max(1))
+    }
+}
+
+/// The pings outstanding on a DOWN request port, oldest first, at most
+/// [`MAX_OUTSTANDING_PINGS`]: the kept one (the oldest: a starting master answers its queue in
+/// order, so it is answered first, if it is answered at all) and the freshest one (a ping sent
+/// in the window before Salt opens its request gate can be dropped by the master, never
+/// answered: a fresh one sent beside it each check, for [`FRESH_PING_WINDOW`], is answered once
+/// the workers serve). When a check needs a third, the older fresh one is dropped, never the
+/// kept one; a ping that fails (its [`KEPT_PING_LIMIT`], a reset) leaves, and the next oldest
+/// becomes the kept one.
+#[derive(Default)]
+struct Outstanding<'a> {
+    /// Each ping with when it was sent.
+    pings: Vec<(tokio::time::Instant, ProbeFuture<'a>)>,
+}
+
+impl<'a> Outstanding<'a> {
+    fn is_empty(&self) -> bool {
+        self.pings.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.pings.len()
+    }
+
+    fn clear(&mut self) {
+        self.pings.clear();
+    }
+
+    /// Makes room for a fresh ping: the older fresh one goes when the set is full (before the
+    /// fresh one is made, so never more than [`MAX_OUTSTANDING_PINGS`] exist at once).
+    fn make_room(&mut self) {
+        if self.pings.len() >= MAX_OUTSTANDING_PINGS {
+            drop(self.pings.remove(1.min(self.pings.len() - 1)));
+        }
+    }
+
+    fn push(&mut self, ping: ProbeFuture<'a>) {
+        debug_assert!(self.pings.len() < MAX_OUTSTANDING_PINGS);
+        self.pings.push((tokio::time::Instant::now(), ping));
+    }
+
+    /// Whether a check sends a ping: when none is outstanding, beside the kept one while it is
+    /// younger than [`FRESH_PING_WINDOW`], and always once a check passed (`in_transition`: the
+    /// `rise` checks need answers of their own).
+    fn wants_ping(&self, in_transition: bool) -> bool {
+        in_transition
+            || self
+                .pings
+                .first()
+                .is_none_or(|(sent, _)| sent.elapsed() < FRESH_PING_WINDOW)
+    }
+
+    /// The first answer of any ping (that ping leaves; the others stay outstanding). A failed
+    /// ping leaves without resolving this while others remain; the last one's failure resolves
+    /// it. Pending for ever when nothing is outstanding. Cancel-safe: the pings live in `self`.
+    fn poll_answer(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), String>> {
+        use std::task::Poll;
+        let mut failed = None;
+        let mut i = 0;
+        while i < self.pings.len() {
+            match self.pings[i].1.as_mut().poll(cx) {
+                Poll::Ready(Ok(())) => {
+                    drop(self.pings.remove(i));
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Err(e)) => {
+                    drop(self.pings.remove(i));
+                    failed = Some(e);
+                }
+                Poll::Pending => i += 1,
+            }
+        }
+        match failed {
+            Some(e) if self.pings.is_empty() => Poll::Ready(Err(e)),
+            _ => Poll::Pending,
+        }
+    }
+
+    async fn answer(&mut self) -> Result<(), String> {
+        std::future::poll_fn(|cx| self.poll_answer(cx)).await
+    }
+}
+
+/// A master changed state.
+#[derive(Debug, Clone)]
+pub struct MasterEvent {
+    pub master: Arc<Master>,
+    pub flip: Flip,
+}
+
+/// Runs the checks of one master port until the master's `checks_stop` is cancelled. Settings are
+/// read before every check, so a reload that changes them applies at the next one.
+pub async fn run_port_checks(
+    master: Arc<Master>,
+    role: Role,
+    prober: Arc<dyn Prober>,
+    events: mpsc::UnboundedSender<MasterEvent>,
+    metrics: Arc<Metrics>,
+) {
+    let addr = master.addr(role);
+    let name = master.name();
+    let duration = metrics
+        .check_duration
+        .with_label_values(&[name.as_str(), role.as_str()]);
+    let failures = metrics
+        .check_failures
+        .with_label_values(&[name.as_str(), role.as_str()]);
+    let local = metrics.local_resource_errors.with_label_values(&["check"]);
+    let stop = master.checks_stop.clone();
+    let mut state = HealthState::default();
+    // On a DOWN request port, a ping whose handshake came but whose answer did not within
+    // `timeout` is kept outstanding instead of abandoned: a starting master queues every ping
+    // it gets before its workers serve, and answers them in order, so a fresh ping per check
+    // only lines up behind the stale ones. But a ping sent just before Salt opens its request
+    // gate can be dropped unanswered, so each later check also sends a fresh ping beside the
+    // kept one (see `Outstanding`: at most two). The first answer of any passes a check as soon
+    // as it comes, between checks too (`early`).
+    let mut pings = Outstanding::default();
+    let mut early: Option<Result<(), String>> = None;
+    loop {
+        reserve::refill();
+        let settings = master.cfg().health;
+        let t0 = Instant::now();
+        let started = tokio::time::Instant::now();
+        master.upstream.check_begins(role);
+        if !keeps_ping(role, &settings, &state) {
+            // UP or unknown (or the probe changed): nothing is kept for such a port.
+            pings.clear();
+            early = None;
+        }
+        let result = if let Some(r) = early.take() {
+            r
+        } else if keeps_ping(role, &settings, &state) {
+            let wait = down_check_wait(&settings, &state);
+            if pings.wants_ping(state.successes > 0) {
+                pings.make_room();
+                pings.push(prober.probe(addr, role, kept_ping_settings(&settings)));
+            }
+            tokio::select! {
+                r = tokio::time::timeout(wait, pings.answer()) => match r {
+                    Ok(r) => r,
+                    Err(_) => Err(format!(
+                        "salt ping: ZMTP handshake done, no answer within {:?} ({} ping(s) kept outstanding: the first answer passes the next check)",
+                        wait,
+                        pings.len()
+                    )),
+                },
+                _ = stop.cancelled() => return,
+            }
+        } else {
+            tokio::select! {
+                r = prober.probe(addr, role, settings) => r,
+                _ = stop.cancelled() => return,
+            }
+        };
+        // Out of descriptors: the check runs again on one of the reserve's (check_reserve.rs). The
+        // shortage is logged (once per episode) and counted either way.
+        let mut result = result;
+        let mut reserved = false;
+        if let Err(e) = &result {
+            if e.starts_with(LOCAL_RESOURCE) && reserve::release_one() {
+                reserved = true;
+                local_resource_episode(&format!("{name} {role} check: {e}"));
+                tracing::debug!(target: "saltgate_proxy::check", master = %name, port = %role, "check met the local resource shortage; run again on a reserved descriptor");
+                result = tokio::select! {
+                    r = prober.probe(addr, role, settings) => r,
+                    _ = stop.cancelled() => return,
+                };
+                reserve::refill();
+            }
+        }
+        match &result {
+            Err(e) if e.starts_with(LOCAL_RESOURCE) => {
+                // Not a check of the master: neither a failure nor a success; try again soon.
+                local.inc();
+                local_resource_episode(&format!("{name} {role} check: {e}"));
+                tracing::debug!(target: "saltgate_proxy::check", master = %name, port = %role, error = %e, "check not counted: it met the local resource shortage");
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.fastinter) => {}
+                    _ = stop.cancelled() => return,
+                }
+                continue;
+            }
+            // Run on a reserved descriptor: the shortage goes on.
+            _ if reserved => local.inc(),
+            _ => local_resource_recovered(),
+        }
+        let took = t0.elapsed();
+        duration.observe(took.as_secs_f64());
+        let ok = result.is_ok();
+        if !ok {
+            failures.inc();
+        }
+        let detail = match &result {
+            Ok(()) => "ok".to_string(),
+            Err(e) => e.clone(),
+        };
+        master.upstream.set_last_check(
+            role,
+            CheckReport {
+                ok,
+                detail: detail.clone(),
+                duration_ms: took.as_millis() as u64,
+            },
+        );
+        metrics
+            .events
+            .check(&name, role.as_str(), ok, took, &detail);
+        let flipped = state.record(ok, &settings);
+        master.upstream.mark_checked(role);
+        if let Some(port_state) = flipped {
+            if let Some(flip) = master.set_port(role, port_state == PortState::Up) {
+                log_flip(&master, role, flip, &state, &detail);
+                metrics.events.flip(
+                    &name,
+                    role.as_str(),
+                    flip == Flip::Up,
+                    &detail,
+                    state.failures.max(state.successes),
+                );
+                let to = if flip == Flip::Up { "up" } else { "down" };
+                metrics
+                    .state_changes
+                    .with_label_values(&[name.as_str(), to])
+                    .inc();
+                let _ = events.send(MasterEvent {
+                    master: master.clone(),
+                    flip,
+                });
+            }
+        }
+        // Intervals count from the start of this check: a check that outlasts the interval (a
+        // hung master's handshake deadline, a busy master's slow ping) is followed at once.
+        let next = started + state.next_interval(&settings);
+        tracing::debug!(target: "saltgate_proxy::check", master = %name,
+            port = %role,
+            ok,
+            took_ms = took.as_millis() as u64,
+            detail = %detail,
+            state = ?state.state,
+            next_in_ms = next.saturating_duration_since(tokio::time::Instant::now()).as_millis() as u64,
+            "check"
+        );
+        // A session's passive signal (see `Upstream::nudge_check`) brings the next check forward
+        // to `fastinter` after this one began.
+        let soon = started + settings.fastinter;
+        tokio::select! {
+            _ = tokio::time::sleep_until(next) => {}
+            r = pings.answer(), if !pings.is_empty() => early = Some(r),
+            _ = master.upstream.nudged(role), if soon < next => {
+                tracing::debug!(target: "saltgate_proxy::check", master = %name, port = %role, "check brought forward: a session saw the master reset or refuse");
+                tokio::select! {
+                    _ = tokio::time::sleep_until(soon) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+fn log_flip(master: &Master, role: Role, flip: Flip, state: &HealthState, detail: &str) {
+    let addr = master.addr(role);
+    let name = master.name();
+    match flip {
+        Flip::Down => tracing::warn!(target: "saltgate_proxy::check", master = %name,
+            port = %role,
+            addr = %addr,
+            reason = %format!("{role} port {addr}: {detail} ({} consecutive failure(s))", state.failures),
+            "master marked DOWN"
+        ),
+        Flip::Up => tracing::info!(target: "saltgate_proxy::check", master = %name,
+            addr = %addr,
+            reason = %format!("both ports pass ({role} port {addr}: {} consecutive success(es))", state.successes),
+            "master marked UP"
+        ),
+    }
+}
+
+#[cfg(test)]
+#[path = "check_tests.rs"]
+mod tests;

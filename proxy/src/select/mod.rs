@@ -1,0 +1,13 @@
+//! Selection and health: the masters and their run-time state ([`master`], [`upstream`]), the
+//! health checks ([`check`] runs the probers, [`health`] keeps the rise/fall state), which master
+//! a new session goes to ([`selection`], [`failback`]), moving publish sessions ([`rebalance`]),
+//! and the [`snapshot`] every session runs from, where each listener's selector is built.
+
+pub mod check;
+pub mod failback;
+pub mod health;
+pub mod master;
+pub mod rebalance;
+pub mod selection;
+pub mod snapshot;
+pub mod upstream;
