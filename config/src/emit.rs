@@ -258,6 +258,21 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             l.migrate_buffer
         )?;
     }
+    if let Some(a) = &l.auth_limit {
+        writeln!(o, "    auth_limit:                # _auth paced per master")?;
+        writeln!(o, "      max_in_flight: {}", a.max_in_flight.text())?;
+        writeln!(
+            o,
+            "      max_wait: {}",
+            crate::yaml::duration_text(a.max_wait)
+        )?;
+        writeln!(o, "      max_queue: {}", a.max_queue)?;
+        writeln!(
+            o,
+            "      auth_timeout: {}",
+            crate::yaml::duration_text(a.auth_timeout)
+        )?;
+    }
     writeln!(o, "    close_rate: {}", l.close_rate)?;
     if l.role == Role::Publish {
         let r = &l.rebalance;

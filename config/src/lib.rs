@@ -7,6 +7,7 @@
 //! Every error names the file, line, field and fix ([`ConfigError`]).
 
 pub mod addr;
+pub mod auth_limit;
 pub mod discovery;
 pub mod duration;
 pub mod emit;
@@ -17,6 +18,7 @@ pub mod presence;
 pub mod salt_master;
 pub mod salt_minion;
 pub mod yaml;
+mod yaml_auth_limit;
 mod yaml_fanout;
 mod yaml_health;
 mod yaml_policy;

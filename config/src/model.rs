@@ -407,6 +407,8 @@ pub struct ListenerConfig {
     /// `on_master_down: migrate`: the largest unanswered request (bytes, ZMTP framing included)
     /// kept for re-sending; a bigger one is not replayed and its session closes as with `close`.
     pub migrate_buffer: u32,
+    /// `_auth` pacing per master (request only; `None`: off). See [`crate::auth_limit`].
+    pub auth_limit: Option<crate::auth_limit::AuthLimit>,
     /// Sessions per second closed when a master goes DOWN (0: all at once).
     pub close_rate: u32,
     /// One log line per closed session (HAProxy `option tcplog`).
@@ -520,6 +522,7 @@ impl ListenerConfig {
             backlog: defaults::BACKLOG,
             on_master_down: OnMasterDown::Close,
             migrate_buffer: defaults::MIGRATE_BUFFER,
+            auth_limit: None,
             close_rate: defaults::CLOSE_RATE,
             access_log: true,
             rebalance: match role {

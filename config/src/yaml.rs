@@ -66,6 +66,7 @@ const LISTENER_KEYS: &[&str] = &[
     "backlog",
     "on_master_down",
     "migrate_buffer",
+    "auth_limit",
     "close_rate",
     "access_log",
     "rebalance",

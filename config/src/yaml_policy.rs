@@ -73,6 +73,18 @@ impl Checker<'_> {
         }
         l.reuse_port = self.boolean(f.get("reuse_port"), &join(p, "reuse_port"), false);
         l.freebind = self.boolean(f.get("freebind"), &join(p, "freebind"), false);
+        if let Some(v) = f.get("auth_limit") {
+            if l.role == Role::Request {
+                l.auth_limit = self.auth_limit(v, p);
+            } else {
+                self.err(
+                    v,
+                    &join(p, "auth_limit"),
+                    "minions send _auth on the request channel only",
+                    "move auth_limit under listeners.request",
+                );
+            }
+        }
         if let Some(v) = f.get("migrate_buffer") {
             let field = join(p, "migrate_buffer");
             if l.on_master_down != OnMasterDown::Migrate {

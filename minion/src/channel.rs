@@ -40,6 +40,11 @@ pub enum ChannelError {
 }
 
 impl ChannelError {
+    /// True when a request got no answer within its timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, ChannelError::Req(ReqError::Timeout(_)))
+    }
+
     /// True when the master (or the path to it) is not answering at all.
     pub fn is_unreachable(&self) -> bool {
         matches!(

@@ -45,6 +45,11 @@ pub struct Stats {
     /// Returns given up after every try.
     pub returns_failed: AtomicU64,
     pub errors: AtomicU64,
+    /// `_auth` tries that got no answer within `auth_timeout` (each one still costs a master
+    /// that processes it).
+    pub auth_timeouts: AtomicU64,
+    /// `_auth` tries sent again, within a round of `auth_tries`, after a try got no answer.
+    pub auth_retries: AtomicU64,
     pub auth_pending: AtomicU64,
     /// Start events (`salt/minion/<id>/start`) the master answered.
     pub start_events: AtomicU64,
@@ -222,8 +227,16 @@ impl Link {
             n += 1;
             match self.chan.authenticate(self.cfg.auth_timeout).await {
                 Ok(o) => break o,
-                Err(e) if e.is_unreachable() && n < tries => continue,
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    if e.is_timeout() {
+                        self.stats.auth_timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if e.is_unreachable() && n < tries {
+                        self.stats.auth_retries.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    return Err(e.into());
+                }
             }
         };
         let s = match outcome {

@@ -319,6 +319,8 @@ async fn multi_process(
             "return_retries",
             "returns_failed",
             "errors",
+            "auth_timeouts",
+            "auth_retries",
             "auth_pending",
             "start_events",
             "rss_kib",

@@ -148,6 +148,8 @@ pub fn snapshot(stats: &Stats, count: usize, started: Instant) -> serde_json::Va
         "return_retries": stats.return_retries.load(Ordering::Relaxed),
         "returns_failed": stats.returns_failed.load(Ordering::Relaxed),
         "errors": stats.errors.load(Ordering::Relaxed),
+        "auth_timeouts": stats.auth_timeouts.load(Ordering::Relaxed),
+        "auth_retries": stats.auth_retries.load(Ordering::Relaxed),
         "auth_pending": stats.auth_pending.load(Ordering::Relaxed),
         "start_events": stats.start_events.load(Ordering::Relaxed),
         "receipt_buckets": stats.receipt.nonzero(),
@@ -167,7 +169,7 @@ pub fn print_record(v: &serde_json::Value, json: bool, summary: bool) {
     } else {
         let g = |k: &str| v.get(k).cloned().unwrap_or(json!(0));
         println!(
-            "{}t={:.0}s minions={} connected={} authenticated={} jobs={} errors={} rss={}KiB ({} B/minion)",
+            "{}t={:.0}s minions={} connected={} authenticated={} jobs={} errors={} auth_timeouts={} auth_retries={} rss={}KiB ({} B/minion)",
             if summary { "summary: " } else { "" },
             g("elapsed_s").as_f64().unwrap_or(0.0),
             g("minions"),
@@ -175,6 +177,8 @@ pub fn print_record(v: &serde_json::Value, json: bool, summary: bool) {
             g("authenticated"),
             g("jobs_answered"),
             g("errors"),
+            g("auth_timeouts"),
+            g("auth_retries"),
             g("rss_kib"),
             g("rss_bytes_per_minion"),
         );

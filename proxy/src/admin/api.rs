@@ -324,7 +324,8 @@ async fn masters(State(s): St) -> Response {
     let snap = s.snapshot();
     let list: Vec<MasterView> = snap.masters.iter().map(|m| view(m)).collect();
     let queued = json!({ "publish": s.queued(Role::Publish), "request": s.queued(Role::Request) });
-    Json(json!({ "generation": snap.generation, "masters": list, "queued": queued }))
+    let auth = s.auth_limits();
+    Json(json!({ "generation": snap.generation, "masters": list, "queued": queued, "auth_limit": auth }))
         .into_response()
 }
 

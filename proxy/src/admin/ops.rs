@@ -46,6 +46,10 @@ pub(crate) trait AdminOps: Send + Sync + 'static {
     fn enable(&self, name: &str) -> Result<MasterState, AdminError>;
     /// Reloads the configuration file (runs to completion even if the caller goes away).
     fn reload(self: Arc<Self>) -> BoxFuture<Result<u64, ApplyError>>;
+    /// Each master's `_auth` gate (`listeners.request.auth_limit`), by master name.
+    fn auth_limits(&self) -> Vec<crate::continuity::auth_limit::GateView> {
+        Vec::new()
+    }
 }
 
 /// An API error: `{"error": msg}` with `status`.

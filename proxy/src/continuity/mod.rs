@@ -10,6 +10,9 @@
 //! frame boundaries as bytes pass. The one copy kept is the minion's unanswered request, up to
 //! `migrate_buffer` bytes, dropped as soon as its reply starts.
 
+pub mod auth_hold;
+pub mod auth_limit;
+mod auth_relay;
 mod handshake;
 pub mod metrics;
 pub mod track;
@@ -21,7 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use saltgate_config::{ListenerConfig, Role};
+use saltgate_config::auth_limit::AuthLimit;
+use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -75,9 +79,16 @@ struct Relay<'a> {
     tap: Option<Box<dyn Tap>>,
     client_eof: bool,
     last: Instant,
+    /// `auth_limit`: the policy, the minion's bytes as read for `_auth`, the gate of the
+    /// master now, and the place an `_auth` holds at it until answered.
+    auth: Option<AuthLimit>,
+    hold: Option<auth_hold::Hold>,
+    gate: Option<Arc<auth_limit::Gate>>,
+    permit: Option<auth_limit::AuthPermit>,
 }
 
-/// Runs a request session with continuity until it ends. `first` is connected and registered
+/// Runs a request session with continuity (`on_master_down: migrate`), or with `auth_limit`, or
+/// both, until it ends. `first` is connected and registered
 /// (its lease holds `ctl`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
@@ -92,16 +103,27 @@ pub(crate) async fn serve(
     limits: IdleLimits,
 ) -> Ended {
     let m = &ctx.replay;
+    let migrate = l.on_master_down == OnMasterDown::Migrate;
     let mut r = Relay {
         ctx,
         limits,
-        up: Up::new(l.migrate_buffer as usize),
+        // Without migrate nothing is kept for re-sending.
+        up: Up::new(if migrate {
+            l.migrate_buffer as usize
+        } else {
+            0
+        }),
         down: Down::new(),
         tap,
         client_eof: false,
         last: Instant::now(),
+        auth: l.auth_limit,
+        hold: l.auth_limit.map(|_| auth_hold::Hold::new()),
+        gate: None,
+        permit: None,
     };
     let mut up = first;
+    r.gate = r.auth.map(|a| ctx.auth_limits.gate(&up.master.name(), &a));
     let mut migrations = 0u32;
     // Bytes counted on the masters left behind.
     let mut moved_bytes = (0u64, 0u64);
@@ -119,6 +141,9 @@ pub(crate) async fn serve(
         if why != CloseReason::MasterDown {
             // Salt masters do not close minions' connections while they run: check it soon.
             up.master.upstream.nudge_check(Role::Request);
+        }
+        if !migrate {
+            break (why, None);
         }
         let old = up.master.name();
         let plan = r.down.movable().and_then(|()| r.up.take_replay());
@@ -147,6 +172,9 @@ pub(crate) async fn serve(
         ctl = up.lease.register(id, peer, std::time::Instant::now());
         migrations += 1;
         m.migrated(why).inc();
+        // An `_auth` re-sent to the new master is not paced again; its old place is given back.
+        r.permit = None;
+        r.gate = r.auth.map(|a| ctx.auth_limits.gate(&up.master.name(), &a));
         r.down = Down::resumed();
         if let Some(left_out) = MOVED_LOG.allow() {
             tracing::info!(target: "saltgate_proxy::replay", client = %peer, from = %old, to = %up.master.name(), reason = %why, replayed = replay.as_ref().map_or(0, |(b, _)| b.len()), left_out, "request session moved to another master (one line per 5 s, left_out: how many since the last)");
@@ -241,6 +269,9 @@ impl Relay<'_> {
         }
         if ev.done {
             self.up.reply_done();
+            if let Some(p) = self.permit.take() {
+                p.answered();
+            }
         }
     }
 
@@ -257,10 +288,6 @@ impl Relay<'_> {
         let mut tin = Tally::new(&ctl.bytes_in, &listener[0]);
         let mut tout = Tally::new(&ctl.bytes_out, &listener[1]);
         let asked = || ctl.close_reason().unwrap_or(CloseReason::Shutdown);
-        let from_master = |reason: CloseReason| match reason {
-            CloseReason::MasterDown => Stop::Master(reason),
-            other => Stop::Close(other),
-        };
         loop {
             let deadline = self
                 .limits
@@ -283,21 +310,14 @@ impl Relay<'_> {
                         Err(_) => return Stop::Close(CloseReason::ClientReset),
                     };
                     let chunk = &buf[..n];
-                    // Seen before it is written: a write cut short is re-sent whole elsewhere.
-                    self.up.observe(chunk);
                     self.last = Instant::now();
-                    tokio::select! {
-                        w = master.write_all(chunk) => if w.is_err() {
-                            return self.master_gone(CloseReason::MasterReset);
-                        },
-                        _ = ctl.closed(&ctx.sessions_token) => return from_master(asked()),
-                    }
-                    tin.add(n as u64);
-                    self.last = Instant::now();
-                    if let Some(t) = self.tap.as_mut() {
-                        if !t.observe(chunk) {
-                            self.tap = None;
-                        }
+                    let sent = if self.hold.is_some() {
+                        self.paced(client, master, ctl, &mut tin, chunk).await
+                    } else {
+                        self.send_up(master, ctl, &mut tin, chunk).await
+                    };
+                    if let Err(stop) = sent {
+                        return stop;
                     }
                 }
                 r = master.readable() => {
@@ -333,6 +353,34 @@ impl Relay<'_> {
         }
     }
 
+    /// Writes minion bytes to the master (seen by the tracker before, by the tap after).
+    async fn send_up(
+        &mut self,
+        master: &mut TcpStream,
+        ctl: &SessionCtl,
+        tin: &mut Tally<'_>,
+        bytes: &[u8],
+    ) -> Result<(), Stop> {
+        // Seen before it is written: a write cut short is re-sent whole elsewhere.
+        self.up.observe(bytes);
+        tokio::select! {
+            w = master.write_all(bytes) => if w.is_err() {
+                return Err(self.master_gone(CloseReason::MasterReset));
+            },
+            _ = ctl.closed(&self.ctx.sessions_token) => {
+                return Err(from_master(ctl.close_reason().unwrap_or(CloseReason::Shutdown)))
+            }
+        }
+        tin.add(bytes.len() as u64);
+        self.last = Instant::now();
+        if let Some(t) = self.tap.as_mut() {
+            if !t.observe(bytes) {
+                self.tap = None;
+            }
+        }
+        Ok(())
+    }
+
     /// The master's side ended: move, unless the minion has half-closed (it is leaving).
     fn master_gone(&self, reason: CloseReason) -> Stop {
         if self.client_eof {
@@ -340,5 +388,13 @@ impl Relay<'_> {
         } else {
             Stop::Master(reason)
         }
+    }
+}
+
+/// A close asked of the session: a master marked DOWN may be left for another.
+fn from_master(reason: CloseReason) -> Stop {
+    match reason {
+        CloseReason::MasterDown => Stop::Master(reason),
+        other => Stop::Close(other),
     }
 }

@@ -237,6 +237,10 @@ impl AdminOps for Control {
         self.data.load()
     }
 
+    fn auth_limits(&self) -> Vec<crate::continuity::auth_limit::GateView> {
+        self.data.auth_limits.views()
+    }
+
     fn token(&self) -> Arc<Option<String>> {
         self.token.load_full()
     }

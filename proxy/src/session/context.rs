@@ -60,6 +60,8 @@ pub struct DataPlane {
     pub presence: Arc<crate::presence::Presence>,
     /// Request-session continuity counters (`on_master_down: migrate`).
     pub replay: crate::continuity::ReplayMetrics,
+    /// `listeners.request.auth_limit`: each master's `_auth` gate.
+    pub auth_limits: Arc<crate::continuity::auth_limit::AuthLimits>,
 }
 
 impl DataPlane {
@@ -87,6 +89,9 @@ impl DataPlane {
             access,
             presence,
             replay: crate::continuity::ReplayMetrics::new(&metrics.registry),
+            auth_limits: Arc::new(crate::continuity::auth_limit::AuthLimits::new(
+                &metrics.registry,
+            )),
         }
     }
 

@@ -294,7 +294,10 @@ async fn establish(
     }
     let limits = IdleLimits::of(&listener);
     let presence = ctx.presence.attach(role, ctl.id, peer, c.master.label());
-    if role != Role::Request || listener.on_master_down != OnMasterDown::Migrate {
+    // The framing-aware relay serves request sessions with migrate or auth_limit; the rest pump.
+    if role != Role::Request
+        || (listener.on_master_down != OnMasterDown::Migrate && listener.auth_limit.is_none())
+    {
         return Some(Plain {
             ctx,
             role,
