@@ -583,6 +583,8 @@ async fn serve_with(
     let auth_timeout = Duration::from_secs(m.config.limits.cluster_auth_timeout_secs);
     let auth_deadline = Instant::now() + auth_timeout;
     let mut authenticated = false;
+    // A frame of this connection was refused (and counted as such).
+    let mut refused_here = false;
     let st = cl.stats.clone();
     // Frames handled on this connection, and how many of them were acknowledged.
     let (mut handled, mut acked) = (0u64, 0u64);
@@ -594,7 +596,10 @@ async fn serve_with(
             match tokio::time::timeout_at(auth_deadline, read_frame_idle(&mut s)).await {
                 Ok(r) => r,
                 Err(_) => {
-                    m.refusals.count(crate::metrics::Refused::PeerAuthTimeout);
+                    // A connection whose frame was refused is counted once, for that refusal.
+                    if !refused_here {
+                        m.refusals.count(crate::metrics::Refused::PeerAuthTimeout);
+                    }
                     tracing::debug!(%from, ?auth_timeout, "cluster connection closed: nothing authenticated in time");
                     return;
                 }
@@ -636,6 +641,7 @@ async fn serve_with(
             }
             Ok(Err(e)) => {
                 st.refused.fetch_add(1, Ordering::Relaxed);
+                refused_here = true;
                 tracing::warn!(%from, reason = %e, "cluster message refused");
             }
             Err(e) => {
