@@ -90,6 +90,8 @@ pub struct Connection<S = TcpStream> {
     frame_started: Option<tokio::time::Instant>,
     /// Longest a write may make no progress (`None`: no limit).
     write_timeout: Option<Duration>,
+    /// Longest a frame may take from its first byte to its last (`None`: no limit).
+    frame_timeout: Option<Duration>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
@@ -121,6 +123,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             last_rx: tokio::time::Instant::now(),
             frame_started: None,
             write_timeout: None,
+            frame_timeout: None,
         };
         let props = match conn.read_frame().await? {
             Frame::Command(body) => match Command::parse(&body)? {
@@ -176,7 +179,18 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 return Ok(frame);
             }
             let was_empty = self.rbuf.is_empty();
-            let n = self.fill().await?;
+            // A frame under way must end in time; the clock is checked here, inside the read,
+            // since the bytes of a trickled frame never end the read that buffers them.
+            let frame_deadline = self
+                .frame_timeout
+                .zip(self.frame_started)
+                .and_then(|(t, started)| started.checked_add(t));
+            let n = match frame_deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, self.fill())
+                    .await
+                    .map_err(|_| ZmtpError::FrameTimeout(self.frame_timeout.unwrap_or_default()))??,
+                None => self.fill().await?,
+            };
             if n == 0 {
                 return Err(ZmtpError::Eof);
             }
@@ -192,6 +206,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// now and then is not silent, but holds its buffer for ever).
     pub fn frame_started(&self) -> Option<tokio::time::Instant> {
         self.frame_started
+    }
+
+    /// Bounds every later frame: one not completed within `timeout` of its first byte fails
+    /// the read with [`ZmtpError::FrameTimeout`] (a peer sending one byte now and then is not
+    /// silent, but would hold its buffer for ever). `None`: no bound.
+    pub fn set_frame_timeout(&mut self, timeout: Option<Duration>) {
+        self.frame_timeout = timeout;
+    }
+
+    /// Starts the clock of a partly received frame again (after a pause in which the caller
+    /// chose not to read: time it did not read does not count against the peer).
+    pub fn restart_frame_clock(&mut self) {
+        if self.frame_started.is_some() {
+            self.frame_started = Some(tokio::time::Instant::now());
+        }
     }
 
     /// Bounds every later write: one that makes no progress for `timeout` fails with
@@ -422,6 +451,42 @@ mod tests {
             source,
             "without a source address the kernel picks (127.0.0.1 on loopback)"
         );
+    }
+
+    /// The bytes of a trickled frame never end the read that buffers them: the deadline is
+    /// kept inside that one read (a driver that armed it between reads never saw it).
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_trickled_into_one_read_fails_it_at_frame_timeout() {
+        let (a, b) = tokio::io::duplex(4096);
+        let peer = tokio::spawn(async move {
+            Connection::handshake(b, &HandshakeConfig::new(SocketType::Req))
+                .await
+                .unwrap()
+        });
+        let mut cfg = HandshakeConfig::new(SocketType::Router);
+        cfg.as_server = true;
+        let mut c = Connection::handshake(a, &cfg).await.unwrap();
+        let mut p = peer.await.unwrap();
+        c.set_frame_timeout(Some(Duration::from_secs(1)));
+        let mut frame = BytesMut::new();
+        crate::zmtp::frame::encode_frame(&mut frame, 0, &[b'x'; 100]);
+        let trickle = tokio::spawn(async move {
+            for b in frame.iter() {
+                if p.send_encoded(&[*b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        let start = tokio::time::Instant::now();
+        let err = c.read_frame().await.unwrap_err();
+        assert!(matches!(err, ZmtpError::FrameTimeout(_)), "{err:?}");
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_millis(1400),
+            "cut after {took:?}"
+        );
+        trickle.abort();
     }
 
     #[tokio::test]

@@ -202,6 +202,7 @@ where
     let mut assembler = MessageAssembler::new(cfg.max_message_frames, cfg.max_message_size);
     let mut max_frame_size = conn.max_frame_size().min(cfg.max_message_size);
     conn.set_write_timeout(cfg.write_timeout);
+    conn.set_frame_timeout(cfg.frame_timeout);
     // A message waiting for room in the role's channel (`OnFull::Wait`): no reads meanwhile.
     let mut held: Option<Delivered> = None;
     // Silence is counted from the last byte received or the end of the last pause, whichever
@@ -229,12 +230,6 @@ where
         // A message's frames share its size limit: the next frame's header is checked against
         // what is left of it, so a message never holds more than the limit.
         conn.set_max_frame_size(max_frame_size.min(assembler.remaining()));
-        // A frame under way must end in time; a pause of ours does not count against it.
-        let frame_deadline = cfg
-            .frame_timeout
-            .zip(conn.frame_started())
-            .filter(|_| held.is_none())
-            .and_then(|(t, started)| started.max(resumed).checked_add(t));
         let result = tokio::select! {
             frame = conn.read_frame(), if held.is_none() => {
                 match frame {
@@ -260,6 +255,8 @@ where
                         permit.send(d);
                     }
                     resumed = Instant::now();
+                    // A frame under way must end in time; our pause does not count against it.
+                    conn.restart_frame_clock();
                     Ok(true)
                 }
                 None => Ok(false),
@@ -276,9 +273,6 @@ where
                 }
                 Some(out) => write_outbound(&mut conn, out, peer_3_1).await,
             },
-            _ = sleep_until(frame_deadline) => {
-                Err(ZmtpError::FrameTimeout(cfg.frame_timeout.unwrap_or_default()))
-            }
             _ = tick(&mut ping_tick) => {
                 let ttl = hb.map(|h| (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16);
                 conn.send_command(&Command::Ping { ttl: ttl.unwrap_or(0), context: Bytes::new() })
