@@ -188,7 +188,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             let n = match frame_deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, self.fill())
                     .await
-                    .map_err(|_| ZmtpError::FrameTimeout(self.frame_timeout.unwrap_or_default()))??,
+                    .map_err(|_| {
+                        ZmtpError::FrameTimeout(self.frame_timeout.unwrap_or_default())
+                    })??,
                 None => self.fill().await?,
             };
             if n == 0 {
