@@ -141,6 +141,7 @@ pub async fn run(
     let router_opts = RouterOptions {
         max_frame_size: MAX_REQUEST_FRAME,
         untrusted_max_frame_size: Some(lim.untrusted_max_frame),
+        untrusted_queue_bytes: Some(lim.untrusted_queue_bytes),
         frame_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
