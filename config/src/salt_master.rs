@@ -87,6 +87,8 @@ const KNOWN_KEYS: &[&str] = &[
     "saltgate_max_clear_load",
     "saltgate_untrusted_max_frame",
     "saltgate_untrusted_queue_bytes",
+    "saltgate_request_max_connections",
+    "saltgate_publish_max_connections",
     "saltgate_frame_timeout",
     "saltgate_write_timeout",
     "saltgate_cluster_auth_timeout",
@@ -139,6 +141,8 @@ struct RawSaltMaster {
     saltgate_max_clear_load: Option<Sp<u64>>,
     saltgate_untrusted_max_frame: Option<Sp<u64>>,
     saltgate_untrusted_queue_bytes: Option<Sp<u64>>,
+    saltgate_request_max_connections: Option<Sp<u64>>,
+    saltgate_publish_max_connections: Option<Sp<u64>>,
     saltgate_frame_timeout: Option<Sp<u64>>,
     saltgate_write_timeout: Option<Sp<u64>>,
     saltgate_cluster_auth_timeout: Option<Sp<u64>>,
@@ -255,6 +259,12 @@ pub struct MasterLimits {
     /// waiting for a handler, all together; a connection whose request does not fit stops
     /// being read until room is made.
     pub untrusted_queue_bytes: usize,
+    /// `saltgate_request_max_connections`: connections the request port serves at once
+    /// (handshaking or established); beyond it new ones wait in the kernel backlog. `None`
+    /// (default): no cap but the descriptor limit.
+    pub request_max_connections: Option<usize>,
+    /// `saltgate_publish_max_connections`: the same for the publish port.
+    pub publish_max_connections: Option<usize>,
     /// `saltgate_frame_timeout`, seconds.
     pub frame_timeout_secs: u64,
     /// `saltgate_write_timeout`, seconds.
@@ -271,6 +281,8 @@ impl Default for MasterLimits {
             max_clear_load: defaults::MAX_CLEAR_LOAD as usize,
             untrusted_max_frame: defaults::UNTRUSTED_MAX_FRAME as usize,
             untrusted_queue_bytes: defaults::UNTRUSTED_QUEUE_BYTES as usize,
+            request_max_connections: None,
+            publish_max_connections: None,
             frame_timeout_secs: defaults::FRAME_TIMEOUT_SECS,
             write_timeout_secs: defaults::WRITE_TIMEOUT_SECS,
             cluster_auth_timeout_secs: defaults::CLUSTER_AUTH_TIMEOUT_SECS,
@@ -494,6 +506,8 @@ pub fn parse_salt_master(
     let mut untrusted = lim.untrusted_max_frame as u64;
     let mut untrusted_queue = lim.untrusted_queue_bytes as u64;
     let mut cluster_cap = lim.cluster_max_unauthenticated as u64;
+    let mut request_cap = 0u64;
+    let mut publish_cap = 0u64;
     for (field, raw_v, slot, max, unit) in [
         (
             "saltgate_max_clear_load",
@@ -538,6 +552,20 @@ pub fn parse_salt_master(
             "seconds",
         ),
         (
+            "saltgate_request_max_connections",
+            &raw.saltgate_request_max_connections,
+            &mut request_cap,
+            10_000_000,
+            "connections",
+        ),
+        (
+            "saltgate_publish_max_connections",
+            &raw.saltgate_publish_max_connections,
+            &mut publish_cap,
+            10_000_000,
+            "connections",
+        ),
+        (
             "saltgate_cluster_max_unauthenticated",
             &raw.saltgate_cluster_max_unauthenticated,
             &mut cluster_cap,
@@ -561,6 +589,9 @@ pub fn parse_salt_master(
     lim.max_clear_load = clear as usize;
     lim.untrusted_max_frame = untrusted as usize;
     lim.untrusted_queue_bytes = usize::try_from(untrusted_queue).unwrap_or(usize::MAX);
+    // Unset (0 here): no cap but the descriptor limit.
+    lim.request_max_connections = (request_cap > 0).then_some(request_cap as usize);
+    lim.publish_max_connections = (publish_cap > 0).then_some(publish_cap as usize);
     lim.cluster_max_unauthenticated = cluster_cap as usize;
     c.limits = lim;
     if let Some(v) = &raw.publish_session {

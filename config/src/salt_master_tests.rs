@@ -134,6 +134,19 @@ fn limits_default_to_safe_values_and_refuse_zero() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("saltgate_untrusted_queue_bytes"), "{e}");
+    assert_eq!(MasterLimits::default().request_max_connections, None);
+    let c = parse_salt_master(
+        "saltgate_request_max_connections: 20000\nsaltgate_publish_max_connections: 30000\n",
+        None,
+    )
+    .unwrap()
+    .config;
+    assert_eq!(c.limits.request_max_connections, Some(20_000));
+    assert_eq!(c.limits.publish_max_connections, Some(30_000));
+    let e = parse_salt_master("saltgate_publish_max_connections: 0\n", None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("saltgate_publish_max_connections"), "{e}");
     let e = parse_salt_master("saltgate_write_timeout: 0\n", None)
         .unwrap_err()
         .to_string();
