@@ -205,6 +205,15 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             "    frame_timeout: {}   # a frame must end this long after its first byte",
             format_duration(f.frame_timeout)
         )?;
+        if let Some(r) = &l.replay {
+            writeln!(
+                o,
+                "    replay_window: {}   # jobs sent again to a minion whose session comes back",
+                format_duration(r.window)
+            )?;
+            writeln!(o, "    replay_max_jobs: {}", r.max_jobs)?;
+            writeln!(o, "    replay_max_bytes: {}", r.max_bytes)?;
+        }
     }
     if let Some(d) = &l.dedup_cluster_pki_dir {
         writeln!(

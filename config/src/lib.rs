@@ -24,6 +24,7 @@ mod yaml_health;
 mod yaml_policy;
 mod yaml_presence;
 mod yaml_queue;
+mod yaml_replay;
 mod yaml_syntax;
 mod yaml_tree;
 mod yaml_values;

@@ -416,6 +416,9 @@ pub struct ListenerConfig {
     /// `mode: fanout` only: what one minion may make the hub hold (issue 31). A minion sends
     /// the hub only its READY, SUBSCRIBE/CANCEL and PING/PONG: small frames, few topics.
     pub fanout_limits: FanoutLimits,
+    /// `mode: fanout` only: the jobs of the last `replay_window` kept and sent again to a minion
+    /// whose publish session comes back (docs/ha.md, "Replay on reconnect"). `None`: off.
+    pub replay: Option<ReplayConfig>,
     pub balance: Balance,
     /// Idle timeout on the client side (HAProxy `timeout client`). `None`: never.
     pub timeout_client: Option<Duration>,
@@ -473,6 +476,27 @@ pub struct FanoutLimits {
     pub max_topic_bytes: u32,
     /// `frame_timeout`: longest a frame may take from its first byte to its last.
     pub frame_timeout: Duration,
+}
+
+/// `listeners.publish.replay_window` and its bounds (fan-out only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayConfig {
+    /// `replay_window`: how long a job is kept for replay (at most 60 s).
+    pub window: Duration,
+    /// `replay_max_jobs`: jobs kept at most (at most 100, Salt's `minion_jid_queue_hwm`).
+    pub max_jobs: u32,
+    /// `replay_max_bytes`: bytes of those jobs at most.
+    pub max_bytes: u64,
+}
+
+impl ReplayConfig {
+    pub fn with_window(window: Duration) -> Self {
+        ReplayConfig {
+            window,
+            max_jobs: defaults::REPLAY_MAX_JOBS,
+            max_bytes: defaults::REPLAY_MAX_BYTES,
+        }
+    }
 }
 
 impl Default for FanoutLimits {
@@ -545,6 +569,7 @@ impl ListenerConfig {
             dedup_cluster_pki_dir: None,
             hwm: defaults::FANOUT_HWM,
             fanout_limits: FanoutLimits::default(),
+            replay: None,
             balance: Balance::RoundRobin,
             timeout_client: Some(idle),
             timeout_server: Some(idle),
@@ -616,6 +641,13 @@ pub mod defaults {
     pub const FANOUT_MAX_TOPIC_BYTES: u32 = 8 * 1024;
     /// `listeners.publish.frame_timeout` (fan-out): a minion's frames are a few bytes.
     pub const FANOUT_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Longest `listeners.publish.replay_window`.
+    pub const REPLAY_WINDOW_MAX: Duration = Duration::from_secs(60);
+    /// `replay_max_jobs` and its maximum: Salt's `minion_jid_queue_hwm` (a minion remembers
+    /// the last 100 jids it ran; a job older than that could run twice).
+    pub const REPLAY_MAX_JOBS: u32 = 100;
+    /// `replay_max_bytes`.
+    pub const REPLAY_MAX_BYTES: u64 = 16 * 1024 * 1024;
     /// Highest `max_frame` and `max_topic_bytes` (the largest frame the ZMTP codec takes).
     pub const FANOUT_LIMIT_MAX: u32 = 64 * 1024 * 1024;
     pub const CLOSE_RATE: u32 = 500;

@@ -63,6 +63,9 @@ const LISTENER_KEYS: &[&str] = &[
     "max_topics",
     "max_topic_bytes",
     "frame_timeout",
+    "replay_window",
+    "replay_max_jobs",
+    "replay_max_bytes",
     "balance",
     "timeout_client",
     "timeout_server",
@@ -163,6 +166,7 @@ impl Checker<'_> {
         self.dedup_dir(f.get("dedup_cluster_pki_dir"), &p, &mut l);
         self.fanout_hwm(f.get("hwm"), &p, &mut l);
         self.fanout_limits(&f, &p, &mut l);
+        self.replay(&f, &p, &mut l);
         if let Some(b) = f.get("balance") {
             let field = join(&p, "balance");
             if let Some(t) = self.text(b, &field, "roundrobin, leastconn, source or first") {

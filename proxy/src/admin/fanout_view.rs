@@ -120,6 +120,21 @@ pub(crate) fn render(
             "max_remembered": crate::fanout::dedup::MAX_REMEMBERED,
             "unreadable": unreadable,
         },
+        "replay": replay_view(&hub, &m),
+    })
+}
+
+/// `listeners.publish.replay_window`: what is kept for returning sessions, and what was sent.
+fn replay_view(hub: &Hub, m: &crate::fanout::FanoutMetrics) -> Value {
+    let (jobs, bytes, departed) = hub.replay.sizes();
+    json!({
+        "enabled": hub.replay.enabled(),
+        "window_s": hub.replay.window().map(|w| w.as_secs_f64()),
+        "jobs_kept": jobs,
+        "bytes_kept": bytes,
+        "sessions_remembered": departed,
+        "replays": m.replays.get(),
+        "jobs_replayed": m.replayed_jobs.get(),
     })
 }
 

@@ -276,6 +276,7 @@ impl Control {
             let stop = self.accept_stop.child_token();
             let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
             let serve: Arc<dyn Serve> = for_listener(role, cfg, &self.fanout);
+            serve.prepare(&self.data);
             tracing::info!(listener = %role, addr = %local, serve = serve.kind(), "listening");
             let (data, tracker, to_serve) =
                 (self.data.clone(), self.tracker.clone(), serve.clone());

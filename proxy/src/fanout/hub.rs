@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::dedup;
 pub use super::metrics::FanoutMetrics;
+use super::replay::ReplayLog;
 
 /// Settings of a hub.
 #[derive(Debug, Clone)]
@@ -43,14 +44,21 @@ impl Default for HubOptions {
     }
 }
 
+/// A message queued for a session: its hub-wide sequence number and its encoded bytes.
+pub(crate) type Queued = (u64, Bytes);
+
 /// One minion session as the fan-out sees it.
 pub(crate) struct Slot {
     pub(crate) id: u64,
     /// The minion's address (the admin view lists sessions that drop).
     pub(crate) peer: SocketAddr,
+    /// The ZMTP `Identity` of its READY (a Salt minion's id; empty when it sent none).
+    pub(crate) identity: Bytes,
     pub(crate) topics: Mutex<TopicSet>,
-    pub(crate) tx: mpsc::Sender<Bytes>,
+    pub(crate) tx: mpsc::Sender<Queued>,
     pub(crate) dropped: AtomicU64,
+    /// The sequence number of the last message written to the minion (replay's "delivered").
+    pub(crate) delivered: AtomicU64,
 }
 
 impl Slot {
@@ -117,6 +125,10 @@ pub(crate) struct Hub {
     pub(crate) connected: AtomicU64,
     /// Per master: its upstream's address and state, for the admin view (`view.rs`).
     pub(crate) upstreams: Mutex<std::collections::BTreeMap<String, UpstreamState>>,
+    /// The last message's sequence number (each forwarded message takes the next).
+    pub(crate) seq: AtomicU64,
+    /// The jobs kept for returning sessions (`listeners.publish.replay_window`).
+    pub(crate) replay: ReplayLog,
 }
 
 impl Hub {
@@ -130,6 +142,8 @@ impl Hub {
             dedup: dedup::Dedup::new(),
             connected: AtomicU64::new(0),
             upstreams: Mutex::new(Default::default()),
+            seq: AtomicU64::new(0),
+            replay: ReplayLog::default(),
         }
     }
 
@@ -137,22 +151,25 @@ impl Hub {
         self.started.get()
     }
 
-    /// Adds a session from `peer` whose queue holds `hwm` messages (`listeners.publish.hwm` when
-    /// it attaches) and whose topics are bounded by `topics`; returns its slot and the
-    /// receiving end of its queue.
+    /// Adds a session from `peer` (ZMTP `identity`, possibly empty) whose queue holds `hwm`
+    /// messages (`listeners.publish.hwm` when it attaches) and whose topics are bounded by
+    /// `topics`; returns its slot and the receiving end of its queue.
     pub(crate) fn attach(
         &self,
         peer: SocketAddr,
+        identity: Bytes,
         hwm: usize,
         topics: TopicLimits,
-    ) -> (Arc<Slot>, mpsc::Receiver<Bytes>) {
+    ) -> (Arc<Slot>, mpsc::Receiver<Queued>) {
         let (tx, rx) = mpsc::channel(hwm.max(1));
         let slot = Arc::new(Slot {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             peer,
+            identity,
             topics: Mutex::new(TopicSet::new(topics)),
             tx,
             dropped: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
         });
         self.sessions.rcu(|v| {
             let mut v = Vec::clone(v);
@@ -165,9 +182,13 @@ impl Hub {
         (slot, rx)
     }
 
-    pub(crate) fn detach(&self, id: u64) {
+    /// Removes a session; with replay on, remembers what was written to it under its identity.
+    pub(crate) fn detach(&self, slot: &Slot) {
+        let id = slot.id;
         self.sessions
             .rcu(|v| v.iter().filter(|s| s.id != id).cloned().collect::<Vec<_>>());
+        self.replay
+            .departed(&slot.identity, slot.delivered.load(Ordering::Relaxed));
         if let Some(m) = self.metrics() {
             m.sessions.dec();
         }
@@ -209,12 +230,16 @@ impl Hub {
         encode_message(&mut buf, frames);
         let encoded = buf.freeze();
         let first: &[u8] = frames.first().map(|b| &b[..]).unwrap_or_default();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(topic) = frames.first() {
+            self.replay.keep(seq, topic, &encoded);
+        }
         let sessions = self.sessions.load();
         for s in sessions.iter() {
             if !s.topics().matches(first) {
                 continue;
             }
-            match s.tx.try_send(encoded.clone()) {
+            match s.tx.try_send((seq, encoded.clone())) {
                 Ok(()) => report.queued += 1,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     s.dropped.fetch_add(1, Ordering::Relaxed);
@@ -283,10 +308,10 @@ mod tests {
     use super::*;
 
     /// A hub and a function attaching sessions whose queues hold `hwm` messages.
-    fn hub(hwm: usize) -> (Hub, impl Fn(&Hub) -> (Arc<Slot>, mpsc::Receiver<Bytes>)) {
+    fn hub(hwm: usize) -> (Hub, impl Fn(&Hub) -> (Arc<Slot>, mpsc::Receiver<Queued>)) {
         let peer: SocketAddr = "127.0.5.1:1".parse().unwrap();
         (Hub::new(HubOptions::default()), move |h: &Hub| {
-            h.attach(peer, hwm, TopicLimits::default())
+            h.attach(peer, Bytes::new(), hwm, TopicLimits::default())
         })
     }
 
@@ -323,12 +348,12 @@ mod tests {
         c.topics().subscribe(b("minion-c")).unwrap();
         let r = h.publish(&[b("minion-a"), b("payload")]);
         assert_eq!((r.queued, r.dropped), (1, 0));
-        let got = a_rx.try_recv().unwrap();
+        let (_, got) = a_rx.try_recv().unwrap();
         let mut want = BytesMut::new();
         encode_message(&mut want, &[b("minion-a"), b("payload")]);
         assert_eq!(got, want.freeze());
         assert!(c_rx.try_recv().is_err());
-        h.detach(a.id);
+        h.detach(&a);
         assert_eq!(h.sessions.load().len(), 1);
     }
 
@@ -343,7 +368,7 @@ mod tests {
             std::fs::rename(&tmp, dir.join(".aes")).unwrap();
         }
 
-        async fn hub_with(dir: &std::path::Path) -> (Hub, mpsc::Receiver<Bytes>) {
+        async fn hub_with(dir: &std::path::Path) -> (Hub, mpsc::Receiver<Queued>) {
             let (h, attach) = hub(100);
             h.dedup.key.sync(Some(dir), false, None).await;
             let (s, rx) = attach(&h);
@@ -351,7 +376,7 @@ mod tests {
             (h, rx)
         }
 
-        fn delivered(rx: &mut mpsc::Receiver<Bytes>) -> usize {
+        fn delivered(rx: &mut mpsc::Receiver<Queued>) -> usize {
             std::iter::from_fn(|| rx.try_recv().ok()).count()
         }
 

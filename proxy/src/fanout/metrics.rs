@@ -42,6 +42,10 @@ pub struct FanoutMetrics {
     /// `saltgate_fanout_sessions_cut_total{reason}`: minion sessions closed for a limit, one
     /// handle per [`CUT_REASONS`], in order.
     pub cut: [IntCounter; 7],
+    /// `saltgate_fanout_replays_total`: returning minion sessions sent the jobs they missed.
+    pub replays: IntCounter,
+    /// `saltgate_fanout_replayed_jobs_total`: jobs sent again by those replays.
+    pub replayed_jobs: IntCounter,
 }
 
 impl FanoutMetrics {
@@ -113,6 +117,14 @@ impl FanoutMetrics {
                 "Cluster keys loaded by the fan-out dedup (the first one and each change).",
             ),
             cut: CUT_REASONS.map(|r| cuts.with_label_values(&[r])),
+            replays: counter(
+                "saltgate_fanout_replays_total",
+                "Returning minion publish sessions sent the jobs they missed (listeners.publish.replay_window).",
+            ),
+            replayed_jobs: counter(
+                "saltgate_fanout_replayed_jobs_total",
+                "Jobs sent again to returning minion publish sessions (listeners.publish.replay_window).",
+            ),
         }
     }
 }

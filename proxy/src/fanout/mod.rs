@@ -9,7 +9,9 @@
 //! the others. A master that dies or goes DOWN removes one upstream; no minion session closes.
 //!
 //! The upstreams open with the first minion session (a hub with no minion has nothing to relay)
-//! and stop when the hub is dropped (a reload to `mode: l4`) or at shutdown.
+//! or, with `replay_window` set, as soon as the listener starts (a backup node keeps its window
+//! warm with no minion on it), and stop when the hub is dropped (a reload to `mode: l4`) or at
+//! shutdown. `replay` keeps the last jobs for minions whose session comes back.
 //!
 //! [`pubhub::PubHub`] is the listener's `Serve`; [`hub::Hub`] the state its sessions and
 //! upstreams share; the admin view is `crate::admin::fanout_view`.
@@ -20,6 +22,7 @@ pub(crate) mod dedup;
 pub mod hub;
 pub mod metrics;
 pub mod pubhub;
+pub(crate) mod replay;
 mod session;
 mod upstream;
 

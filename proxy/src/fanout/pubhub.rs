@@ -51,6 +51,14 @@ impl Serve for PubHub {
     fn kind(&self) -> &'static str {
         "fanout"
     }
+
+    /// With `replay_window` set the upstreams open now, not with the first minion: a backup
+    /// node must hold the jobs of the window when the minions arrive.
+    fn prepare(&self, ctx: &Arc<DataPlane>) {
+        if ctx.snapshot.load().config.publish.replay.is_some() {
+            ensure_started(&self.hub, &self.handles, ctx);
+        }
+    }
 }
 
 /// Starts the upstream manager once, with the first session's context.
@@ -61,6 +69,8 @@ fn ensure_started(this: &Arc<Hub>, handles: &HubHandles, ctx: &Arc<DataPlane>) {
         handles.metrics.clone()
     });
     if first {
+        this.replay
+            .configure(ctx.snapshot.load().config.publish.replay);
         handles.set_current(this);
         let stop = this.stop.clone();
         let shutdown = ctx.sessions_token.clone();

@@ -131,12 +131,13 @@ async fn read_frame(
     }
 }
 
-/// Greeting and READY exchange as the PUB side; returns whether the peer speaks ZMTP 3.1.
+/// Greeting and READY exchange as the PUB side; returns whether the peer speaks ZMTP 3.1, and
+/// the `Identity` of its READY (a Salt minion's id; empty when none).
 async fn handshake(
     io: &mut TcpStream,
     rbuf: &mut BytesMut,
     dec: &FrameDecoder,
-) -> Result<bool, ZmtpError> {
+) -> Result<(bool, Bytes), ZmtpError> {
     let mut w = BytesMut::new();
     Command::Ready(Properties::default().with("Socket-Type", SocketType::Pub.as_str()))
         .encode_frame(&mut w);
@@ -164,7 +165,8 @@ async fn handshake(
             peer: String::from_utf8_lossy(&raw).into_owned(),
         });
     }
-    Ok(peer.supports_3_1())
+    let identity = props.get("Identity").cloned().unwrap_or_default();
+    Ok((peer.supports_3_1(), identity))
 }
 
 /// Writes `buf` unless the hub stops or the shutdown grace runs out first: a minion that does
@@ -196,7 +198,15 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
         .enabled()
         .then(|| ctx.presence.publish_opened(ctx.session_id(), peer, None));
     let limits = SessionLimits::from_config(&ctx.snapshot.load().config.publish);
-    let end = serve(&hub, ctx.sessions_token.clone(), stream, peer, limits).await;
+    let end = serve(
+        &hub,
+        ctx.sessions_token.clone(),
+        Some(&ctx.presence),
+        stream,
+        peer,
+        limits,
+    )
+    .await;
     handles.live.dec();
     if let (Some(reason), Some(m)) = (end.cut(), hub.metrics()) {
         m.cut(reason).inc();
@@ -216,6 +226,7 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
 async fn serve(
     hub: &Arc<Hub>,
     shutdown: CancellationToken,
+    presence: Option<&crate::presence::Presence>,
     mut io: TcpStream,
     peer: SocketAddr,
     limits: SessionLimits,
@@ -229,12 +240,26 @@ async fn serve(
         _ = stop.cancelled() => return End::Shutdown,
         _ = shutdown.cancelled() => return End::Shutdown,
     };
-    let peer_3_1 = match hs {
+    let (peer_3_1, identity) = match hs {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => return e.into(),
         Err(_) => return End::Error(ZmtpError::Timeout("handshake")),
     };
-    let (slot, mut rx) = hub.attach(peer, limits.hwm, limits.topics);
+    // Who it is, for replay: the ZMTP Identity if it sent one; else the one minion presence
+    // saw `_auth` from at its address (a Salt minion's SUB socket does not send its identity:
+    // libzmq sends it on REQ, DEALER and ROUTER sockets only). Several minions behind one
+    // address, or none known: no identity, no replay.
+    let identity = if identity.is_empty() && hub.replay.enabled() {
+        presence
+            .and_then(|p| p.sole_id_at(peer.ip()))
+            .map(Bytes::from)
+            .unwrap_or_default()
+    } else {
+        identity
+    };
+    // A session this node served within the replay window is owed what followed its last job.
+    let owed = hub.replay.returning(&identity);
+    let (slot, mut rx) = hub.attach(peer, identity, limits.hwm, limits.topics);
     let end = drive(
         hub,
         &slot,
@@ -242,30 +267,78 @@ async fn serve(
         &mut io,
         rbuf,
         &dec,
-        peer_3_1,
-        limits.frame_timeout,
+        Flow {
+            peer_3_1,
+            frame_timeout: limits.frame_timeout,
+            owed,
+        },
         &stop,
         &shutdown,
     )
     .await;
-    hub.detach(slot.id);
+    hub.detach(&slot);
     let _ = io.shutdown().await;
     end
+}
+
+/// What a session's loop needs to know of its peer.
+struct Flow {
+    /// The peer speaks ZMTP 3.1 (PING/PONG).
+    peer_3_1: bool,
+    frame_timeout: Duration,
+    /// Replay: the sequence number after which the kept jobs are owed to this session, sent
+    /// once its first subscriptions are in (before any live message).
+    owed: Option<u64>,
+}
+
+/// Sends the kept jobs owed to a returning session (those its subscriptions match), in order;
+/// returns the sequence number up to which queued copies are not to be sent again.
+async fn replay(
+    hub: &Hub,
+    slot: &super::hub::Slot,
+    after: u64,
+    io: &mut TcpStream,
+    write_timeout: Option<Duration>,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Result<u64, End> {
+    let (jobs, done) = hub.replay.batch(after, |t| slot.topics().matches(t));
+    for job in &jobs {
+        write(io, job, write_timeout, stop, shutdown).await?;
+    }
+    slot.delivered
+        .fetch_max(done.upto, std::sync::atomic::Ordering::Relaxed);
+    if let Some(m) = hub.metrics() {
+        if done.jobs > 0 {
+            m.replays.inc();
+            m.replayed_jobs.inc_by(done.jobs as u64);
+        }
+    }
+    if done.jobs > 0 {
+        tracing::debug!(target: "saltgate_proxy::pubhub::session", client = %slot.peer, identity = %String::from_utf8_lossy(&slot.identity), jobs = done.jobs, "fanout: returning session sent the jobs it missed");
+    }
+    Ok(done.upto)
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn drive(
     hub: &Hub,
     slot: &super::hub::Slot,
-    rx: &mut tokio::sync::mpsc::Receiver<Bytes>,
+    rx: &mut tokio::sync::mpsc::Receiver<super::hub::Queued>,
     io: &mut TcpStream,
     mut rbuf: BytesMut,
     dec: &FrameDecoder,
-    peer_3_1: bool,
-    frame_timeout: Duration,
+    flow: Flow,
     stop: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> End {
+    let Flow {
+        peer_3_1,
+        frame_timeout,
+        mut owed,
+    } = flow;
+    // Queued copies up to this sequence number went out with the replay.
+    let mut replayed_upto = 0u64;
     // A ZMTP 3.0 peer does not know PING: never send it one, never time it out.
     let hb: Option<Heartbeat> = hub
         .opts
@@ -345,6 +418,16 @@ async fn drive(
                     }
                 }
             }
+            // A returning session's replay goes out once the subscriptions that came with this
+            // read are in (a Salt minion sends them all at once after READY), before any live
+            // message.
+            if let Some(after) = owed.filter(|_| !slot.topics().is_empty()) {
+                owed = None;
+                match replay(hub, slot, after, io, write_timeout, stop, shutdown).await {
+                    Ok(upto) => replayed_upto = upto,
+                    Err(end) => return end,
+                }
+            }
             // Keep no buffer on an idle session.
             if rbuf.is_empty() && rbuf.capacity() > 4096 {
                 rbuf = BytesMut::new();
@@ -372,10 +455,12 @@ async fn drive(
                 decode_now = true;
             }
             msg = rx.recv() => match msg {
-                Some(m) => {
+                Some((seq, _)) if seq <= replayed_upto => {}
+                Some((seq, m)) => {
                     if let Err(end) = write(io, &m, write_timeout, stop, shutdown).await {
                         return end;
                     }
+                    slot.delivered.store(seq, std::sync::atomic::Ordering::Relaxed);
                 }
                 None => return End::Shutdown,
             },
@@ -431,7 +516,7 @@ mod tests {
         let h = hub.clone();
         let task = tokio::spawn(async move {
             let (s, peer) = l.accept().await.unwrap();
-            serve(&h, CancellationToken::new(), s, peer, limits).await
+            serve(&h, CancellationToken::new(), None, s, peer, limits).await
         });
         (hub, addr, task)
     }
@@ -645,6 +730,7 @@ mod tests {
             serve(
                 &h,
                 CancellationToken::new(),
+                None,
                 s,
                 peer,
                 SessionLimits::default(),

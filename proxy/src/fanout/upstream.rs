@@ -49,6 +49,8 @@ pub(super) async fn manage(hub: Arc<Hub>, snapshot: Arc<ArcSwap<Snapshot>>) {
     loop {
         tick.tick().await;
         let snap = snapshot.load();
+        // A reload may change listeners.publish.replay_*.
+        hub.replay.configure(snap.config.publish.replay);
         let wanted: Vec<(String, SocketAddr)> = snap
             .masters
             .iter()

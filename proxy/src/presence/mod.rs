@@ -187,6 +187,15 @@ impl Presence {
         }
     }
 
+    /// The minion id presence has seen `_auth` for at `ip`, when exactly one is known there
+    /// (`None` when presence is off, none is known, or several share the address).
+    pub(crate) fn sole_id_at(&self, ip: std::net::IpAddr) -> Option<String> {
+        if !self.enabled() {
+            return None;
+        }
+        self.lock().sole_id_at(ip).map(str::to_string)
+    }
+
     /// A page of minions (see [`api`]).
     pub fn page(
         &self,

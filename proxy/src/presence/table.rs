@@ -326,6 +326,16 @@ impl Table {
         }
     }
 
+    /// The one minion id known at `ip`, if exactly one is (several minions behind one NAT
+    /// address cannot be told apart).
+    pub fn sole_id_at(&self, ip: IpAddr) -> Option<&str> {
+        let ids = self.by_ip.get(&ip)?;
+        match (ids.len(), ids.first()) {
+            (1, Some(id)) => Some(id.as_str()),
+            _ => None,
+        }
+    }
+
     /// The publish side of a client address.
     pub fn publish_of(&self, ip: IpAddr) -> PublishOf {
         let Some(list) = self.publish.get(&ip).filter(|l| !l.is_empty()) else {

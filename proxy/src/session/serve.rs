@@ -27,6 +27,10 @@ pub trait Serve: Send + Sync + 'static {
     /// A short name for logs.
     fn kind(&self) -> &'static str;
 
+    /// Called when the listener starts serving with it, before any connection: a serve that
+    /// must work without sessions (the fan-out hub keeping its replay window warm) starts here.
+    fn prepare(&self, _ctx: &Arc<DataPlane>) {}
+
     /// Spawns the serving of one accepted connection on `tracker`, holding `permits` until it
     /// ends. This default boxes [`Serve::serve`]'s future inside the task; an implementation
     /// whose connections live long may spawn its own future unboxed (one allocation per

@@ -1,0 +1,207 @@
+//! Issue 24 section 2: replay on reconnect (`listeners.publish.replay_window`, fan-out). A
+//! minion whose publish session comes back to the node that served it gets the jobs published
+//! while it was away, in order, before any live message, and never a job already written to it;
+//! a minion this node never served gets nothing old; with replay on, the hub's upstreams open
+//! before any minion (a backup node keeps its window warm). Fake master: a wire `Publisher`;
+//! minions: raw ZMTP SUB connections with an `Identity`, as a Salt minion's. Addresses
+//! 127.0.5.4x.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use saltgate_config::{HealthSettings, ListenerMode, MasterConfig, ReplayConfig, Role};
+use saltgate_proxy::{start, Options, Running};
+use saltgate_test_support::wait_until;
+use saltgate_wire::envelope::{self, map, text, RequestEnvelope};
+use saltgate_wire::zmtp::{
+    Command, Connection, Frame, HandshakeConfig, PubOptions, Publisher, Router, RouterOptions,
+    SocketType,
+};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::oneshot;
+
+const T: Duration = Duration::from_secs(20);
+
+/// A fake master on `ip`: a publisher, and a ROUTER answering every request with "ok".
+async fn master(ip: &str) -> (Publisher, MasterConfig, tokio::task::JoinHandle<()>) {
+    let publisher = Publisher::bind(format!("{ip}:0").parse().unwrap(), PubOptions::default())
+        .await
+        .unwrap();
+    let mut router = Router::bind(format!("{ip}:0").parse().unwrap(), RouterOptions::default())
+        .await
+        .unwrap();
+    let mut m = common::masters_at(&[publisher.local_addr()]).remove(0);
+    m.request_port = router.local_addr().port();
+    m.check = false;
+    let task = tokio::spawn(async move {
+        while let Some(msg) = router.recv().await {
+            let _ = router
+                .reply(&msg.peer, vec![Bytes::from_static(b"ok")])
+                .await;
+        }
+    });
+    (publisher, m, task)
+}
+
+async fn run(m: &MasterConfig, replay: Option<ReplayConfig>) -> (Running, oneshot::Sender<()>) {
+    let mut cfg = common::config_on("127.0.5.40", vec![m.clone()], HealthSettings::default());
+    cfg.publish.mode = ListenerMode::Fanout;
+    cfg.publish.replay = replay;
+    let (tx, rx) = oneshot::channel::<()>();
+    let r = start(cfg, Options::default(), async move {
+        let _ = rx.await;
+    })
+    .await
+    .expect("proxy starts");
+    (r, tx)
+}
+
+async fn tcp_from(from: &str, to: SocketAddr) -> TcpStream {
+    let s = TcpSocket::new_v4().unwrap();
+    s.bind(SocketAddr::new(from.parse().unwrap(), 0)).unwrap();
+    tokio::time::timeout(T, s.connect(to))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// A minion `id` on its own address `from`: its `_auth` through saltgate's request listener
+/// (presence reads the id), then its SUB connection, subscribed to everything (a Salt
+/// minion's SUB socket sends no identity).
+async fn minion(r: &Running, id: &str, from: &str) -> Connection {
+    let req = tcp_from(from, r.local_addrs(Role::Request)[0]).await;
+    let mut req = Connection::handshake(req, &HandshakeConfig::new(SocketType::Req))
+        .await
+        .unwrap();
+    let auth = RequestEnvelope::clear(map(vec![("cmd", text("_auth")), ("id", text(id))]));
+    let payload = envelope::encode(&auth.to_value());
+    req.send_message(&[&b""[..], &payload]).await.unwrap();
+    loop {
+        match tokio::time::timeout(T, req.read_frame())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Frame::Message { more: false, .. } => break,
+            _ => continue,
+        }
+    }
+    let sub = tcp_from(from, r.local_addrs(Role::Publish)[0]).await;
+    let mut c = Connection::handshake(sub, &HandshakeConfig::new(SocketType::Sub))
+        .await
+        .unwrap();
+    c.send_command(&Command::Subscribe(Bytes::new()))
+        .await
+        .unwrap();
+    c
+}
+
+/// The next message's text (PINGs are answered by nobody here: the test is short).
+async fn next(c: &mut Connection) -> String {
+    loop {
+        match tokio::time::timeout(T, c.read_frame()).await {
+            Ok(Ok(Frame::Message { body, .. })) => {
+                return String::from_utf8_lossy(&body).into_owned()
+            }
+            Ok(Ok(Frame::Command(_))) => continue,
+            other => panic!("no message: {other:?}"),
+        }
+    }
+}
+
+/// Publishes `tag:n` until `c` receives one; returns what it received first.
+async fn until_received(master: &Publisher, c: &mut Connection, tag: &str) -> String {
+    let deadline = tokio::time::Instant::now() + T;
+    let mut n = 0;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{tag}: nothing received"
+        );
+        n += 1;
+        master.publish(vec![Bytes::from(format!("{tag}:{n}"))]);
+        if let Ok(Ok(Frame::Message { body, .. })) =
+            tokio::time::timeout(Duration::from_millis(50), c.read_frame()).await
+        {
+            return String::from_utf8_lossy(&body).into_owned();
+        }
+    }
+}
+
+async fn sessions(r: &Running) -> f64 {
+    let s = common::api::scrape(r.admin_addr().unwrap()).await;
+    common::api::value(&s, "saltgate_fanout_sessions_current", &[])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_minion_gets_the_jobs_it_missed_once_and_a_new_one_nothing_old() {
+    let (master, m, _task) = master("127.0.5.41").await;
+    let (r, _stop) = run(&m, Some(ReplayConfig::with_window(T))).await;
+    // Warm: the upstream opens with no minion on this node.
+    wait_until("the hub's upstream opened before any minion", T, || {
+        master.subscriber_count() == 1
+    })
+    .await;
+
+    let mut a = minion(&r, "minion-a", "127.0.5.43").await;
+    let first = until_received(&master, &mut a, "before").await;
+    assert!(first.starts_with("before:"), "{first}");
+    // Whatever else of "before" is in flight reaches it before the close.
+    drop(a);
+    wait_until_async("minion-a's session ended", || async {
+        sessions(&r).await == 0.0
+    })
+    .await;
+    master.publish(vec![Bytes::from_static(b"gap:1")]);
+    master.publish(vec![Bytes::from_static(b"gap:2")]);
+
+    // Back within the window: the gap first, in order, then live traffic; nothing of "before".
+    let mut a = minion(&r, "minion-a", "127.0.5.43").await;
+    assert_eq!(next(&mut a).await, "gap:1");
+    assert_eq!(next(&mut a).await, "gap:2");
+    let live = until_received(&master, &mut a, "live").await;
+    assert!(live.starts_with("live:"), "after the replay: {live}");
+
+    // A minion this node never served: nothing old.
+    let mut b = minion(&r, "minion-b", "127.0.5.44").await;
+    let got = until_received(&master, &mut b, "live-b").await;
+    assert!(got.starts_with("live-b:"), "a new minion was sent {got}");
+
+    let (_, api) = common::api::json(r.admin_addr().unwrap(), "GET", "/api/v1/fanout", None).await;
+    assert_eq!(api["replay"]["enabled"], true, "{api}");
+    assert_eq!(api["replay"]["replays"], 1, "{api}");
+    assert_eq!(api["replay"]["jobs_replayed"], 2, "{api}");
+}
+
+/// Without `replay_window` (the default) a returning minion gets only live traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_replay_a_returning_minion_gets_live_traffic_only() {
+    let (master, m, _task) = master("127.0.5.42").await;
+    let (r, _stop) = run(&m, None).await;
+    let mut a = minion(&r, "minion-a", "127.0.5.43").await;
+    until_received(&master, &mut a, "before").await;
+    drop(a);
+    wait_until_async("the session ended", || async { sessions(&r).await == 0.0 }).await;
+    master.publish(vec![Bytes::from_static(b"gap:1")]);
+    let mut a = minion(&r, "minion-a", "127.0.5.43").await;
+    let got = until_received(&master, &mut a, "live").await;
+    assert!(
+        got.starts_with("live:"),
+        "replayed without replay_window: {got}"
+    );
+}
+
+async fn wait_until_async<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + T;
+    while !cond().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
