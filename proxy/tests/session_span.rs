@@ -1,16 +1,17 @@
 //! Every log line of a proxied session runs in its span (`session{id listener client master}`):
-//! read back from the text a real `fmt` subscriber writes (the only test in this binary, so its
-//! global subscriber sees no other test's lines).
+//! read back from the text a real `fmt` subscriber writes (one for this binary; each test finds
+//! its own lines by its client's address).
 
 mod common;
 
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use common::api::{addr, run_with};
 use common::*;
-use saltgate_config::Role;
+use saltgate_config::{ListenerMode, Role};
 use saltgate_proxy::Options;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What the subscriber wrote.
 #[derive(Clone, Default)]
@@ -42,15 +43,32 @@ impl Captured {
     }
 }
 
+/// The binary's subscriber (installed once) and what it wrote.
+fn captured() -> Captured {
+    static OUT: OnceLock<Captured> = OnceLock::new();
+    OUT.get_or_init(|| {
+        let out = Captured::default();
+        let w = out.clone();
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .init();
+        out
+    })
+    .clone()
+}
+
+/// The id in a line's `session{id=..` span, if it has one.
+fn session_id(line: &str) -> Option<String> {
+    line.split_once("session{id=")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map(|(id, _)| id.to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_lines_carry_its_id_listener_client_and_master_once_chosen() {
-    let out = Captured::default();
-    let w = out.clone();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-        .with_ansi(false)
-        .with_writer(move || w.clone())
-        .init();
+    let out = captured();
 
     let c = FakeCluster::start(2, Behaviour::Echo).await;
     let (r, _stop) = run_with(
@@ -77,10 +95,7 @@ async fn a_sessions_lines_carry_its_id_listener_client_and_master_once_chosen() 
     let failed = out
         .find(&["connect to master failed", &client])
         .unwrap_or_else(|| panic!("no connect failure line:\n{}", out.lines().join("\n")));
-    let id = failed
-        .split_once("session{id=")
-        .and_then(|(_, rest)| rest.split_once(' '))
-        .map(|(id, _)| id.to_string())
+    let id = session_id(&failed)
         .unwrap_or_else(|| panic!("the connect failure is not in a session span: {failed}"));
     assert!(
         failed.contains(&format!(
@@ -111,5 +126,43 @@ async fn a_sessions_lines_carry_its_id_listener_client_and_master_once_chosen() 
     assert!(
         !closed2.contains(&format!("session{{id={id} ")),
         "{closed2}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fanout_session_runs_in_its_span_without_a_master() {
+    let out = captured();
+    let c = FakeCluster::start(1, Behaviour::Echo).await;
+    let mut cfg = c.config();
+    cfg.publish.mode = ListenerMode::Fanout;
+    let (r, _stop) = run_with(
+        cfg,
+        Options {
+            prober: Arc::new(ScriptedProber::default()),
+            ..Default::default()
+        },
+    )
+    .await;
+    // Not a ZMTP greeting: the hub's session ends in error, logged at INFO (after the hub's own
+    // greeting, read and dropped here).
+    let mut s = tokio::net::TcpStream::connect(addr(&r, Role::Publish))
+        .await
+        .unwrap();
+    let client = s.local_addr().unwrap().to_string();
+    s.write_all(&[0u8; 64]).await.unwrap();
+    let mut sink = Vec::new();
+    let read = tokio::time::timeout(T, s.read_to_end(&mut sink)).await;
+    assert!(read.is_ok(), "the hub closes the session");
+    wait_for("the fan-out session's line", || {
+        out.find(&["fanout session closed", &client]).is_some()
+    })
+    .await;
+    let line = out.find(&["fanout session closed", &client]).unwrap();
+    let id = session_id(&line).unwrap_or_else(|| panic!("not in a session span: {line}"));
+    assert!(
+        line.contains(&format!(
+            "session{{id={id} listener=publish client={client}}}: saltgate_proxy::pubhub::session:"
+        )),
+        "{line}"
     );
 }
