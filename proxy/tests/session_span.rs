@@ -4,66 +4,27 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
-use common::api::{addr, run_with};
+use bytes::Bytes;
+use common::api::{addr, run_with, wait_for_metric};
+use common::logs::{session_id, Captured};
+use common::router::{health, FakeRouter};
 use common::*;
-use saltgate_config::{ListenerMode, Role};
+use saltgate_config::{Balance, ListenerMode, OnMasterDown, Role};
 use saltgate_proxy::Options;
+use saltgate_wire::zmtp::{ReqOptions, ReqSocket};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// What the subscriber wrote.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// The first line containing every one of `parts`.
-    fn find(&self, parts: &[&str]) -> Option<String> {
-        self.lines()
-            .into_iter()
-            .find(|l| parts.iter().all(|p| l.contains(p)))
-    }
-}
 
 /// The binary's subscriber (installed once) and what it wrote.
 fn captured() -> Captured {
     static OUT: OnceLock<Captured> = OnceLock::new();
     OUT.get_or_init(|| {
         let out = Captured::default();
-        let w = out.clone();
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
-            .with_ansi(false)
-            .with_writer(move || w.clone())
-            .init();
+        tracing::subscriber::set_global_default(out.subscriber("info")).expect("one subscriber");
         out
     })
     .clone()
-}
-
-/// The id in a line's `session{id=..` span, if it has one.
-fn session_id(line: &str) -> Option<String> {
-    line.split_once("session{id=")
-        .and_then(|(_, rest)| rest.split_once(' '))
-        .map(|(id, _)| id.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,4 +126,52 @@ async fn a_fanout_session_runs_in_its_span_without_a_master() {
         )),
         "{line}"
     );
+}
+
+/// A request session that moves (`on_master_down: migrate`): its span names the master it moved
+/// to from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_request_sessions_span_records_the_master_it_moved_to() {
+    let out = captured();
+    let a = FakeRouter::start("span-a", "127.18.0.21", true).await;
+    let b = FakeRouter::start("span-b", "127.18.0.22", true).await;
+    let mut cfg = config_on("127.18.0.20", vec![a.config(), b.config()], health());
+    cfg.request.balance = Balance::First;
+    cfg.request.on_master_down = OnMasterDown::Migrate;
+    let (r, _stop) = run_with(
+        cfg,
+        Options {
+            prober: Arc::new(ScriptedProber::default()),
+            ..Default::default()
+        },
+    )
+    .await;
+    for m in ["span-a", "span-b"] {
+        wait_for("masters UP", || r.master(m).unwrap().is_up()).await;
+    }
+    let mut minion = ReqSocket::new(addr(&r, Role::Request), ReqOptions::default());
+    assert_eq!(ask(&mut minion, "r1").await, "span-a:r1");
+    a.kill();
+    let admin = r.admin_addr().unwrap();
+    wait_for_metric(admin, "saltgate_request_sessions_migrated_total", &[], 1.0).await;
+    assert_eq!(ask(&mut minion, "r2").await, "span-b:r2");
+    let moved = out
+        .find(&["request session moved", "from=span-a to=span-b"])
+        .unwrap_or_else(|| panic!("no move line:\n{}", out.lines().join("\n")));
+    let id = session_id(&moved).unwrap_or_else(|| panic!("not in a session span: {moved}"));
+    assert!(
+        moved.contains(&format!("session{{id={id} listener=request client=")),
+        "{moved}"
+    );
+    assert!(
+        moved.contains(" master=span-b}: saltgate_proxy::replay: "),
+        "the span names the master the session moved to: {moved}"
+    );
+}
+
+async fn ask(m: &mut ReqSocket, what: &'static str) -> String {
+    let reply = m
+        .request(vec![Bytes::from_static(what.as_bytes())], T)
+        .await;
+    String::from_utf8_lossy(reply.unwrap().last().unwrap()).into_owned()
 }
