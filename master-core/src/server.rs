@@ -147,6 +147,8 @@ pub async fn run(
     let router_opts = RouterOptions {
         max_frame_size: MAX_REQUEST_FRAME,
         untrusted_max_frame_size: Some(lim.untrusted_max_frame),
+        untrusted_queue_bytes: Some(lim.untrusted_queue_bytes),
+        max_connections: lim.request_max_connections,
         frame_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
@@ -159,7 +161,11 @@ pub async fn run(
             addr: ret_addr,
             source,
         })?;
-    let publisher = Publisher::bind(pub_addr, PubOptions::default())
+    let pub_opts = PubOptions {
+        max_connections: lim.publish_max_connections,
+        ..PubOptions::default()
+    };
+    let publisher = Publisher::bind(pub_addr, pub_opts)
         .await
         .map_err(|source| ServeError::Bind {
             what: "publish (publish_port)",
