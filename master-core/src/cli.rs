@@ -16,7 +16,8 @@ use serde_json::{json, Value as Json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::state::{Master, PublishRequest};
+use crate::jobbook::JobBook;
+use crate::publish::{Publish, PublishRequest};
 use crate::target::{Target, TargetType};
 
 /// Longest request line accepted from a CLI client.
@@ -30,7 +31,7 @@ pub const CLI_RESERVE: usize = 4;
 
 static RESERVE: saltgate_wire::reserve::Reserve = saltgate_wire::reserve::Reserve::new(CLI_RESERVE);
 
-pub(crate) async fn serve(listener: UnixListener, master: Arc<Master>) {
+pub(crate) async fn serve(listener: UnixListener, publish: Arc<Publish>, jobs: Arc<JobBook>) {
     // Exhaustion warns once per episode (a flood used to log EMFILE ten times a second).
     let mut exhausted = false;
     loop {
@@ -41,7 +42,7 @@ pub(crate) async fn serve(listener: UnixListener, master: Arc<Master>) {
                     tracing::info!("CLI socket accepts again");
                     exhausted = false;
                 }
-                tokio::spawn(serve_one(stream, master.clone()));
+                tokio::spawn(serve_one(stream, publish.clone(), jobs.clone()));
             }
             Err(e) if saltgate_wire::accept::is_exhaustion(&e) && RESERVE.release_one() => {
                 // Accept again at once, on a reserved descriptor.
@@ -110,7 +111,7 @@ async fn write_line(w: &mut (impl AsyncWriteExt + Unpin), v: &Json) -> std::io::
     w.write_all(&b).await
 }
 
-async fn serve_one(stream: UnixStream, master: Arc<Master>) {
+async fn serve_one(stream: UnixStream, publish: Arc<Publish>, jobs: Arc<JobBook>) {
     let (r, mut w) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(r.take(MAX_LINE));
@@ -130,20 +131,20 @@ async fn serve_one(stream: UnixStream, master: Arc<Master>) {
             return;
         }
     };
-    let jid = master.jids.next();
-    let mut rx = master.wait_returns(&jid);
-    let m = master.clone();
+    let jid = jobs.jids.next();
+    let mut rx = jobs.wait_returns(&jid);
+    let p = publish.clone();
     let (j2, r2, t2) = (jid.clone(), req.clone(), target.clone());
-    let published = tokio::task::spawn_blocking(move || m.publish(&j2, &r2, &t2)).await;
+    let published = tokio::task::spawn_blocking(move || p.publish(&j2, &r2, &t2)).await;
     let expected = match published {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => {
-            master.unwait(&jid);
+            jobs.unwait(&jid);
             let _ = write_line(&mut w, &json!({"error": e})).await;
             return;
         }
         Err(e) => {
-            master.unwait(&jid);
+            jobs.unwait(&jid);
             let _ = write_line(&mut w, &json!({"error": e.to_string()})).await;
             return;
         }
@@ -152,7 +153,7 @@ async fn serve_one(stream: UnixStream, master: Arc<Master>) {
         .await
         .is_err()
     {
-        master.unwait(&jid);
+        jobs.unwait(&jid);
         return;
     }
     let mut missing: std::collections::BTreeSet<String> = expected.iter().cloned().collect();
@@ -169,7 +170,7 @@ async fn serve_one(stream: UnixStream, master: Arc<Master>) {
             Ok(None) | Err(_) => break,
         }
     }
-    master.unwait(&jid);
+    jobs.unwait(&jid);
     let _ = write_line(&mut w, &json!({"done": true, "missing": missing})).await;
 }
 

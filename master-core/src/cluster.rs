@@ -36,21 +36,18 @@ use hmac::{Hmac, Mac};
 use saltgate_config::salt_master::ClusterConfig;
 use saltgate_wire::crypticle::CrypticleKey;
 use saltgate_wire::envelope::{self, as_bytes, as_str, get, map, raw_str, text, Value};
-use saltgate_wire::rsa::{PrivateKey, PublicKey, SigAlgo, KEY_BITS};
+use saltgate_wire::rsa::{PrivateKey, PublicKey, KEY_BITS};
 use sha2::Sha256;
 use thiserror::Error;
 use tokio::net::TcpStream;
 
 use crate::id::validate_minion_id;
 use crate::keys::{make_dir, same_key, KeyError, MasterKey};
-use crate::metrics::Refused;
-pub use crate::peerlink::serve;
-use crate::peerlink::{read_frame_idle, write_frame, Links, PeerStats};
-use crate::state::{unix_now, Master, ReturnEvent};
-
-/// Largest peer message.
-pub const MAX_PEER_MESSAGE: usize = 16 * 1024 * 1024;
-pub(crate) const PEER_SIG: SigAlgo = SigAlgo::Pkcs1v15Sha224;
+use crate::metrics::{Refusals, Refused};
+use crate::peerlink::{Links, PeerStats};
+pub use crate::peerwire::MAX_PEER_MESSAGE;
+use crate::peerwire::{read_frame_idle, write_frame, PEER_SIG};
+use crate::util::unix_now;
 /// Join messages (and MAC'd publishes and returns) older or newer than this are refused.
 const JOIN_WINDOW_SECS: i64 = 300;
 /// What the peer MAC key is derived with (from `cluster_secret`; never the cluster `.aes` key,
@@ -475,12 +472,34 @@ async fn send(addr: SocketAddr, frame: &[u8], want_reply: bool) -> Result<Option
         .map_err(|e| format!("peer {addr}: {e}"))
 }
 
+/// Where a peer's accepted publishes and returns go: the master's publishing and its job book,
+/// wired by the composition root ([`crate::state::Master`]), so the cluster never reaches up
+/// into them.
+pub trait PeerSink: Send + Sync {
+    /// Publishes a peer's job to our minions; false, and nothing done, when this master already
+    /// published `jid` (a replay or a re-sent frame).
+    fn publish_from_peer(&self, jid: &str, origin: &str, job: &Value) -> bool;
+    /// Stores a return a peer forwarded and hands it to whoever waits for the job; `Err` when
+    /// the job is unknown here.
+    fn return_from_peer(
+        &self,
+        jid: &str,
+        minion: &str,
+        ret: serde_json::Value,
+    ) -> Result<(), String>;
+}
+
 /// Handles one peer message; returns the reply frame for a join. A refusal is counted
 /// ([`Refused::PeerJoin`] for a join, else [`Refused::PeerMessage`]); the caller logs it.
-pub fn handle_message(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let r = handle_message_uncounted(master, frame);
+pub fn handle_message(
+    cl: &ClusterState,
+    sink: &dyn PeerSink,
+    refusals: &Refusals,
+    frame: &[u8],
+) -> Result<Option<Vec<u8>>, String> {
+    let r = handle_message_uncounted(cl, sink, frame);
     if r.is_err() {
-        master.refusals.count(if is_join(frame) {
+        refusals.count(if is_join(frame) {
             Refused::PeerJoin
         } else {
             Refused::PeerMessage
@@ -498,15 +517,18 @@ fn is_join(frame: &[u8]) -> bool {
         .is_some_and(|b| get(&b, "kind").and_then(as_str) == Some("join"))
 }
 
-fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
+fn handle_message_uncounted(
+    cl: &ClusterState,
+    sink: &dyn PeerSink,
+    frame: &[u8],
+) -> Result<Option<Vec<u8>>, String> {
     let (peer_id, body, body_bytes, auth) = open_message(frame)?;
     if peer_id == cl.own_id {
         return Err("message claims to come from ourselves".into());
     }
     let kind = get(&body, "kind").and_then(as_str).unwrap_or("");
     if kind == "join" {
-        return handle_join(master, cl, &peer_id, &body, &body_bytes, signature(&auth)?).map(Some);
+        return handle_join(cl, &peer_id, &body, &body_bytes, signature(&auth)?).map(Some);
     }
     cl.authenticate(&peer_id, &body, &body_bytes, &auth)?;
     match kind {
@@ -521,7 +543,7 @@ fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<
             if crate::jobs::jid_time(jid).is_none() {
                 return Err(format!("bad jid {jid:?}"));
             }
-            if !master.publish_from_peer(jid, origin, &job) {
+            if !sink.publish_from_peer(jid, origin, &job) {
                 cl.stats
                     .replayed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -541,16 +563,7 @@ fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<
                 .and_then(as_str)
                 .ok_or("return without ret")?;
             let ret: serde_json::Value = serde_json::from_str(ret).map_err(|e| e.to_string())?;
-            master
-                .cache_return(jid, minion, &ret)
-                .map_err(|e| format!("return for unknown job {jid}: {e}"))?;
-            master.notify_return(
-                jid,
-                ReturnEvent {
-                    minion: minion.to_string(),
-                    ret,
-                },
-            );
+            sink.return_from_peer(jid, minion, ret)?;
             Ok(None)
         }
         other => Err(format!("unknown cluster message kind {other:?}")),
@@ -558,14 +571,12 @@ fn handle_message_uncounted(master: &Master, frame: &[u8]) -> Result<Option<Vec<
 }
 
 fn handle_join(
-    master: &Master,
     cl: &ClusterState,
     peer_id: &str,
     body: &Value,
     body_bytes: &[u8],
     sig: &[u8],
 ) -> Result<Vec<u8>, String> {
-    let _ = master;
     let f = |k: &str| {
         get(body, k)
             .and_then(as_str)
@@ -640,8 +651,7 @@ pub struct Joined {
 }
 
 /// Joins one configured peer: sends `join`, verifies `join_ok`.
-pub async fn join(master: &Master, peer: SocketAddr) -> Result<Joined, String> {
-    let cl = master.cluster.as_ref().ok_or("not a cluster member")?;
+pub async fn join(cl: &ClusterState, peer: SocketAddr) -> Result<Joined, String> {
     let nonce = format!("{:032x}", rand::random::<u128>());
     let ts = i64::try_from(unix_now()).unwrap_or(0);
     let frame = cl.seal(&cl.join_message(&nonce, ts));
@@ -702,19 +712,16 @@ pub async fn join(master: &Master, peer: SocketAddr) -> Result<Joined, String> {
 
 /// Keeps trying to join every configured peer until it answered once, and every member those
 /// peers name.
-pub async fn join_loop(master: Arc<Master>, peers: Vec<SocketAddr>) {
+pub async fn join_loop(cl: Arc<ClusterState>, peers: Vec<SocketAddr>) {
     let mut known: std::collections::BTreeSet<SocketAddr> = peers.iter().copied().collect();
     let mut pending = peers;
     while !pending.is_empty() {
         let mut still = Vec::new();
         for p in pending {
-            match join(&master, p).await {
+            match join(&cl, p).await {
                 Ok(j) => {
                     tracing::info!(peer = %j.peer_id, addr = %p, "joined cluster peer");
-                    let joined: Vec<SocketAddr> = master
-                        .cluster
-                        .as_ref()
-                        .map_or_else(Vec::new, |c| c.joined().into_values().collect());
+                    let joined: Vec<SocketAddr> = cl.joined().into_values().collect();
                     for m in j.members {
                         if known.insert(m) && !joined.contains(&m) {
                             tracing::info!(addr = %m, via = %j.peer_id, "joining a member named by a peer");
@@ -737,10 +744,7 @@ pub async fn join_loop(master: Arc<Master>, peers: Vec<SocketAddr>) {
 
 /// Queues a publish or return for every joined peer (or one) on its persistent link, sealed
 /// once ([`ClusterState::seal_forward`]); never waits (see [`crate::peerlink`]).
-pub fn forward(master: &Master, body: Value, only: Option<&str>) {
-    let Some(cl) = master.cluster.as_ref() else {
-        return;
-    };
+pub fn forward(cl: &ClusterState, body: Value, only: Option<&str>) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::warn!("no runtime to forward a cluster message");
         return;

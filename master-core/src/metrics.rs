@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use saltgate_wire::accept::{AcceptOptions, Acceptor};
-use saltgate_wire::zmtp::{ProtocolRefusals, RouterSender};
+use saltgate_wire::zmtp::{ProtocolRefusals, Publisher, RouterSender};
 use tokio::net::TcpListener;
 
-use crate::state::Master;
+use crate::jobbook::JobBook;
+use crate::peerlink::PeerStats;
 
 /// Why a request, a connection or a peer message was refused. Each has a `reason` label and the
 /// port it happens on.
@@ -226,7 +227,13 @@ impl RequestCounters {
 
 /// Everything the endpoint reads.
 pub struct Sources {
-    pub master: Arc<Master>,
+    pub refusals: Arc<Refusals>,
+    /// The publish port's socket, if bound.
+    pub publisher: Option<Arc<Publisher>>,
+    /// Returns not cached.
+    pub jobs: Arc<JobBook>,
+    /// The cluster's peer links, in a cluster.
+    pub peers: Option<Arc<PeerStats>>,
     pub requests: Arc<RequestCounters>,
     pub router: RouterSender,
     pub router_refusals: Arc<ProtocolRefusals>,
@@ -252,14 +259,13 @@ fn family(
 /// The Prometheus text exposition (format 0.0.4) of everything counted.
 pub fn render(src: &Sources) -> String {
     let mut out = String::with_capacity(4096);
-    let m = &src.master;
     let refusal =
         |port: &str, reason: &str, n: u64| (format!("port=\"{port}\",reason=\"{reason}\""), n);
     let mut refusals: Vec<(String, u64)> = Refused::ALL
         .iter()
-        .map(|r| refusal(r.port(), r.label(), m.refusals.get(*r)))
+        .map(|r| refusal(r.port(), r.label(), src.refusals.get(*r)))
         .collect();
-    let publish = m.publisher.as_ref().map(|p| p.refusals());
+    let publish = src.publisher.as_ref().map(|p| p.refusals());
     for (port, wire) in [
         ("request", Some(&src.router_refusals)),
         ("publish", publish.as_ref()),
@@ -308,7 +314,7 @@ pub fn render(src: &Sources) -> String {
         "port=\"request\"".to_string(),
         src.router.peer_count() as u64,
     )];
-    if let Some(p) = &m.publisher {
+    if let Some(p) = &src.publisher {
         connections.push(("port=\"publish\"".to_string(), p.subscriber_count() as u64));
     }
     family(
@@ -327,7 +333,7 @@ pub fn render(src: &Sources) -> String {
             "counter",
             "Publishes dropped because a subscriber's queue was full.",
         ),
-        m.publisher
+        src.publisher
             .as_ref()
             .map(|p| (String::new(), p.dropped_total())),
     );
@@ -340,10 +346,10 @@ pub fn render(src: &Sources) -> String {
         ),
         [(
             String::new(),
-            m.returns_not_cached.load(Ordering::Relaxed),
+            src.jobs.returns_not_cached.load(Ordering::Relaxed),
         )],
     );
-    if let Some(cl) = &m.cluster {
+    if let Some(peers) = &src.peers {
         family(
             &mut out,
             (
@@ -351,7 +357,7 @@ pub fn render(src: &Sources) -> String {
                 "counter",
                 "Cluster peer link frames, by event (docs/master.md, \"Cluster\").",
             ),
-            cl.stats
+            peers
                 .snapshot()
                 .map(|(event, n)| (format!("event=\"{event}\""), n)),
         );

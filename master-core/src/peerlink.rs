@@ -16,19 +16,7 @@
 //! * Without an answer the peer is an old member: for [`REPROBE_EVERY`] each frame goes on its
 //!   own connection, RSA-signed, and counts as delivered when the peer closes that connection
 //!   (an old member closes once it has handled the frame); then the next connection probes again.
-//! * Receiving ([`serve`]): frames are read in a loop until EOF. A connection that starts with
-//!   a hello is answered and acknowledged (a frame counts once [`handle_message`] returned:
-//!   stored and published, or refused); any other is an old sender's, never written to. A
-//!   healthy connection may be idle for hours (TCP keepalive finds a vanished peer); once a
-//!   frame's first byte arrived, the rest must arrive within [`FRAME_TIMEOUT`]. Each frame is
-//!   limited to [`MAX_PEER_MESSAGE`], its buffer growing as its bytes arrive.
-//! * Until a connection has delivered a frame that authenticates (one [`handle_message`]
-//!   accepted: only a member knows the cluster key), it is *unauthenticated*: it must do so
-//!   within `saltgate_cluster_auth_timeout` (10 s) of its accept, and at most
-//!   `saltgate_cluster_max_unauthenticated` (64) such connections are served at once; one over
-//!   the cap is closed at once. Both cuts are counted (`reason`: `auth_timeout`,
-//!   `unauthenticated_cap`). So a flood of silent connections holds at most that many
-//!   descriptors for at most that long, and the request port and the CLI keep theirs.
+//! * Receiving is [`crate::peerserve`]'s; the framing is [`crate::peerwire`]'s.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -38,25 +26,24 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use saltgate_wire::rsa::PrivateKey;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::cluster::{handle_message, MAX_PEER_MESSAGE};
 use crate::peerproto::{
-    ack_frame, hello_frame, is_hello, peek, send_one, signed_copy, Control, ControlReader, Peeked,
-    ACK_EVERY, HELLO_TIMEOUT, MAX_SENDS, REPROBE_EVERY,
+    hello_frame, send_one, signed_copy, Control, ControlReader, Peeked, HELLO_TIMEOUT, MAX_SENDS,
+    REPROBE_EVERY,
 };
-use crate::state::{lock, unix_now, Master};
-use saltgate_wire::accept::{tune_stream, AcceptOptions, Acceptor, Keepalive};
+use crate::peerwire::PEER_KEEPALIVE;
+pub use crate::peerwire::{read_frame_idle, write_frame, FRAME_TIMEOUT};
+use crate::util::{lock, unix_now};
+use saltgate_wire::accept::tune_stream;
 
 /// Frames queued per peer before new ones are dropped; also the most frames kept
 /// unacknowledged.
 pub const QUEUE_FRAMES: usize = 65_536;
-/// Once a frame has started, the rest of it must arrive within this.
-pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 /// A write (one batch) that takes longer than this fails the connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Frames written before a flush at most.
@@ -207,14 +194,6 @@ impl Links {
         }
     }
 }
-
-/// TCP keepalive on peer links, both ends (60 s idle, then 3 probes 10 s apart), so a peer that
-/// vanished without a FIN is found on an idle link.
-const PEER_KEEPALIVE: Keepalive = Keepalive {
-    time: Duration::from_secs(60),
-    interval: Some(Duration::from_secs(10)),
-    retries: Some(3),
-};
 
 /// Why a connection's pump ended.
 enum Ended {
@@ -469,196 +448,4 @@ async fn pump(
         q.push_front(item);
     }
     (ended, acked > 0)
-}
-
-/// Reads one frame; `Ok(None)` at a clean EOF between frames. Waits for the first byte without a
-/// time limit, then [`FRAME_TIMEOUT`] for the rest.
-pub async fn read_frame_idle(s: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut hdr = [0u8; 4];
-    if s.read(&mut hdr[..1]).await? == 0 {
-        return Ok(None);
-    }
-    let rest = async {
-        s.read_exact(&mut hdr[1..]).await?;
-        let len = u32::from_be_bytes(hdr) as usize;
-        if len > MAX_PEER_MESSAGE {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("peer message of {len} bytes is over the limit of {MAX_PEER_MESSAGE}"),
-            ));
-        }
-        // Grown as bytes arrive: a header announcing 16 MiB costs nothing until they come.
-        let mut buf = Vec::new();
-        (&mut *s).take(len as u64).read_to_end(&mut buf).await?;
-        if buf.len() < len {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        Ok(buf)
-    };
-    match tokio::time::timeout(FRAME_TIMEOUT, rest).await {
-        Ok(r) => r.map(Some),
-        Err(_) => Err(std::io::Error::other("partial peer frame timed out")),
-    }
-}
-
-/// Writes one length-prefixed frame (one write) and flushes.
-pub async fn write_frame(s: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
-    let len = u32::try_from(data.len()).map_err(|_| std::io::Error::other("message too large"))?;
-    let mut buf = Vec::with_capacity(4 + data.len());
-    buf.extend_from_slice(&len.to_be_bytes());
-    buf.extend_from_slice(data);
-    s.write_all(&buf).await?;
-    s.flush().await
-}
-
-/// Accepts peer connections and handles their frames, each connection until EOF. wire's
-/// acceptor sets `TCP_NODELAY` and the keepalive, and backs off on descriptor exhaustion.
-pub async fn serve(listener: TcpListener, master: Arc<Master>) {
-    let mut acceptor = Acceptor::new(
-        listener,
-        AcceptOptions {
-            keepalive: Some(PEER_KEEPALIVE),
-            ..AcceptOptions::default()
-        },
-    );
-    let unauthenticated = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let cap = master.config.limits.cluster_max_unauthenticated;
-    loop {
-        let (s, from, _permit) = acceptor.accept().await;
-        if let Some(cl) = &master.cluster {
-            cl.stats.accepted.fetch_add(1, Ordering::Relaxed);
-        }
-        if unauthenticated.fetch_add(1, Ordering::AcqRel) >= cap {
-            unauthenticated.fetch_sub(1, Ordering::AcqRel);
-            master
-                .refusals
-                .count(crate::metrics::Refused::PeerUnauthenticatedCap);
-            tracing::debug!(%from, cap, "cluster connection closed: too many unauthenticated");
-            drop(s);
-            continue;
-        }
-        let slot = Unauthenticated(Some(unauthenticated.clone()));
-        tokio::spawn(serve_guarded(s, from, master.clone(), slot));
-    }
-}
-
-/// A connection's place among the unauthenticated ones, given back when it authenticates or
-/// ends.
-struct Unauthenticated(Option<Arc<std::sync::atomic::AtomicUsize>>);
-
-impl Unauthenticated {
-    fn authenticated(&mut self) {
-        if let Some(n) = self.0.take() {
-            n.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-impl Drop for Unauthenticated {
-    fn drop(&mut self) {
-        self.authenticated();
-    }
-}
-
-/// [`serve_connection`] holding `slot` until the connection authenticates.
-async fn serve_guarded(s: TcpStream, from: SocketAddr, m: Arc<Master>, mut slot: Unauthenticated) {
-    serve_with(s, from, m, &mut slot).await
-}
-
-/// Handles the frames of one accepted peer connection until EOF. A connection that starts with
-/// a hello is answered and acknowledged; any other (an old sender's, or a join) is only
-/// answered where a frame has a reply (a join's `join_ok`).
-pub async fn serve_connection(s: TcpStream, from: SocketAddr, m: Arc<Master>) {
-    serve_with(s, from, m, &mut Unauthenticated(None)).await
-}
-
-async fn serve_with(
-    mut s: TcpStream,
-    from: SocketAddr,
-    m: Arc<Master>,
-    slot: &mut Unauthenticated,
-) {
-    let Some(cl) = &m.cluster else { return };
-    // Until a frame authenticates, everything must happen by this deadline.
-    let auth_timeout = Duration::from_secs(m.config.limits.cluster_auth_timeout_secs);
-    let auth_deadline = Instant::now() + auth_timeout;
-    let mut authenticated = false;
-    // A frame of this connection was refused (and counted as such).
-    let mut refused_here = false;
-    let st = cl.stats.clone();
-    // Frames handled on this connection, and how many of them were acknowledged.
-    let (mut handled, mut acked) = (0u64, 0u64);
-    let mut acking = false;
-    loop {
-        let read = if authenticated {
-            read_frame_idle(&mut s).await
-        } else {
-            match tokio::time::timeout_at(auth_deadline, read_frame_idle(&mut s)).await {
-                Ok(r) => r,
-                Err(_) => {
-                    // A connection whose frame was refused is counted once, for that refusal.
-                    if !refused_here {
-                        m.refusals.count(crate::metrics::Refused::PeerAuthTimeout);
-                    }
-                    tracing::debug!(%from, ?auth_timeout, "cluster connection closed: nothing authenticated in time");
-                    return;
-                }
-            }
-        };
-        let frame = match read {
-            Ok(Some(f)) => f,
-            Ok(None) => return,
-            Err(e) => {
-                if e.kind() == std::io::ErrorKind::InvalidData {
-                    m.refusals.count(crate::metrics::Refused::PeerOversized);
-                }
-                tracing::warn!(%from, error = %e, "cluster connection closed");
-                return;
-            }
-        };
-        if handled == 0 && !acking && is_hello(&frame) {
-            if write_frame(&mut s, &hello_frame(&cl.own_id)).await.is_err() {
-                return;
-            }
-            acking = true;
-            continue;
-        }
-        let m2 = m.clone();
-        let reply = tokio::task::spawn_blocking(move || handle_message(&m2, &frame)).await;
-        handled += 1;
-        match reply {
-            Ok(Ok(r)) => {
-                st.handled.fetch_add(1, Ordering::Relaxed);
-                if !authenticated {
-                    authenticated = true;
-                    slot.authenticated();
-                }
-                if let Some(r) = r {
-                    if write_frame(&mut s, &r).await.is_err() {
-                        return;
-                    }
-                }
-            }
-            Ok(Err(e)) => {
-                st.refused.fetch_add(1, Ordering::Relaxed);
-                refused_here = true;
-                tracing::warn!(%from, reason = %e, "cluster message refused");
-            }
-            Err(e) => {
-                // Acknowledged all the same: sent again, it would fail again.
-                st.refused.fetch_add(1, Ordering::Relaxed);
-                m.refusals.count(crate::metrics::Refused::PeerMasterError);
-                tracing::error!(%from, error = %e, "cluster handler failed");
-            }
-        }
-        let waiting = peek(socket2::SockRef::from(&s)) == Peeked::Data;
-        if acking && (handled - acked >= ACK_EVERY || !waiting) {
-            let ack = ack_frame(handled);
-            let wrote = tokio::time::timeout(FRAME_TIMEOUT, write_frame(&mut s, &ack)).await;
-            if !matches!(wrote, Ok(Ok(()))) {
-                return;
-            }
-            acked = handled;
-        }
-    }
 }

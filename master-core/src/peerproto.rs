@@ -20,8 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 
-use crate::cluster::PEER_SIG;
-use crate::peerlink::{write_frame, FRAME_TIMEOUT};
+use crate::peerwire::{write_frame, FRAME_TIMEOUT, PEER_SIG};
 
 /// How long a sender waits for the answer to its hello before it treats the peer as old.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);

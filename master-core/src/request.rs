@@ -16,10 +16,15 @@ use saltgate_wire::envelope::{self, as_bytes, as_str, get, raw_str, salt_compat,
 use saltgate_wire::rsa::{EncAlgo, PublicKey, SigAlgo};
 
 use crate::auth::{autosign_file_matches, decide, AuthDecision};
+use crate::cluster::ClusterState;
 use crate::convert;
 use crate::id::validate_minion_id;
-use crate::metrics::Refused;
-use crate::state::{unix_now, Master, NonceRefusal, ReturnEvent};
+use crate::jobbook::{JobBook, ReturnEvent};
+use crate::keyring::{KeyRing, NonceRefusal};
+use crate::metrics::{Refusals, Refused};
+use crate::state::Master;
+use crate::util::unix_now;
+use saltgate_config::salt_master::SaltMasterConfig;
 
 /// Salt 3008's `minimum_auth_version`.
 pub const MIN_VERSION: i64 = 3;
@@ -168,6 +173,7 @@ pub struct Handled {
 /// that never reads its reply would pin it in memory).
 pub fn handle_request(master: &Master, frame: &[u8], waited: Duration) -> Option<Handled> {
     let max_clear = master.config.limits.max_clear_load;
+    let (ring, refusals) = (&*master.ring, &*master.refusals);
     let request = match decode_request(frame) {
         Ok(Request::Clear { cmd, .. }) if frame.len() > max_clear => Err(Refusal::bad_load(
             Refused::ClearTooLarge,
@@ -187,11 +193,11 @@ pub fn handle_request(master: &Master, frame: &[u8], waited: Duration) -> Option
     }
     let mut authenticated = false;
     let reply = match request {
-        Err(r) => refused(master, "", r),
+        Err(r) => refused(refusals, "", r),
         Ok(Request::Clear { cmd, load }) => match cmd.as_str() {
             // Salt echoes the load of a clear ping.
             "ping" => load,
-            _ => handle_auth(master, &load),
+            _ => handle_auth(ring, refusals, &master.config, &load),
         },
         Ok(Request::Aes {
             id,
@@ -210,7 +216,7 @@ pub fn handle_request(master: &Master, frame: &[u8], waited: Duration) -> Option
                     r.kind,
                     Refused::NoSession | Refused::Undecryptable | Refused::Malformed
                 );
-                refused(master, &id, r)
+                refused(refusals, &id, r)
             }
         },
     };
@@ -221,8 +227,8 @@ pub fn handle_request(master: &Master, frame: &[u8], waited: Duration) -> Option
 }
 
 /// Counts and logs a refusal (our own failures as errors); returns its reply.
-fn refused(master: &Master, id: &str, r: Refusal) -> Value {
-    master.refusals.count(r.kind);
+fn refused(refusals: &Refusals, id: &str, r: Refusal) -> Value {
+    refusals.count(r.kind);
     if r.kind == Refused::MasterError {
         tracing::error!(minion = %id, reason = %r.reason, "request failed");
     } else {
@@ -232,39 +238,51 @@ fn refused(master: &Master, id: &str, r: Refusal) -> Value {
 }
 
 /// Salt's signed clear reply: `{"enc":"clear","load":msgpack(inner),"sig":PKCS1v15(load)}`.
-fn clear_signed(master: &Master, inner: Value, sig_algo: SigAlgo) -> Value {
+fn clear_signed(ring: &KeyRing, refusals: &Refusals, inner: Value, sig_algo: SigAlgo) -> Value {
     let load = envelope::encode(&salt_compat(inner));
-    match master.master_key.private.sign(sig_algo, &load) {
+    match ring.master_key.private.sign(sig_algo, &load) {
         Ok(sig) => envelope::map(vec![
             ("enc", text("clear")),
             ("load", raw_str(load)),
             ("sig", raw_str(sig)),
         ]),
         Err(e) => {
-            master.refusals.count(Refused::MasterError);
+            refusals.count(Refused::MasterError);
             tracing::error!(error = %e, "cannot sign an auth reply");
             text("Some exception handling minion payload")
         }
     }
 }
 
-fn auth_ret(master: &Master, ret: Value, nonce: &str, sig_algo: SigAlgo) -> Value {
+fn auth_ret(
+    ring: &KeyRing,
+    refusals: &Refusals,
+    ret: Value,
+    nonce: &str,
+    sig_algo: SigAlgo,
+) -> Value {
     clear_signed(
-        master,
+        ring,
+        refusals,
         envelope::map(vec![("ret", ret), ("nonce", text(nonce))]),
         sig_algo,
     )
 }
 
-fn handle_auth(master: &Master, load: &Value) -> Value {
+fn handle_auth(
+    ring: &KeyRing,
+    refusals: &Refusals,
+    config: &SaltMasterConfig,
+    load: &Value,
+) -> Value {
     let field = |k: &str| get(load, k).and_then(as_str);
     let Some(nonce) = field("nonce") else {
-        master.refusals.count(Refused::Malformed);
+        refusals.count(Refused::Malformed);
         tracing::warn!("_auth without a nonce refused");
         return text("bad load");
     };
     let Ok(enc_algo) = EncAlgo::parse(field("enc_algo").unwrap_or("OAEP-SHA1")) else {
-        master.refusals.count(Refused::Malformed);
+        refusals.count(Refused::Malformed);
         tracing::warn!("_auth with an unknown enc_algo refused");
         return envelope::map(vec![
             ("enc", text("clear")),
@@ -272,7 +290,7 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
         ]);
     };
     let Ok(sig_algo) = SigAlgo::parse(field("sig_algo").unwrap_or("PKCS1v15-SHA1")) else {
-        master.refusals.count(Refused::Malformed);
+        refusals.count(Refused::Malformed);
         tracing::warn!("_auth with an unknown sig_algo refused");
         return envelope::map(vec![
             ("enc", text("clear")),
@@ -281,30 +299,29 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
     };
     let id = field("id").unwrap_or("");
     if let Err(e) = validate_minion_id(id) {
-        master.refusals.count(Refused::InvalidId);
+        refusals.count(Refused::InvalidId);
         tracing::warn!(minion = ?id, reason = %e, "_auth from an invalid id refused");
-        return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+        return auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo);
     }
     let offered = field("pub").unwrap_or("").trim().to_string();
     let minion_pub = match PublicKey::from_pem(&offered) {
         Ok(k) => k,
         Err(e) => {
-            master.refusals.count(Refused::AuthUnusableKey);
+            refusals.count(Refused::AuthUnusableKey);
             tracing::warn!(minion = %id, reason = %e, "_auth with an unusable public key refused");
-            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+            return auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo);
         }
     };
-    let existing = match master.keys.fetch(id) {
+    let existing = match ring.keys.fetch(id) {
         Ok(e) => e,
         Err(e) => {
-            master.refusals.count(Refused::MasterError);
+            refusals.count(Refused::MasterError);
             tracing::error!(minion = %id, error = %e, "cannot read the key store");
-            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+            return auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo);
         }
     };
-    let auto_sign = master.config.auto_accept
-        || master
-            .config
+    let auto_sign = config.auto_accept
+        || config
             .autosign_file
             .as_deref()
             .is_some_and(|f| autosign_file_matches(f, id));
@@ -315,77 +332,75 @@ fn handle_auth(master: &Master, load: &Value) -> Value {
     );
     let stored = match decision {
         AuthDecision::Pending { store: true } => {
-            master
-                .keys
+            ring.keys
                 .store(id, crate::keys::KeyState::Pending, &offered)
         }
         AuthDecision::Accept { store: true } => {
-            master
-                .keys
+            ring.keys
                 .store(id, crate::keys::KeyState::Accepted, &offered)
         }
-        AuthDecision::Denied => match master.keys.denied(id) {
+        AuthDecision::Denied => match ring.keys.denied(id) {
             Ok(Some(d)) if crate::keys::same_key(&d, &offered) => Ok(()),
-            _ => master.keys.store_denied(id, &offered),
+            _ => ring.keys.store_denied(id, &offered),
         },
         _ => Ok(()),
     };
     if let Err(e) = stored {
-        master.refusals.count(Refused::MasterError);
+        refusals.count(Refused::MasterError);
         tracing::error!(minion = %id, error = %e, "cannot store the key");
-        return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+        return auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo);
     }
     match decision {
         AuthDecision::Accept { .. } => {}
         AuthDecision::Pending { .. } => {
             tracing::info!(minion = %id, "key pending; accept it with `saltgate-master key accept`");
-            return auth_ret(master, Value::Boolean(true), nonce, sig_algo);
+            return auth_ret(ring, refusals, Value::Boolean(true), nonce, sig_algo);
         }
         AuthDecision::Rejected => {
-            master.refusals.count(Refused::AuthRejected);
+            refusals.count(Refused::AuthRejected);
             tracing::warn!(minion = %id, "_auth refused: key rejected");
-            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+            return auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo);
         }
         AuthDecision::Denied => {
-            master.refusals.count(Refused::AuthDenied);
+            refusals.count(Refused::AuthDenied);
             tracing::error!(minion = %id, "_auth refused: the key differs from the stored one (denied)");
-            return auth_ret(master, Value::Boolean(false), nonce, sig_algo);
+            return auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo);
         }
     }
-    match accept_reply(master, id, load, &minion_pub, enc_algo, sig_algo) {
+    match accept_reply(ring, id, load, &minion_pub, enc_algo, sig_algo) {
         Ok(inner) => {
             tracing::info!(minion = %id, "authenticated");
-            clear_signed(master, inner, sig_algo)
+            clear_signed(ring, refusals, inner, sig_algo)
         }
         Err(e) => {
-            master.refusals.count(Refused::MasterError);
+            refusals.count(Refused::MasterError);
             tracing::error!(minion = %id, error = %e, "cannot build the auth reply");
-            auth_ret(master, Value::Boolean(false), nonce, sig_algo)
+            auth_ret(ring, refusals, Value::Boolean(false), nonce, sig_algo)
         }
     }
 }
 
 fn accept_reply(
-    master: &Master,
+    ring: &KeyRing,
     id: &str,
     load: &Value,
     minion_pub: &PublicKey,
     enc_algo: EncAlgo,
     sig_algo: SigAlgo,
 ) -> Result<Value, saltgate_wire::rsa::RsaError> {
-    let aes = master.aes.current().to_key_string();
-    let session = master.sessions.get_or_create(id).to_key_string();
+    let aes = ring.aes.current().to_key_string();
+    let session = ring.sessions.get_or_create(id).to_key_string();
     let mut m = vec![
         ("enc", text("pub")),
-        ("pub_key", text(&master.master_key.pub_pem)),
-        ("publish_port", Value::from(master.publish_port)),
+        ("pub_key", text(&ring.master_key.pub_pem)),
+        ("publish_port", Value::from(ring.publish_port)),
     ];
-    if let Some(ps) = &master.pub_sig {
-        m.push(("pub_sig", ps.value(&master.master_key.pub_pem, sig_algo)?));
+    if let Some(ps) = &ring.pub_sig {
+        m.push(("pub_sig", ps.value(&ring.master_key.pub_pem, sig_algo)?));
     }
     if let Some(token) = get(load, "token").and_then(as_bytes) {
         // Proves we hold the private key the minion pinned: decrypt its token, send it back.
-        match master.master_key.private.decrypt(enc_algo, token) {
+        match ring.master_key.private.decrypt(enc_algo, token) {
             Ok(t) => m.push(("token", raw_str(minion_pub.encrypt(enc_algo, &t)?))),
             Err(e) => tracing::warn!(minion = %id, error = %e, "auth token did not decrypt"),
         }
@@ -398,7 +413,7 @@ fn accept_reply(
         "session",
         raw_str(minion_pub.encrypt(enc_algo, session.as_bytes())?),
     ));
-    m.push(("sig", raw_str(master.aes_key_sig(&aes)?)));
+    m.push(("sig", raw_str(ring.aes_key_sig(&aes)?)));
     m.push(("nonce", get(load, "nonce").cloned().unwrap_or(Value::Nil)));
     Ok(envelope::map(m))
 }
@@ -419,7 +434,8 @@ fn handle_aes(
     enc_algo: EncAlgo,
     sig_algo: SigAlgo,
 ) -> Result<Value, Refusal> {
-    let session = master.sessions.get(id).ok_or_else(|| {
+    let ring = &*master.ring;
+    let session = ring.sessions.get(id).ok_or_else(|| {
         Refusal::bad_load(
             Refused::NoSession,
             "no session key for this id (re-auth needed)",
@@ -458,7 +474,7 @@ fn handle_aes(
         .as_ref()
         .and_then(as_bytes)
         .ok_or_else(|| Refusal::bad_load(Refused::BadTok, "no tok"))?;
-    let accepted = match master.keys.accepted(id) {
+    let accepted = match ring.keys.accepted(id) {
         Ok(Some(k)) => k,
         Ok(None) => {
             return Err(Refusal::bad_load(
@@ -486,18 +502,17 @@ fn handle_aes(
     // accepted key, the same pair is known good without the RSA operation (it was a third of
     // the master's CPU per return). The key file is still read per request, so a deleted or
     // changed key refuses at once.
-    if let Err(digest) = master.toks.known_good(id, &accepted, tok) {
+    if let Err(digest) = ring.toks.known_good(id, &accepted, tok) {
         if pubkey()?.public_decrypt_x931(tok).ok().as_deref() != Some(b"salt") {
             return Err(Refusal::bad_load(
                 Refused::BadTok,
                 "tok does not verify against the accepted key",
             ));
         }
-        master.toks.remember(id, digest);
+        ring.toks.remember(id, digest);
     }
     let ts = get(&load, "ts").and_then(Value::as_i64);
-    master
-        .nonces
+    ring.nonces
         .check(id, &nonce, ts, unix_now())
         .map_err(|r| match r {
             NonceRefusal::Stale => {
@@ -511,9 +526,23 @@ fn handle_aes(
     let session = Crypticle::new(session);
     let send = |v: Value| raw_str(session.dumps(&salt_compat(v), Some(&nonce)));
     Ok(match cmd.as_str() {
-        "_pillar" => pillar_reply(master, id, &pubkey()?, &nonce, enc_algo, sig_algo)?,
+        "_pillar" => pillar_reply(
+            ring,
+            &master.config,
+            id,
+            &pubkey()?,
+            &nonce,
+            enc_algo,
+            sig_algo,
+        )?,
         "_return" => {
-            store_return(master, id, &load);
+            store_return(
+                &master.jobs,
+                master.cluster.as_deref(),
+                &master.refusals,
+                id,
+                &load,
+            );
             send(Value::Nil)
         }
         "_minion_event" | "_register_resources" | "_master_tops" => send(Value::Map(Vec::new())),
@@ -537,19 +566,15 @@ fn handle_aes(
 /// Salt's `send_private` for `_pillar`: a fresh key K wrapped to the minion, and the pillar
 /// signed together with that wrapped key and the request nonce, encrypted under K.
 fn pillar_reply(
-    master: &Master,
+    ring: &KeyRing,
+    config: &SaltMasterConfig,
     id: &str,
     minion_pub: &PublicKey,
     nonce: &str,
     enc_algo: EncAlgo,
     sig_algo: SigAlgo,
 ) -> Result<Value, Refusal> {
-    let roots = master
-        .config
-        .pillar_roots
-        .get("base")
-        .cloned()
-        .unwrap_or_default();
+    let roots = config.pillar_roots.get("base").cloned().unwrap_or_default();
     let pillar = convert::from_json(&crate::pillar::compile(&roots, id));
     let k = CrypticleKey::generate();
     let internal = |e: saltgate_wire::rsa::RsaError| Refusal {
@@ -565,7 +590,7 @@ fn pillar_reply(
         ("pillar", pillar),
         ("nonce", text(nonce)),
     ])));
-    let sig = master
+    let sig = ring
         .master_key
         .private
         .sign(sig_algo, &tosign)
@@ -580,21 +605,29 @@ fn pillar_reply(
     ]))
 }
 
-fn store_return(master: &Master, id: &str, load: &Value) {
+/// Stores a `_return` in the job book, forwards it to its job's origin master when that is a
+/// cluster peer, and hands it to whoever waits for the job.
+fn store_return(
+    jobs: &JobBook,
+    cluster: Option<&ClusterState>,
+    refusals: &Refusals,
+    id: &str,
+    load: &Value,
+) {
     let Some(jid) = get(load, "jid").and_then(as_str) else {
-        master.refusals.count(Refused::UnknownJob);
+        refusals.count(Refused::UnknownJob);
         tracing::warn!(minion = %id, "_return without a jid dropped");
         return;
     };
     let mut jid = jid.to_string();
     if jid == "req" {
         // A minion-initiated job (salt-call with a returner): give it a JID, as Salt does.
-        jid = master.jids.next();
+        jid = jobs.jids.next();
         let rec = serde_json::json!({
             "fun": get(load, "fun").map(convert::to_json),
             "minions": [id], "tgt": id, "tgt_type": "list", "origin": "minion",
         });
-        if let Err(e) = master.jobs.save_load(&jid, &rec) {
+        if let Err(e) = jobs.cache.save_load(&jid, &rec) {
             tracing::warn!(minion = %id, error = %e, "minion-initiated job not saved");
             return;
         }
@@ -606,15 +639,15 @@ fn store_return(master: &Master, id: &str, load: &Value) {
         }
     }
     let ret = serde_json::Value::Object(ret);
-    if let Err(e) = master.cache_return(&jid, id, &ret) {
-        master.refusals.count(Refused::UnknownJob);
+    if let Err(e) = jobs.cache_return(&jid, id, &ret) {
+        refusals.count(Refused::UnknownJob);
         tracing::warn!(minion = %id, %jid, error = %e, "return refused");
         return;
     }
-    if let Some(cl) = &master.cluster {
-        match master.job_origin(&jid) {
+    if let Some(cl) = cluster {
+        match jobs.job_origin(&jid) {
             Some(origin) if origin != cl.own_id => crate::cluster::forward(
-                master,
+                cl,
                 envelope::map(vec![
                     ("kind", text("return")),
                     ("jid", text(&jid)),
@@ -626,7 +659,7 @@ fn store_return(master: &Master, id: &str, load: &Value) {
             _ => {}
         }
     }
-    master.notify_return(
+    jobs.notify_return(
         &jid,
         ReturnEvent {
             minion: id.to_string(),
@@ -691,45 +724,58 @@ mod tests {
                 ("fun", text("test.ping")),
             ])
         };
-        let (ok, broken) = (m.jids.next(), m.jids.next());
+        let (ok, broken) = (m.jobs.jids.next(), m.jobs.jids.next());
         for jid in [&ok, &broken] {
-            m.jobs.save_load(jid, &serde_json::json!({})).unwrap();
+            m.jobs.cache.save_load(jid, &serde_json::json!({})).unwrap();
         }
         // A returns log that cannot be opened for writing (as a full or read-only disk).
-        std::fs::create_dir(m.jobs.dir().join(&broken).join(m.jobs.log_name())).unwrap();
-        let mut rx_ok = m.wait_returns(&ok);
-        let mut rx_broken = m.wait_returns(&broken);
-        store_return(&m, "m1", &load(&ok));
-        store_return(&m, "m1", &load(&broken));
+        std::fs::create_dir(
+            m.jobs
+                .cache
+                .dir()
+                .join(&broken)
+                .join(m.jobs.cache.log_name()),
+        )
+        .unwrap();
+        let mut rx_ok = m.jobs.wait_returns(&ok);
+        let mut rx_broken = m.jobs.wait_returns(&broken);
+        store_return(&m.jobs, None, &m.refusals, "m1", &load(&ok));
+        store_return(&m.jobs, None, &m.refusals, "m1", &load(&broken));
         assert_eq!(rx_ok.try_recv().unwrap().minion, "m1");
         let ev = rx_broken.try_recv().expect("the waiting publish gets it");
         assert_eq!(ev.ret["return"], serde_json::json!(true));
-        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 1);
+        assert_eq!(m.jobs.returns_not_cached.load(Ordering::Relaxed), 1);
         assert_eq!(
-            m.jobs.show(&ok).unwrap()["returns"]["m1"]["return"],
+            m.jobs.cache.show(&ok).unwrap()["returns"]["m1"]["return"],
             serde_json::json!(true)
         );
         // A job this master published whose load the cache could not save is still known.
-        let unsaved = m.jids.next();
-        assert!(m.publish_from_peer(&unsaved, "peer", &map(vec![("fun", text("test.ping"))])));
-        std::fs::remove_file(m.jobs.dir().join(&unsaved).join("load.json")).unwrap();
-        let mut rx_unsaved = m.wait_returns(&unsaved);
-        store_return(&m, "m1", &load(&unsaved));
+        let unsaved = m.jobs.jids.next();
+        assert!(m.publish.publish_from_peer(
+            &unsaved,
+            "peer",
+            &map(vec![("fun", text("test.ping"))])
+        ));
+        std::fs::remove_file(m.jobs.cache.dir().join(&unsaved).join("load.json")).unwrap();
+        let mut rx_unsaved = m.jobs.wait_returns(&unsaved);
+        store_return(&m.jobs, None, &m.refusals, "m1", &load(&unsaved));
         assert_eq!(rx_unsaved.try_recv().unwrap().minion, "m1");
-        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 2);
+        assert_eq!(m.jobs.returns_not_cached.load(Ordering::Relaxed), 2);
         // A job neither in the cache nor published here is refused, not passed on; so is one
         // published here but older than `keep_jobs` (pruned, not lost).
         let old = crate::jobs::jid_at(
             std::time::SystemTime::now() - Duration::from_secs(m.config.keep_jobs_secs + 60),
         );
-        assert!(m.publish_from_peer(&old, "peer", &map(vec![("fun", text("test.ping"))])));
-        std::fs::remove_file(m.jobs.dir().join(&old).join("load.json")).unwrap();
+        assert!(m
+            .publish
+            .publish_from_peer(&old, "peer", &map(vec![("fun", text("test.ping"))])));
+        std::fs::remove_file(m.jobs.cache.dir().join(&old).join("load.json")).unwrap();
         for (i, jid) in ["20260101000000000000", old.as_str()].iter().enumerate() {
-            let mut rx = m.wait_returns(jid);
-            store_return(&m, "m1", &load(jid));
+            let mut rx = m.jobs.wait_returns(jid);
+            store_return(&m.jobs, None, &m.refusals, "m1", &load(jid));
             assert!(rx.try_recv().is_err(), "{jid}");
             assert_eq!(m.refusals.get(Refused::UnknownJob), i as u64 + 1);
         }
-        assert_eq!(m.returns_not_cached.load(Ordering::Relaxed), 2);
+        assert_eq!(m.jobs.returns_not_cached.load(Ordering::Relaxed), 2);
     }
 }

@@ -25,8 +25,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use saltgate_wire::crypticle::CrypticleKey;
 
+use saltgate_config::salt_master::SaltMasterConfig;
+
 use crate::keys::{write_atomic, KeyError};
-use crate::state::Master;
 
 /// How often the running master looks for a dropfile and for a peer's new cluster key.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -95,18 +96,20 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
     Some((m.modified().ok()?, m.len()))
 }
 
-/// The rotation task: runs for the life of the master.
-pub async fn run(master: Arc<Master>) {
+/// The rotation task of the master configured by `config`, rotating `key` (the one `_auth`
+/// replies hand out and publishes are sealed with): runs for the life of the master.
+pub async fn run(key: Arc<PublishKey>, config: SaltMasterConfig) {
     let mut tick = tokio::time::interval(CHECK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut state = Rotation::new(&master);
+    let config = Arc::new(config);
+    let mut state = Rotation::new(&config);
     loop {
         tick.tick().await;
-        let m = master.clone();
+        let (k, c) = (key.clone(), config.clone());
         let s = std::mem::take(&mut state);
         match tokio::task::spawn_blocking(move || {
             let mut s = s;
-            s.check(&m);
+            s.check(&k, &c);
             s
         })
         .await
@@ -114,7 +117,7 @@ pub async fn run(master: Arc<Master>) {
             Ok(s) => state = s,
             Err(e) => {
                 tracing::error!(error = %e, "publish-key rotation check failed");
-                state = Rotation::new(&master);
+                state = Rotation::new(&config);
             }
         }
     }
@@ -130,29 +133,28 @@ struct Rotation {
 }
 
 impl Rotation {
-    fn new(master: &Master) -> Self {
+    fn new(cfg: &SaltMasterConfig) -> Self {
         Rotation {
             since: Some(Instant::now()),
-            seen: cluster_aes_path(master).and_then(|p| stamp(&p)),
+            seen: cluster_aes_path(cfg).and_then(|p| stamp(&p)),
         }
     }
 
-    fn check(&mut self, master: &Master) {
-        let cfg = &master.config;
-        let clustered = master.cluster.is_some();
+    fn check(&mut self, key: &PublishKey, cfg: &SaltMasterConfig) {
+        let clustered = cfg.cluster.is_some();
         let settle = if clustered {
             CLAIM_SETTLE
         } else {
             Duration::ZERO
         };
-        if let Some(path) = cluster_aes_path(master) {
-            self.reload_if_changed(master, &path);
+        if let Some(path) = cluster_aes_path(cfg) {
+            self.reload_if_changed(key, &path);
         }
         let mut reason =
             take_request(&cfg.cachedir, &cfg.id, settle).map(|()| "a key was deleted or rejected");
         if reason.is_none() && cfg.publish_session_secs > 0 {
             let session = Duration::from_secs(cfg.publish_session_secs);
-            match cluster_aes_path(master) {
+            match cluster_aes_path(cfg) {
                 // A cluster member claims the rotation; whoever still holds the claim after
                 // CLAIM_SETTLE rotates (on a later check).
                 Some(path) => {
@@ -173,20 +175,20 @@ impl Rotation {
             }
         }
         if let Some(reason) = reason {
-            self.rotate(master, reason);
+            self.rotate(key, cfg, reason);
         }
     }
 
-    fn rotate(&mut self, master: &Master, reason: &str) {
+    fn rotate(&mut self, current: &PublishKey, cfg: &SaltMasterConfig, reason: &str) {
         let key = CrypticleKey::generate();
-        if let Some(path) = cluster_aes_path(master) {
+        if let Some(path) = cluster_aes_path(cfg) {
             if let Err(e) = write_atomic(&path, key.to_key_string().as_bytes(), 0o600) {
                 tracing::error!(error = %e, "publish key NOT rotated: cannot write the cluster key");
                 return;
             }
             self.seen = stamp(&path);
         }
-        master.aes.replace(key);
+        current.replace(key);
         self.since = Some(Instant::now());
         tracing::info!(
             reason,
@@ -194,7 +196,7 @@ impl Rotation {
         );
     }
 
-    fn reload_if_changed(&mut self, master: &Master, path: &Path) {
+    fn reload_if_changed(&mut self, current: &PublishKey, path: &Path) {
         let now = stamp(path);
         if now.is_none() || now == self.seen {
             return;
@@ -208,8 +210,8 @@ impl Rotation {
             }
         };
         match CrypticleKey::from_key_string(text.trim()) {
-            Ok(k) if k.to_key_string() != master.aes.current().to_key_string() => {
-                master.aes.replace(k);
+            Ok(k) if k.to_key_string() != current.current().to_key_string() => {
+                current.replace(k);
                 self.since = Some(Instant::now());
                 tracing::info!(path = %path.display(), "publish key reloaded: a cluster peer rotated it");
             }
@@ -220,11 +222,8 @@ impl Rotation {
     }
 }
 
-fn cluster_aes_path(master: &Master) -> Option<PathBuf> {
-    master
-        .cluster
-        .as_ref()
-        .map(|c| c.config.pki_dir.join(".aes"))
+fn cluster_aes_path(cfg: &SaltMasterConfig) -> Option<PathBuf> {
+    cfg.cluster.as_ref().map(|c| c.pki_dir.join(".aes"))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use saltgate_config::salt_master::SaltMasterConfig;
 use saltgate_wire::zmtp::{PubOptions, Publisher, Router, RouterOptions, RouterSender};
 use thiserror::Error;
 
+use crate::jobbook::JobBook;
 use crate::keys::{make_dir, KeyError, MasterKey};
 use crate::metrics::RequestCounters;
 use crate::state::Master;
@@ -71,16 +72,19 @@ pub fn cli_socket_path(config: &SaltMasterConfig) -> PathBuf {
 }
 
 /// The master's state; with `cluster_id`, also its cluster keys and bound cluster port (not
-/// served yet: [`crate::cluster::serve`]) and the configured peers to join.
+/// served yet: [`crate::peerserve::serve`]) and the configured peers to join.
 pub async fn build_master(
     config: SaltMasterConfig,
     master_key: MasterKey,
     publish_port: u16,
     publisher: Option<Publisher>,
+    pub_sig: Option<crate::signing::PubSig>,
 ) -> Result<(Master, Option<tokio::net::TcpListener>, Vec<SocketAddr>), ServeError> {
     let Some(cc) = config.cluster.clone() else {
         return Ok((
-            Master::new(config, master_key, publish_port, publisher),
+            Master::builder(config, master_key, publish_port, publisher)
+                .with_pub_sig(pub_sig)
+                .build(),
             None,
             Vec::new(),
         ));
@@ -107,8 +111,10 @@ pub async fn build_master(
     let join_peers = crate::cluster::peer_addrs(&cc);
     let id = config.id.clone();
     let state = crate::cluster::ClusterState::new(cc, &id, master_key.clone(), pool_addr);
-    let master =
-        Master::new(config, master_key, publish_port, publisher).with_cluster(ckey, caes, state);
+    let master = Master::builder(config, master_key, publish_port, publisher)
+        .with_pub_sig(pub_sig)
+        .with_cluster(ckey, caes, state)
+        .build();
     Ok((master, Some(l), join_peers))
 }
 
@@ -201,10 +207,16 @@ pub async fn run(
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600));
     }
-    let (master, cluster_listener, join_peers) =
-        build_master(config, master_key, bound_pub.port(), Some(publisher)).await?;
-    let master = Arc::new(master.with_pub_sig(pub_sig));
-    master.keys.ensure_dirs()?;
+    let (master, cluster_listener, join_peers) = build_master(
+        config,
+        master_key,
+        bound_pub.port(),
+        Some(publisher),
+        pub_sig,
+    )
+    .await?;
+    let master = Arc::new(master);
+    master.ring.keys.ensure_dirs()?;
     let bound = Bound {
         ret: router.local_addr(),
         publish: bound_pub,
@@ -216,21 +228,35 @@ pub async fn run(
         metrics = ?bound.metrics, id = %master.config.id, "saltgate-master ready");
     on_ready(&bound);
 
-    let cli_task = tokio::spawn(crate::cli::serve(listener, master.clone()));
-    let prune_task = tokio::spawn(prune_loop(master.clone()));
-    let rotate_task = tokio::spawn(crate::rotate::run(master.clone()));
-    let cluster_tasks = cluster_listener.map(|l| {
-        (
-            tokio::spawn(crate::cluster::serve(l, master.clone())),
-            tokio::spawn(crate::cluster::join_loop(master.clone(), join_peers)),
-        )
-    });
+    let cli_task = tokio::spawn(crate::cli::serve(
+        listener,
+        master.publish.clone(),
+        master.jobs.clone(),
+    ));
+    let prune_task = tokio::spawn(prune_loop(
+        master.jobs.clone(),
+        Duration::from_secs(master.config.keep_jobs_secs),
+    ));
+    let rotate_task = tokio::spawn(crate::rotate::run(
+        master.ring.aes.clone(),
+        master.config.clone(),
+    ));
+    let cluster_tasks = match (cluster_listener, &master.peers) {
+        (Some(l), Some(port)) => Some((
+            tokio::spawn(crate::peerserve::serve(l, port.clone())),
+            tokio::spawn(crate::cluster::join_loop(port.cluster.clone(), join_peers)),
+        )),
+        _ => None,
+    };
     let counters = Arc::new(RequestCounters::default());
     let sender = router.sender();
     let report_task = tokio::spawn(report_loop(counters.clone(), sender.clone()));
     let metrics_task = metrics_listener.map(|l| {
         let sources = crate::metrics::Sources {
-            master: master.clone(),
+            refusals: master.refusals.clone(),
+            publisher: master.publish.publisher().cloned(),
+            jobs: master.jobs.clone(),
+            peers: master.cluster.as_ref().map(|c| c.stats.clone()),
             requests: counters.clone(),
             router: sender.clone(),
             router_refusals: router.refusals(),
@@ -340,13 +366,12 @@ async fn report_loop(c: Arc<RequestCounters>, router: RouterSender) {
     }
 }
 
-async fn prune_loop(master: Arc<Master>) {
-    let keep = Duration::from_secs(master.config.keep_jobs_secs);
+async fn prune_loop(jobs: Arc<JobBook>, keep: Duration) {
     let mut tick = tokio::time::interval(Duration::from_secs(3600));
     loop {
         tick.tick().await;
-        let m = master.clone();
-        let r = tokio::task::spawn_blocking(move || m.jobs.prune(keep, SystemTime::now())).await;
+        let j = jobs.clone();
+        let r = tokio::task::spawn_blocking(move || j.cache.prune(keep, SystemTime::now())).await;
         match r {
             Ok(Ok(removed)) if !removed.is_empty() => {
                 tracing::info!(removed = removed.len(), "job cache pruned")

@@ -55,7 +55,9 @@ fn joiner(cfg: SaltMasterConfig, peer_id: &str, pool: &str) -> Master {
         own.clone(),
         pool.parse().unwrap(),
     );
-    Master::new(cfg, own.clone(), 0, None).with_cluster(own, CrypticleKey::generate(), st)
+    Master::builder(cfg, own.clone(), 0, None)
+        .with_cluster(own, CrypticleKey::generate(), st)
+        .build()
 }
 
 async fn start(config: SaltMasterConfig) -> common::InProcess {
@@ -217,7 +219,7 @@ async fn a_job_published_on_one_master_is_answered_through_another() {
     ] {
         let cfg = config(root.path(), "intr", "127.0.1.42", "127.0.1.40:1", secret);
         let m = joiner(cfg, peer_id, "127.0.1.42:9");
-        let r = cluster::join(&m, a_pool).await;
+        let r = cluster::join(m.cluster.as_deref().unwrap(), a_pool).await;
         assert_eq!(r.is_ok(), ok, "{peer_id} with {secret}: {r:?}");
         if let Ok(j) = r {
             // A names its other member, B, so a joiner that knows only A joins B too.
@@ -337,7 +339,7 @@ async fn a_join_reply_changed_in_transit_or_replayed_is_refused() {
         let cfg = config(root.path(), "mj", "127.0.1.44", "127.0.1.43:1", "s3cret");
         let m = joiner(cfg, &format!("joiner{n}"), "127.0.1.44:9");
         let (r, ()) = tokio::join!(
-            cluster::join(&m, mitm_addr),
+            cluster::join(m.cluster.as_deref().unwrap(), mitm_addr),
             relay_one_join(&mitm, a_pool, tamper, &mut earlier)
         );
         let joined = m.cluster.as_ref().unwrap().joined();

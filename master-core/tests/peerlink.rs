@@ -12,11 +12,14 @@ use std::time::Duration;
 
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_master::cluster::{self, open_message, Auth, ClusterState};
+use saltgate_master::jobbook::ReturnEvent;
 use saltgate_master::keys::MasterKey;
 use saltgate_master::metrics::Refused;
-use saltgate_master::peerlink::{self, read_frame_idle};
+use saltgate_master::peerlink::read_frame_idle;
+use saltgate_master::peerserve::{self, PeerPort};
+use saltgate_master::publish::PublishRequest;
 use saltgate_master::server::build_master;
-use saltgate_master::state::{Master, PublishRequest};
+use saltgate_master::state::Master;
 use saltgate_master::target::{Target, TargetType};
 use saltgate_test_support::wait_until;
 use saltgate_wire::envelope::{self, map, raw_str, text, Value};
@@ -51,7 +54,7 @@ async fn member(root: &Path, name: &str, ip: &str, secret: &str) -> (Arc<Master>
     let cfg = parse_salt_master(&text, None).unwrap().config;
     std::fs::create_dir_all(&cfg.cachedir).unwrap();
     let key = MasterKey::load_or_create(&cfg.pki_dir, "master").unwrap();
-    let (m, l, _) = build_master(cfg, key, 0, None).await.unwrap();
+    let (m, l, _) = build_master(cfg, key, 0, None, None).await.unwrap();
     (Arc::new(m), l.expect("cluster port"))
 }
 
@@ -67,9 +70,9 @@ fn root() -> tempfile::TempDir {
 async fn joined_pair(root: &Path, ips: [&str; 2], secret: &str) -> (Arc<Master>, Arc<Master>) {
     let (a, al) = member(root, "ma", ips[0], secret).await;
     let (b, bl) = member(root, "mb", ips[1], secret).await;
-    tokio::spawn(cluster::serve(al, a.clone()));
-    tokio::spawn(cluster::serve(bl, b.clone()));
-    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    tokio::spawn(peerserve::serve(al, port(&a)));
+    tokio::spawn(peerserve::serve(bl, port(&b)));
+    cluster::join(cl(&b), cl(&a).pool_addr).await.expect("join");
     (a, b)
 }
 
@@ -77,9 +80,20 @@ fn cl(m: &Master) -> &ClusterState {
     m.cluster.as_ref().unwrap()
 }
 
+/// `m`'s peer port, to serve.
+fn port(m: &Master) -> Arc<PeerPort> {
+    m.peers.clone().unwrap()
+}
+
+/// Handles one peer frame as `m`'s peer port does.
+fn handle_message(m: &Master, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let p = port(m);
+    cluster::handle_message(&p.cluster, &*p.sink, &p.refusals, frame)
+}
+
 /// A job published on `m` (no minions: only its record and its forward to the peers).
 async fn publish_job(m: &Arc<Master>) -> String {
-    let jid = m.jids.next();
+    let jid = m.jobs.jids.next();
     let req = PublishRequest {
         tgt: "*".into(),
         tgt_type: TargetType::Glob,
@@ -89,7 +103,7 @@ async fn publish_job(m: &Arc<Master>) -> String {
     };
     let target = Target::new(TargetType::Glob, "*").unwrap();
     let (m2, j2) = (m.clone(), jid.clone());
-    tokio::task::spawn_blocking(move || m2.publish(&j2, &req, &target).unwrap())
+    tokio::task::spawn_blocking(move || m2.publish.publish(&j2, &req, &target).unwrap())
         .await
         .unwrap();
     jid
@@ -97,8 +111,9 @@ async fn publish_job(m: &Arc<Master>) -> String {
 
 /// A new job recorded in `a`'s cache as published by member `ma` (where forwarded returns go).
 fn job_of_ma(a: &Master) -> String {
-    let jid = a.jids.next();
+    let jid = a.jobs.jids.next();
     a.jobs
+        .cache
         .save_load(
             &jid,
             &serde_json::json!({"fun": "test.ping", "master_id": "ma"}),
@@ -129,13 +144,13 @@ async fn a_thousand_forwarded_returns_share_one_connection() {
     // A's publish reaches B (MAC'd, on A's link to B).
     let jid = publish_job(&a).await;
     wait_until("the publish on B", WAIT, || n(&cl(&b).stats.handled) == 1).await;
-    assert!(b.jobs.exists(&jid));
+    assert!(b.jobs.cache.exists(&jid));
 
-    let mut rx = a.wait_returns(&jid);
+    let mut rx = a.jobs.wait_returns(&jid);
     let (b2, j2) = (b.clone(), jid.clone());
     tokio::task::spawn_blocking(move || {
         for i in 0..1000 {
-            cluster::forward(&b2, ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
+            cluster::forward(cl(&b2), ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
         }
     })
     .await
@@ -167,7 +182,7 @@ async fn a_thousand_forwarded_returns_share_one_connection() {
 fn fake_serve(l: TcpListener, m: Arc<Master>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let (s, from) = l.accept().await.unwrap();
-        peerlink::serve_connection(s, from, m).await;
+        peerserve::serve_connection(s, from, port(&m)).await;
     })
 }
 
@@ -177,18 +192,18 @@ async fn the_link_reconnects_to_a_restarted_peer() {
     let (a, al) = member(root.path(), "ma", "127.29.0.3", "s3cret").await;
     let (b, bl) = member(root.path(), "mb", "127.29.0.4", "s3cret").await;
     let a_addr: SocketAddr = cl(&a).pool_addr;
-    tokio::spawn(cluster::serve(bl, b.clone()));
+    tokio::spawn(peerserve::serve(bl, port(&b)));
     // A joins B, so B links to A's port, which this test serves itself.
-    cluster::join(&a, cl(&b).pool_addr).await.expect("join");
+    cluster::join(cl(&a), cl(&b).pool_addr).await.expect("join");
     let jid = job_of_ma(&a);
-    let mut rx = a.wait_returns(&jid);
+    let mut rx = a.jobs.wait_returns(&jid);
     let count = || n(&cl(&a).stats.handled) as usize;
     let first = fake_serve(al, a.clone());
     let send = |from: usize| {
         let (b2, j2) = (b.clone(), jid.clone());
         tokio::task::spawn_blocking(move || {
             for i in from..from + 100 {
-                cluster::forward(&b2, ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
+                cluster::forward(cl(&b2), ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
             }
         })
     };
@@ -240,7 +255,7 @@ async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
     let (a, b) = joined_pair(root.path(), ["127.29.0.5", "127.29.0.6"], "s3cret").await;
     let jid = job_of_ma(&a);
     let bc = cl(&b);
-    let handle = |f: &[u8]| cluster::handle_message(&a, f);
+    let handle = |f: &[u8]| handle_message(&a, f);
     let refused = |f: &[u8], why: &str| {
         let r = handle(f);
         assert!(
@@ -327,7 +342,7 @@ async fn forwarded_messages_are_refused_unless_authentic_and_fresh() {
 
     // A peer publish is published once; the same frame again (a replay) is not, nor one of a
     // job this master published itself.
-    let pjid = b.jids.next();
+    let pjid = b.jobs.jids.next();
     let publish = |j: &str, origin: &str| {
         bc.seal_forward(&map(vec![
             ("kind", text("publish")),
@@ -361,7 +376,7 @@ async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
     let jid = job_of_ma(&a);
     let signed = cl(&b).seal_forward(&ret_body(&jid, "m-1"));
     assert!(matches!(open_message(&signed).unwrap().3, Auth::Sig(_)));
-    assert_eq!(cluster::handle_message(&a, &signed), Ok(None));
+    assert_eq!(handle_message(&a, &signed), Ok(None));
     // A MAC'd frame (under any key) proves nothing here.
     let (pid, _, body, _) = open_message(&signed).unwrap();
     let mac_frame = envelope::encode(&map(vec![
@@ -369,7 +384,7 @@ async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
         ("body", raw_str(body)),
         ("mac", raw_str(vec![0u8; 32])),
     ]));
-    let r = cluster::handle_message(&a, &mac_frame);
+    let r = handle_message(&a, &mac_frame);
     assert!(
         r.as_ref()
             .is_err_and(|e| e.contains("cluster_secret is empty")),
@@ -382,8 +397,8 @@ async fn with_an_empty_secret_forwards_are_signed_and_macs_refused() {
 async fn a_joined_to_b(root: &Path, ips: [&str; 2]) -> (Arc<Master>, Arc<Master>, TcpListener) {
     let (a, al) = member(root, "ma", ips[0], "s3cret").await;
     let (b, bl) = member(root, "mb", ips[1], "s3cret").await;
-    tokio::spawn(cluster::serve(bl, b.clone()));
-    cluster::join(&a, cl(&b).pool_addr).await.expect("join");
+    tokio::spawn(peerserve::serve(bl, port(&b)));
+    cluster::join(cl(&a), cl(&b).pool_addr).await.expect("join");
     (a, b, al)
 }
 
@@ -392,7 +407,7 @@ async fn forward_returns(b: &Arc<Master>, jid: &str, from: usize, to: usize) {
     let (b2, j2) = (b.clone(), jid.to_string());
     tokio::task::spawn_blocking(move || {
         for i in from..to {
-            cluster::forward(&b2, ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
+            cluster::forward(cl(&b2), ret_body(&j2, &format!("m-{i:04}")), Some("ma"));
         }
     })
     .await
@@ -401,7 +416,7 @@ async fn forward_returns(b: &Arc<Master>, jid: &str, from: usize, to: usize) {
 
 /// Waits for `count` distinct returns on `rx`.
 async fn distinct_returns(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<saltgate_master::state::ReturnEvent>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<ReturnEvent>,
     count: usize,
     b: &Master,
 ) {
@@ -441,7 +456,7 @@ fn old_receiver(l: TcpListener, m: Arc<Master>, refused: Arc<AtomicUsize>) {
                     refused.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                let r = tokio::task::spawn_blocking(move || cluster::handle_message(&m, &f))
+                let r = tokio::task::spawn_blocking(move || handle_message(&m, &f))
                     .await
                     .unwrap();
                 match r {
@@ -464,7 +479,7 @@ async fn an_old_receiver_gets_every_frame_one_per_connection() {
     let root = root();
     let (a, b, al) = a_joined_to_b(root.path(), ["127.34.0.1", "127.34.0.2"]).await;
     let jid = job_of_ma(&a);
-    let mut rx = a.wait_returns(&jid);
+    let mut rx = a.jobs.wait_returns(&jid);
     let refused = Arc::new(AtomicUsize::new(0));
     old_receiver(al, a.clone(), refused.clone());
     forward_returns(&b, &jid, 0, 100).await;
@@ -490,7 +505,7 @@ async fn frames_received_but_not_acknowledged_are_sent_again() {
     let (a, b, al) = a_joined_to_b(root.path(), ["127.34.0.3", "127.34.0.4"]).await;
     let a_addr = cl(&a).pool_addr;
     let jid = job_of_ma(&a);
-    let mut rx = a.wait_returns(&jid);
+    let mut rx = a.jobs.wait_returns(&jid);
     // A dies after reading 50 frames it never handled nor acknowledged.
     let dying = tokio::spawn(async move {
         let (mut s, _) = al.accept().await.unwrap();
@@ -507,7 +522,7 @@ async fn frames_received_but_not_acknowledged_are_sent_again() {
     dying.await.unwrap();
     // A restarts on the same address.
     let al = TcpListener::bind(a_addr).await.unwrap();
-    tokio::spawn(cluster::serve(al, a.clone()));
+    tokio::spawn(peerserve::serve(al, port(&a)));
     distinct_returns(&mut rx, 100, &b).await;
     let st = &cl(&b).stats;
     assert!(n(&st.resent) >= 50, "resent {}", n(&st.resent));
@@ -525,8 +540,8 @@ async fn an_old_sender_is_served_without_hello_or_acks() {
     let root = root();
     let (a, al) = member(root.path(), "ma", "127.34.0.5", "s3cret").await;
     let (b, _bl) = member(root.path(), "mb", "127.34.0.6", "s3cret").await;
-    tokio::spawn(cluster::serve(al, a.clone()));
-    cluster::join(&b, cl(&a).pool_addr).await.expect("join");
+    tokio::spawn(peerserve::serve(al, port(&a)));
+    cluster::join(cl(&b), cl(&a).pool_addr).await.expect("join");
     let jid = job_of_ma(&a);
     let handled = || n(&cl(&a).stats.handled);
     // The previous saltgate-master's sender: one RSA-signed frame per connection, no hello;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_master::cluster;
 use saltgate_master::keys::MasterKey;
+use saltgate_master::peerserve;
 use saltgate_master::server::build_master;
 use saltgate_master::state::Master;
 use saltgate_wire::envelope::{map, text, Value};
@@ -41,10 +42,14 @@ async fn member(root: &std::path::Path, name: &str, ip: &str) -> anyhow::Result<
         .config;
     std::fs::create_dir_all(&cfg.cachedir)?;
     let key = MasterKey::load_or_create(&cfg.pki_dir, "master")?;
-    let (m, l, _) = build_master(cfg, key, 0, None).await?;
+    let (m, l, _) = build_master(cfg, key, 0, None, None).await?;
     let m = Arc::new(m);
     let l = l.ok_or_else(|| anyhow::anyhow!("no cluster port"))?;
-    tokio::spawn(cluster::serve(l, m.clone()));
+    let port = m
+        .peers
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("not a cluster member"))?;
+    tokio::spawn(peerserve::serve(l, port));
     Ok(m)
 }
 
@@ -67,12 +72,12 @@ async fn run(
     n: usize,
     legacy: bool,
 ) -> anyhow::Result<(f64, f64)> {
-    let jid = a.jids.next();
-    a.jobs.save_load(
+    let jid = a.jobs.jids.next();
+    a.jobs.cache.save_load(
         &jid,
         &serde_json::json!({"fun": "test.ping", "master_id": a.config.id}),
     )?;
-    let mut rx = a.wait_returns(&jid);
+    let mut rx = a.jobs.wait_returns(&jid);
     let a_pool = a.cluster.as_ref().map(|c| c.pool_addr).unwrap();
     let (cpu0, t0) = (cpu_secs(), Instant::now());
     let (b2, j2, a_id) = (b.clone(), jid.clone(), a.config.id.clone());
@@ -91,7 +96,9 @@ async fn run(
                     }
                 });
             } else {
-                cluster::forward(&b2, body, Some(&a_id));
+                if let Some(cl) = &b2.cluster {
+                    cluster::forward(cl, body, Some(&a_id));
+                }
             }
         }
     })
@@ -105,7 +112,7 @@ async fn run(
             _ => anyhow::bail!("only {} of {n} returns arrived", got.len()),
         }
     }
-    a.unwait(&jid);
+    a.jobs.unwait(&jid);
     Ok((t0.elapsed().as_secs_f64(), cpu_secs() - cpu0))
 }
 
@@ -119,7 +126,10 @@ async fn main() -> anyhow::Result<()> {
     let root = tempfile::Builder::new().prefix("sgpf").tempdir_in("/tmp")?;
     let a = member(root.path(), "ma", "127.29.1.1").await?;
     let b = member(root.path(), "mb", "127.29.1.2").await?;
-    cluster::join(&b, a.cluster.as_ref().unwrap().pool_addr)
+    let (Some(acl), Some(bcl)) = (&a.cluster, &b.cluster) else {
+        anyhow::bail!("both members must be in a cluster");
+    };
+    cluster::join(bcl, acl.pool_addr)
         .await
         .map_err(anyhow::Error::msg)?;
     // Warm up both paths (connections, caches), then measure each twice, interleaved.

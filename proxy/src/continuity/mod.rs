@@ -158,7 +158,7 @@ pub(crate) async fn serve(
             Ok(x) => x,
             Err(skip) => {
                 if let Some(left_out) = NOT_MOVED_LOG.allow() {
-                    tracing::info!(target: "saltgate_proxy::replay", client = %peer, master = %old, reason = %why, skip = skip.as_str(), left_out, "request session not moved; closing it as its master went (one line per 5 s, left_out: how many since the last)");
+                    tracing::info!(target: "saltgate_proxy::replay", reason = %why, skip = skip.as_str(), left_out, "request session not moved; closing it as its master went (one line per 5 s, left_out: how many since the last)");
                 }
                 break (why, Some(skip));
             }
@@ -176,8 +176,9 @@ pub(crate) async fn serve(
         r.permit = None;
         r.gate = r.auth.map(|a| ctx.auth_limits.gate(&up.master.name(), &a));
         r.down = Down::resumed();
+        crate::session::span::record_master(up.master.label());
         if let Some(left_out) = MOVED_LOG.allow() {
-            tracing::info!(target: "saltgate_proxy::replay", client = %peer, from = %old, to = %up.master.name(), reason = %why, replayed = replay.as_ref().map_or(0, |(b, _)| b.len()), left_out, "request session moved to another master (one line per 5 s, left_out: how many since the last)");
+            tracing::info!(target: "saltgate_proxy::replay", from = %old, to = %up.master.name(), reason = %why, replayed = replay.as_ref().map_or(0, |(b, _)| b.len()), left_out, "request session moved to another master (one line per 5 s, left_out: how many since the last)");
         }
         if let Some((bytes, complete)) = replay {
             m.replayed(complete).inc();
@@ -231,7 +232,7 @@ async fn move_to(
         if order.is_empty() {
             break;
         }
-        let Connect::Done(mut c) = connect(ctx, l, &snap, &order, peer).await else {
+        let Connect::Done(mut c) = connect(ctx, l, &snap, &order).await else {
             break;
         };
         match tokio::time::timeout(
@@ -243,12 +244,12 @@ async fn move_to(
             Ok(Ok(left)) => return Ok((c, left)),
             Ok(Err(e)) => {
                 if let Some(left_out) = HANDSHAKE_LOG.allow() {
-                    tracing::warn!(target: "saltgate_proxy::replay", client = %peer, master = %c.master.name(), error = %e, left_out, "handshake for a moving request session failed (one line per 5 s)")
+                    tracing::warn!(target: "saltgate_proxy::replay", master = %c.master.name(), error = %e, left_out, "handshake for a moving request session failed (one line per 5 s)")
                 }
             }
             Err(_) => {
                 if let Some(left_out) = HANDSHAKE_LOG.allow() {
-                    tracing::warn!(target: "saltgate_proxy::replay", client = %peer, master = %c.master.name(), left_out, "handshake for a moving request session timed out (one line per 5 s)")
+                    tracing::warn!(target: "saltgate_proxy::replay", master = %c.master.name(), left_out, "handshake for a moving request session timed out (one line per 5 s)")
                 }
             }
         }

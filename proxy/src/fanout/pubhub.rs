@@ -5,13 +5,16 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use saltgate_config::Role;
 use tokio::net::TcpStream;
 use tokio_util::sync::DropGuard;
+use tracing::Instrument;
 
 use super::hub::{Hub, HubHandles, HubOptions};
 use super::{clusterkey, session, upstream};
 use crate::session::context::DataPlane;
 use crate::session::serve::{BoxFuture, Serve};
+use crate::session::span::session_span;
 
 /// The publish listener's [`Serve`] in fanout mode.
 pub struct PubHub {
@@ -45,7 +48,10 @@ impl PubHub {
 impl Serve for PubHub {
     fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()> {
         ensure_started(&self.hub, &self.handles, &ctx);
-        Box::pin(session::run(self.hub.clone(), ctx, stream, peer))
+        let id = ctx.session_id();
+        // The session's task in its span: entered per poll, not per frame.
+        let span = session_span(id, Role::Publish, peer);
+        Box::pin(session::run(self.hub.clone(), ctx, stream, peer, id).instrument(span))
     }
 
     fn kind(&self) -> &'static str {

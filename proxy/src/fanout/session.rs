@@ -187,7 +187,15 @@ async fn write(
     }
 }
 
-pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) {
+/// Serves fan-out session `id`; the caller runs it in the session's span
+/// ([`crate::session::span`]).
+pub(super) async fn run(
+    hub: Arc<Hub>,
+    ctx: Arc<DataPlane>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    id: u64,
+) {
     let handles = ctx.listener(Role::Publish);
     handles.accepted.inc();
     handles.live.inc();
@@ -196,7 +204,7 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     let _presence = ctx
         .presence
         .enabled()
-        .then(|| ctx.presence.publish_opened(ctx.session_id(), peer, None));
+        .then(|| ctx.presence.publish_opened(id, peer, None));
     let limits = SessionLimits::from_config(&ctx.snapshot.load().config.publish);
     let end = serve(
         &hub,
@@ -214,11 +222,11 @@ pub(super) async fn run(hub: Arc<Hub>, ctx: Arc<DataPlane>, stream: TcpStream, p
     match &end {
         End::Error(e) => {
             if let Some(left_out) = CLOSED_LOG.allow() {
-                tracing::info!(target: "saltgate_proxy::pubhub::session", client = %peer, error = %e, left_out, "fanout session closed (one line per 5 s, left_out: how many since the last)")
+                tracing::info!(target: "saltgate_proxy::pubhub::session", error = %e, left_out, "fanout session closed (one line per 5 s, left_out: how many since the last)")
             }
         }
         other => {
-            tracing::debug!(target: "saltgate_proxy::pubhub::session", client = %peer, reason = ?other, "fanout session closed")
+            tracing::debug!(target: "saltgate_proxy::pubhub::session", reason = ?other, "fanout session closed")
         }
     }
 }

@@ -1,7 +1,6 @@
 //! Connecting a new session to a master: up to 1 + `retries` attempts over the selection's
 //! candidates, each holding a lease under the master's `maxconn`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,7 +41,6 @@ pub(crate) async fn connect(
     l: &ListenerConfig,
     snap: &Snapshot,
     order: &[usize],
-    peer: SocketAddr,
 ) -> Connect {
     let role = l.role;
     let mut attempts = 0u32;
@@ -88,7 +86,7 @@ pub(crate) async fn connect(
         // A passive signal: check this port soon rather than at its next interval.
         master.upstream.nudge_check(role);
         if let Some(left_out) = handles.connect_log.allow() {
-            tracing::warn!(target: "saltgate_proxy::session", client = %peer, listener = %role, master = %master.name(), addr = %addr, error = %failure, left_out, "connect to master failed (at most one line per master every 5 s; left_out: failures not logged since the last)");
+            tracing::warn!(target: "saltgate_proxy::session", master = %master.name(), addr = %addr, error = %failure, left_out, "connect to master failed (at most one line per master every 5 s; left_out: failures not logged since the last)");
         }
     }
     Connect::Failed { attempts }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::data::close::CloseReason;
 use crate::data::listener::{tune, Permits};
@@ -20,6 +21,7 @@ use crate::select::master::{Admin, Master};
 use crate::session::connect::{connect, Connect, Connected};
 use crate::session::context::DataPlane;
 use crate::session::serve::{BoxFuture, Serve};
+use crate::session::span::{record_master, session_span};
 
 /// What the access log says about one session.
 struct Outcome<'a> {
@@ -108,7 +110,7 @@ async fn place(
             }
             let connect_start = Instant::now();
             let ms = || connect_start.elapsed().as_millis() as u64;
-            match connect(ctx, &listener, &snap, &order, peer).await {
+            match connect(ctx, &listener, &snap, &order).await {
                 Connect::Done(c) => {
                     let c = Connected {
                         connect_ms: u32::try_from(ms()).unwrap_or(u32::MAX),
@@ -136,7 +138,7 @@ async fn place(
         if seq.is_none() {
             lm.queued.inc();
             if let Some(left_out) = lm.queue_log.allow() {
-                tracing::info!(target: "saltgate_proxy::session", client = %peer, listener = %role, waiting = queue.len(), left_out, "every master is at its maxconn; client queued (at most one line every 5 s; left_out: not logged since the last)");
+                tracing::info!(target: "saltgate_proxy::session", waiting = queue.len(), left_out, "every master is at its maxconn; client queued (at most one line every 5 s; left_out: not logged since the last)");
             }
         }
         seq = Some(ticket.seq());
@@ -165,7 +167,8 @@ async fn place(
 /// pump's small state and the permits: setting up (selection, connect, queue wait) and the
 /// `migrate` relay run in boxed futures of their own, freed when done or allocated only when
 /// used. Not an `async fn`: its arguments would stay in the future after set-up took them (they
-/// go into the set-up's box here, before the future starts).
+/// go into the set-up's box here, before the future starts). The whole task runs in the
+/// session's span ([`crate::session::span`]), entered per poll of the task, not per byte.
 pub(crate) fn handle(
     ctx: Arc<DataPlane>,
     role: Role,
@@ -173,7 +176,9 @@ pub(crate) fn handle(
     peer: SocketAddr,
     permits: crate::data::listener::Permits,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let setup = Box::pin(establish(ctx, role, client, peer));
+    let id = ctx.session_id();
+    let span = session_span(id, role, peer);
+    let setup = Box::pin(establish(ctx, role, client, peer, id));
     async move {
         let _permits = permits;
         // Run in place (`as_mut`): moving it out would keep a second copy in this future.
@@ -186,6 +191,7 @@ pub(crate) fn handle(
             s.finish(reason);
         }
     }
+    .instrument(span)
 }
 
 /// A plain session, connected and registered: everything it keeps while bytes flow.
@@ -243,13 +249,14 @@ impl Plain {
     }
 }
 
-/// Accept to connected. Returns the plain session to run, or `None` when the session is over
-/// already (refused, or served to the end by the `migrate` relay).
+/// Accept to connected. Returns the plain session `id` to run, or `None` when the session is
+/// over already (refused, or served to the end by the `migrate` relay).
 async fn establish(
     ctx: Arc<DataPlane>,
     role: Role,
     client: TcpStream,
     peer: SocketAddr,
+    id: u64,
 ) -> Option<Plain> {
     let started = Instant::now();
     let lm = ctx.listener(role);
@@ -264,7 +271,7 @@ async fn establish(
         Err((reason, connect_ms, attempts)) => {
             if matches!(reason, CloseReason::NoMaster | CloseReason::QueueFull) {
                 if let Some(left_out) = lm.no_master_log.allow() {
-                    tracing::info!(target: "saltgate_proxy::session", client = %peer, listener = %role, left_out, "no master available; closing the client connection (at most one line every 5 s; left_out: not logged since the last)");
+                    tracing::info!(target: "saltgate_proxy::session", left_out, "no master available; closing the client connection (at most one line every 5 s; left_out: not logged since the last)");
                 }
             }
             lm.refused(reason).inc();
@@ -281,8 +288,9 @@ async fn establish(
         }
     };
     tune(&c.stream, user_timeout);
+    record_master(c.master.label());
 
-    let ctl = c.lease.register(ctx.session_id(), peer, started);
+    let ctl = c.lease.register(id, peer, started);
     // The master may have been marked DOWN or disabled while we connected, after its sessions were
     // swept: close this one too rather than leave it on that master (`migrate` moves it).
     match (c.master.admin(), c.master.is_up(), listener.on_master_down) {

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod logs;
+pub mod router;
 
 use std::collections::HashMap;
 use std::future::Future;
