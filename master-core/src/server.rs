@@ -138,9 +138,21 @@ pub async fn run(
     let ret_addr = SocketAddr::new(config.interface, config.ret_port);
     let pub_addr = SocketAddr::new(config.interface, config.publish_port);
     let lim = config.limits;
+    // The request and publish ports together hold at most the descriptor limit less a
+    // headroom: a flood of connections then waits in the kernel backlog instead of taking the
+    // descriptors the job cache, the key files and the CLI socket need.
+    let budget = saltgate_wire::accept::descriptor_budget();
+    let shared_limit = Arc::new(saltgate_wire::accept::ConnectionLimit::new(budget));
+    tracing::info!(
+        connections = budget.map_or("unlimited".to_string(), |b| b.to_string()),
+        "request and publish ports: connection budget from the open-file limit"
+    );
     let router_opts = RouterOptions {
         max_frame_size: MAX_REQUEST_FRAME,
         untrusted_max_frame_size: Some(lim.untrusted_max_frame),
+        untrusted_queue_bytes: Some(lim.untrusted_queue_bytes),
+        max_connections: lim.request_max_connections,
+        shared_limit: Some(shared_limit.clone()),
         frame_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
@@ -153,7 +165,12 @@ pub async fn run(
             addr: ret_addr,
             source,
         })?;
-    let publisher = Publisher::bind(pub_addr, PubOptions::default())
+    let pub_opts = PubOptions {
+        max_connections: lim.publish_max_connections,
+        shared_limit: Some(shared_limit),
+        ..PubOptions::default()
+    };
+    let publisher = Publisher::bind(pub_addr, pub_opts)
         .await
         .map_err(|source| ServeError::Bind {
             what: "publish (publish_port)",
