@@ -334,6 +334,6 @@ async fn a_tcp_master_behind_saltgate_is_checked_in_salt_and_serves_a_tcp_minion
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tls_tcp_master_behind_saltgate_is_checked_over_tls_and_serves_a_tls_minion() {
+async fn a_tls_tcp_master_behind_saltgate_is_checked_over_tls_and_down_within_5s_when_stopped() {
     scenario("127.15.0.20", "127.15.0.21", true).await;
 }
