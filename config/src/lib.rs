@@ -17,6 +17,7 @@ pub mod model;
 pub mod presence;
 pub mod salt_master;
 pub mod salt_minion;
+pub mod transport;
 pub mod yaml;
 mod yaml_auth_limit;
 mod yaml_fanout;
@@ -26,6 +27,7 @@ mod yaml_presence;
 mod yaml_queue;
 mod yaml_replay;
 mod yaml_syntax;
+mod yaml_transport;
 mod yaml_tree;
 mod yaml_values;
 

@@ -99,6 +99,10 @@ pub struct Global {
     /// Worker threads of the proxy's runtime (HAProxy `nbthread`). `None`: one per CPU. Read at
     /// start only; a reload that changes it warns that it takes effect at the next restart.
     pub threads: Option<u16>,
+    /// Salt's `transport` of the masters (top-level `transport:`; see [`crate::transport`]).
+    pub transport: crate::transport::SaltTransport,
+    /// Salt's `ssl` for the masters (top-level `ssl:`): the probes use TLS. `None`: plain.
+    pub ssl: Option<crate::transport::SslConfig>,
 }
 
 impl Default for Global {
@@ -110,6 +114,8 @@ impl Default for Global {
             drain_timeout: defaults::DRAIN_TIMEOUT,
             tcp_user_timeout: Some(defaults::TCP_USER_TIMEOUT),
             threads: None,
+            transport: Default::default(),
+            ssl: None,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::yaml_tree::{self, Kind, Node};
 use crate::yaml_values::{join, Checker, Fields};
 
 #[rustfmt::skip] // one line: this file is near the 800-line limit
-const ROOT_KEYS: &[&str] = &["global", "health", "masters", "listeners", "admin", "discovery", "presence"];
+const ROOT_KEYS: &[&str] = &["global", "health", "masters", "listeners", "admin", "discovery", "presence", "transport", "ssl"];
 const GLOBAL_KEYS: &[&str] = &[
     "maxconn",
     "shutdown_grace",
@@ -374,6 +374,7 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         global.tcp_user_timeout,
     );
 
+    (global.transport, global.ssl) = crate::yaml_transport::parse(&mut c, &top);
     let admin = admin(&mut c, top.get("admin"));
     let presence = crate::yaml_presence::parse(&mut c, top.get("presence"));
     let health = c.health(top.get("health"), HealthSettings::default(), "health");
@@ -412,7 +413,15 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         discovery,
         presence,
     };
-    for (field, message, fix) in config.address_conflicts() {
+    let presence_written = top
+        .get("presence")
+        .is_some_and(|p| node_at(p, "enabled").is_some());
+    let transport_conflicts = crate::yaml_transport::conflicts(&config, presence_written);
+    for (field, message, fix) in config
+        .address_conflicts()
+        .into_iter()
+        .chain(transport_conflicts)
+    {
         let at = node_at(&root, &field)
             .map(|n| c.at(n))
             .unwrap_or_else(|| Position::new(file, 0, 0));

@@ -21,6 +21,8 @@
 //! * `rsa` and [`pem`] — RSA-2048 keys in Salt's exact PEM text, OAEP-SHA1, PKCS#1 v1.5-SHA1
 //!   signatures and X9.31 private-encrypt/public-decrypt. `rsa` is the default feature `rsa`,
 //!   which links the system's OpenSSL; the proxy builds without it.
+//! * [`salt_tcp`] and [`salt_ws`] — Salt's `tcp` and `ws` transports: framing, and the Salt-aware
+//!   probes for them (TLS with feature `tls`).
 //! * [`sd_notify`] — systemd's readiness datagrams (`Type=notify`), for the three daemons.
 //!
 //! This crate knows nothing about proxies, jobs or config files. Nothing in it panics on bytes a
@@ -37,6 +39,8 @@ pub mod publish_job;
 pub mod reserve;
 #[cfg(feature = "rsa")]
 pub mod rsa;
+pub mod salt_tcp;
+pub mod salt_ws;
 pub mod sd_notify;
 pub mod sniff;
 pub mod zmtp;

@@ -15,23 +15,15 @@ use saltgate_wire::probe;
 use tokio::sync::mpsc;
 
 use crate::select::health::{HealthState, PortState};
+use crate::select::transport_probe::{self, ProbeTransport};
 
 #[path = "check_reserve.rs"]
 mod reserve;
 use crate::ops::metrics::Metrics;
 use crate::select::master::{CheckReport, Flip, Master};
 
-/// How a probe's `Err` begins when the probe failed for want of a local resource (see
-/// [`is_local_resource`]): such a failure says nothing about the master and is not counted.
-pub const LOCAL_RESOURCE: &str = "local resource exhausted";
-
-/// EMFILE, ENFILE, ENOBUFS, ENOMEM: this host ran out of descriptors, buffers or memory.
-pub fn is_local_resource(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
-}
+use crate::select::local_resource::connect_error;
+pub use crate::select::local_resource::{is_local_resource, LOCAL_RESOURCE};
 
 /// Whether a local resource episode is under way (logged once when it starts and once when it ends).
 static LOCAL_EPISODE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -50,14 +42,6 @@ fn local_resource_recovered() {
     }
 }
 
-fn connect_error(what: &str, e: &std::io::Error) -> String {
-    if is_local_resource(e) {
-        format!("{LOCAL_RESOURCE}: {what}: {e}")
-    } else {
-        format!("{what}: {e}")
-    }
-}
-
 /// Tests one master port with the timeouts and probe of `health`. `Err` carries a short reason for
 /// the logs and the admin API.
 pub trait Prober: Send + Sync + 'static {
@@ -67,6 +51,20 @@ pub trait Prober: Send + Sync + 'static {
         role: Role,
         health: HealthSettings,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+
+    /// The check of a master whose masters speak `transport` (top-level `transport:`, `ssl:`).
+    /// By default [`Prober::probe`] (test probers ignore the transport); [`SaltProbes`] speaks
+    /// Salt's `tcp` and `ws` here ([`crate::select::transport_probe`]).
+    fn probe_over(
+        &self,
+        addr: SocketAddr,
+        role: Role,
+        health: HealthSettings,
+        transport: Arc<ProbeTransport>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        let _ = transport;
+        self.probe(addr, role, health)
+    }
 }
 
 /// The real probes: TCP connect, the ZMTP greeting, and Salt's clear `ping` (see [`Probe`]). The
@@ -76,6 +74,19 @@ pub trait Prober: Send + Sync + 'static {
 pub struct SaltProbes;
 
 impl Prober for SaltProbes {
+    fn probe_over(
+        &self,
+        addr: SocketAddr,
+        role: Role,
+        health: HealthSettings,
+        transport: Arc<ProbeTransport>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+        if transport.is_zeromq() {
+            return self.probe(addr, role, health);
+        }
+        Box::pin(async move { transport_probe::check(&transport, addr, role, health).await })
+    }
+
     fn probe(
         &self,
         addr: SocketAddr,
@@ -316,13 +327,18 @@ pub async fn run_port_checks(
             let wait = down_check_wait(&settings, &state);
             if pings.wants_ping(state.successes > 0) {
                 pings.make_room();
-                pings.push(prober.probe(addr, role, kept_ping_settings(&settings)));
+                pings.push(prober.probe_over(
+                    addr,
+                    role,
+                    kept_ping_settings(&settings),
+                    master.probe_transport(),
+                ));
             }
             tokio::select! {
                 r = tokio::time::timeout(wait, pings.answer()) => match r {
                     Ok(r) => r,
                     Err(_) => Err(format!(
-                        "salt ping: ZMTP handshake done, no answer within {:?} ({} ping(s) kept outstanding: the first answer passes the next check)",
+                        "salt ping: handshake done, no answer within {:?} ({} ping(s) kept outstanding: the first answer passes the next check)",
                         wait,
                         pings.len()
                     )),
@@ -331,7 +347,7 @@ pub async fn run_port_checks(
             }
         } else {
             tokio::select! {
-                r = prober.probe(addr, role, settings) => r,
+                r = prober.probe_over(addr, role, settings, master.probe_transport()) => r,
                 _ = stop.cancelled() => return,
             }
         };
@@ -345,7 +361,7 @@ pub async fn run_port_checks(
                 local_resource_episode(&format!("{name} {role} check: {e}"));
                 tracing::debug!(target: "saltgate_proxy::check", master = %name, port = %role, "check met the local resource shortage; run again on a reserved descriptor");
                 result = tokio::select! {
-                    r = prober.probe(addr, role, settings) => r,
+                    r = prober.probe_over(addr, role, settings, master.probe_transport()) => r,
                     _ = stop.cancelled() => return,
                 };
                 reserve::refill();

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::data::close::CloseReason;
 use crate::data::registry::{Lease, SessionBook};
+use crate::select::transport_probe::ProbeTransport;
 pub use crate::select::upstream::{Admin, CheckReport, Flip, MasterState, Upstream};
 
 #[derive(Debug)]
@@ -29,6 +30,8 @@ pub struct Master {
     /// Its name, shared: every publish session's presence entry points at it (a reload keeps a
     /// master only under the same name).
     label: Arc<str>,
+    /// The transport its checks speak (`transport:`, `ssl:`), set by each snapshot.
+    transport: ArcSwap<ProbeTransport>,
 }
 
 impl Master {
@@ -51,7 +54,18 @@ impl Master {
             upstream,
             book: Arc::default(),
             checks_stop: checks_parent.child_token(),
+            transport: ArcSwap::from_pointee(ProbeTransport::default()),
         }
+    }
+
+    /// The transport its checks speak now.
+    pub fn probe_transport(&self) -> Arc<ProbeTransport> {
+        self.transport.load_full()
+    }
+
+    /// Sets the transport of its checks (each snapshot, at load and reload).
+    pub fn set_probe_transport(&self, t: Arc<ProbeTransport>) {
+        self.transport.store(t);
     }
 
     /// The current configuration of this master (replaced by a reload that keeps the master).

@@ -6,8 +6,10 @@
 pub mod check;
 pub mod failback;
 pub mod health;
+pub mod local_resource;
 pub mod master;
 pub mod rebalance;
 pub mod selection;
 pub mod snapshot;
+pub mod transport_probe;
 pub mod upstream;

@@ -15,6 +15,7 @@ use crate::ops::metrics::{MasterHandles, Metrics};
 use crate::select::failback::First;
 use crate::select::master::Master;
 use crate::select::selection::{self, Selector};
+use crate::select::transport_probe::ProbeTransport;
 
 /// Builds the selector for a listener's `balance`.
 pub fn for_balance(b: Balance, n_masters: usize) -> Box<dyn Selector> {
@@ -236,6 +237,10 @@ impl Snapshot {
                 .filter(|x| !masters.iter().any(|m| Arc::ptr_eq(m, x)))
                 .cloned()
                 .collect();
+        }
+        let probe_transport = ProbeTransport::prepare(&config.global);
+        for m in &masters {
+            m.set_probe_transport(probe_transport.clone());
         }
         let handles = masters
             .iter()

@@ -310,6 +310,7 @@ pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -
             drain_timeout: Duration::from_secs(300),
             tcp_user_timeout: Some(Duration::from_secs(60)),
             threads: None,
+            ..Global::default()
         },
         health,
         masters,

@@ -1,0 +1,283 @@
+//! Reading `transport:` and `ssl:` ([`crate::transport`] holds their model), and the
+//! combinations with them that cannot work ([`conflicts`]). Kept out of `yaml.rs` (near its size
+//! limit); called from [`crate::yaml::parse_yaml`].
+
+use std::path::PathBuf;
+
+use crate::model::{Config, ListenerMode, OnMasterDown, Probe};
+use crate::transport::{CertReqs, SaltTransport, SslConfig, CERT_REQS, SSL_KEYS, TRANSPORTS};
+use crate::yaml_tree::{Kind, Node};
+use crate::yaml_values::{join, Checker, Fields};
+
+/// Reads `transport:` and `ssl:` from the top level.
+pub(crate) fn parse(c: &mut Checker<'_>, top: &Fields<'_>) -> (SaltTransport, Option<SslConfig>) {
+    let mut transport = SaltTransport::default();
+    if let Some(n) = top.get("transport") {
+        if let Some(t) = c.text(n, "transport", "zeromq, tcp or ws") {
+            match SaltTransport::parse(&t) {
+                Some(x) => transport = x,
+                None => c.err(
+                    n,
+                    "transport",
+                    format!("unknown transport {t:?}"),
+                    format!(
+                        "use one of {} (the masters' own `transport`)",
+                        TRANSPORTS.join(", ")
+                    ),
+                ),
+            }
+        }
+    }
+    let ssl = top.get("ssl").and_then(|n| ssl(c, n));
+    (transport, ssl)
+}
+
+fn ssl(c: &mut Checker<'_>, n: &Node) -> Option<SslConfig> {
+    match &n.kind {
+        Kind::Null => return None,
+        // Salt: `ssl: True` is `{}` (verify with the defaults), `False` is off.
+        Kind::Bool(b) => return b.then(SslConfig::default),
+        _ => {}
+    }
+    let f = c.fields(Some(n), "ssl", SSL_KEYS);
+    let mut out = SslConfig::default();
+    let path = |c: &mut Checker<'_>, key: &str| {
+        f.get(key).and_then(|v| {
+            c.text(v, &join("ssl", key), "the path of a PEM file")
+                .map(PathBuf::from)
+        })
+    };
+    out.certfile = path(c, "certfile");
+    out.keyfile = path(c, "keyfile");
+    out.ca_certs = path(c, "ca_certs");
+    if let Some(v) = f.get("server_name") {
+        out.server_name = c.text(
+            v,
+            "ssl.server_name",
+            "the name in the masters' certificates",
+        );
+    }
+    if let Some(v) = f.get("cert_reqs") {
+        if let Some(t) = c.text(v, "ssl.cert_reqs", "CERT_REQUIRED") {
+            match CertReqs::parse(&t) {
+                Some(r) => out.cert_reqs = r,
+                None => c.err(
+                    v,
+                    "ssl.cert_reqs",
+                    format!("unknown cert_reqs {t:?}"),
+                    format!("use one of {}", CERT_REQS.join(", ")),
+                ),
+            }
+        }
+    }
+    if out.keyfile.is_some() && out.certfile.is_none() {
+        if let Some(v) = f.get("keyfile") {
+            c.err(
+                v,
+                "ssl.keyfile",
+                "a keyfile without a certfile",
+                "add ssl.certfile (the client certificate of that key), or remove ssl.keyfile",
+            );
+        }
+    }
+    Some(out)
+}
+
+/// The combinations that cannot work with `transport` / `ssl`: `(field, problem, fix)`. `written`
+/// tells whether a key was written in the file (`presence.enabled`, `health.probe`).
+pub(crate) fn conflicts(cfg: &Config, presence_written: bool) -> Vec<(String, String, String)> {
+    let t = cfg.global.transport;
+    let mut out = Vec::new();
+    if t != SaltTransport::Zeromq {
+        let name = t.as_str();
+        if cfg.publish.mode == ListenerMode::Fanout {
+            out.push((
+                "listeners.publish.mode".into(),
+                format!("fan-out speaks ZMTP to the minions; it cannot serve `transport: {name}` (Salt's {name} publish server sends targeted jobs only to the matching minions by id, per connection, and TLS ends at the master; docs/fanout.md)"),
+                "use mode: l4 on the publish listener, or transport: zeromq".into(),
+            ));
+        }
+        if cfg.request.on_master_down == OnMasterDown::Migrate {
+            out.push((
+                "listeners.request.on_master_down".into(),
+                format!("request continuity replays ZMTP requests; it does not support `transport: {name}` yet"),
+                "use on_master_down: close (or keep), or transport: zeromq".into(),
+            ));
+        }
+        let zmtp = |h: &crate::HealthSettings| h.probe == Probe::Zmtp;
+        if zmtp(&cfg.health) {
+            out.push((
+                "health.probe".into(),
+                format!("the zmtp probe reads a ZMTP greeting, which a `transport: {name}` master never sends (its log fills with tracebacks)"),
+                format!("use probe: salt (Salt's ping over {name}) or probe: tcp"),
+            ));
+        }
+        for (i, m) in cfg.masters.iter().enumerate() {
+            if zmtp(&m.health) && !zmtp(&cfg.health) {
+                out.push((
+                    format!("masters[{i}].health.probe"),
+                    format!("master {}: the zmtp probe reads a ZMTP greeting, which a `transport: {name}` master never sends", m.name),
+                    format!("use probe: salt (Salt's ping over {name}) or probe: tcp"),
+                ));
+            }
+        }
+    }
+    if cfg.global.ssl.is_some() {
+        if t == SaltTransport::Zeromq {
+            out.push((
+                "ssl".into(),
+                "Salt's `ssl` applies to the tcp and ws transports only".into(),
+                "set transport: tcp or ws (the masters' own), or remove ssl".into(),
+            ));
+        }
+        if cfg.presence.enabled && presence_written {
+            out.push((
+                "presence.enabled".into(),
+                "under TLS the request connection is encrypted end to end: saltgate cannot read the minion ids (presence is by address only)".into(),
+                "remove presence.enabled or set it to false".into(),
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::transport::{CertReqs, SaltTransport, SslConfig};
+    use crate::yaml::parse_yaml;
+
+    const BASE: &str = "masters:
+  - name: a
+    host: 127.0.0.2
+listeners:
+  request:
+    bind: 127.0.0.1:4506
+  publish:
+    bind: 127.0.0.1:4505
+";
+
+    fn errors(extra: &str) -> Vec<(String, String, String)> {
+        parse_yaml(&format!("{BASE}{extra}"), None)
+            .unwrap_err()
+            .0
+            .into_iter()
+            .map(|e| (e.field, e.message, e.fix))
+            .collect()
+    }
+
+    #[test]
+    fn transport_defaults_to_zeromq_and_reads_salts_names() {
+        let c = parse_yaml(BASE, None).unwrap();
+        assert_eq!(c.global.transport, SaltTransport::Zeromq);
+        assert_eq!(c.global.ssl, None);
+        for (t, want) in [
+            ("tcp", SaltTransport::Tcp),
+            ("ws", SaltTransport::Ws),
+            ("zeromq", SaltTransport::Zeromq),
+        ] {
+            let c = parse_yaml(&format!("{BASE}transport: {t}\n"), None).unwrap();
+            assert_eq!(c.global.transport, want);
+        }
+    }
+
+    #[test]
+    fn a_bad_transport_names_the_key_and_the_accepted_values() {
+        let e = errors("transport: zmq\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].0, "transport");
+        assert!(e[0].1.contains("\"zmq\""), "{e:?}");
+        assert!(e[0].2.contains("zeromq, tcp, ws"), "{e:?}");
+    }
+
+    #[test]
+    fn ssl_takes_salts_keys() {
+        let c = parse_yaml(
+            &format!("{BASE}transport: tcp\nssl:\n  certfile: /c.pem\n  keyfile: /k.pem\n  ca_certs: /ca.pem\n  cert_reqs: CERT_OPTIONAL\n  ssl_version: PROTOCOL_TLSv1_2\n"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            c.global.ssl,
+            Some(SslConfig {
+                certfile: Some("/c.pem".into()),
+                keyfile: Some("/k.pem".into()),
+                ca_certs: Some("/ca.pem".into()),
+                cert_reqs: CertReqs::Optional,
+                server_name: None,
+            })
+        );
+        let c = parse_yaml(&format!("{BASE}transport: ws\nssl: true\n"), None).unwrap();
+        assert_eq!(c.global.ssl, Some(SslConfig::default()));
+        let c = parse_yaml(
+            &format!("{BASE}transport: ws\nssl:\n  cert_reqs: NONE\n"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.global.ssl.unwrap().cert_reqs, CertReqs::None);
+        let e = errors("transport: tcp\nssl:\n  cert_reqs: CERT_MAYBE\n  cafile: /x\n");
+        assert!(
+            e.iter().any(|e| e.0 == "ssl.cert_reqs"
+                && e.2.contains("CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED")),
+            "{e:?}"
+        );
+        assert!(e.iter().any(|e| e.0 == "ssl.cafile"), "{e:?}");
+        let e = errors("transport: tcp\nssl:\n  keyfile: /k.pem\n");
+        assert!(e.iter().any(|e| e.0 == "ssl.keyfile"), "{e:?}");
+    }
+
+    #[test]
+    fn combinations_that_cannot_work_are_refused() {
+        let e = errors("transport: tcp\nhealth:\n  probe: zmtp\n");
+        assert!(
+            e.iter()
+                .any(|e| e.0 == "health.probe" && e.1.contains("ZMTP greeting")),
+            "{e:?}"
+        );
+        let fanout = BASE.replace(
+            "    bind: 127.0.0.1:4505\n",
+            "    bind: 127.0.0.1:4505\n    mode: fanout\n",
+        );
+        let e = parse_yaml(&format!("{fanout}transport: ws\n"), None)
+            .unwrap_err()
+            .0;
+        assert!(
+            e.iter().any(
+                |e| e.field == "listeners.publish.mode" && e.message.contains("docs/fanout.md")
+            ),
+            "{e:?}"
+        );
+        let migrate = BASE.replace(
+            "    bind: 127.0.0.1:4506\n",
+            "    bind: 127.0.0.1:4506\n    on_master_down: migrate\n",
+        );
+        let e = parse_yaml(&format!("{migrate}transport: tcp\n"), None)
+            .unwrap_err()
+            .0;
+        assert!(
+            e.iter()
+                .any(|e| e.field == "listeners.request.on_master_down"),
+            "{e:?}"
+        );
+        // The same listeners are fine on zeromq.
+        parse_yaml(&format!("{migrate}transport: zeromq\n"), None).unwrap();
+        let e = errors("ssl: {}\n");
+        assert!(
+            e.iter()
+                .any(|e| e.0 == "ssl" && e.2.contains("transport: tcp or ws")),
+            "{e:?}"
+        );
+        let e =
+            errors("transport: tcp\nssl:\n  cert_reqs: CERT_NONE\npresence:\n  enabled: true\n");
+        assert!(
+            e.iter()
+                .any(|e| e.0 == "presence.enabled" && e.1.contains("by address only")),
+            "{e:?}"
+        );
+        // Presence left at its default is not an error under TLS.
+        parse_yaml(
+            &format!("{BASE}transport: tcp\nssl:\n  cert_reqs: CERT_NONE\n"),
+            None,
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,72 @@
+//! The tcp/ws checks as the check loop runs them: the transport and `ssl` of the configuration
+//! pick the probe, and their failures read as the operator needs them.
+
+use super::*;
+use std::time::Duration;
+
+fn global(transport: SaltTransport, ssl: Option<SslConfig>) -> Global {
+    Global {
+        transport,
+        ssl,
+        ..Global::default()
+    }
+}
+
+fn health(probe: Probe) -> HealthSettings {
+    HealthSettings {
+        probe,
+        timeout: Duration::from_millis(600),
+        handshake_timeout: Duration::from_millis(300),
+        ..HealthSettings::default()
+    }
+}
+
+#[tokio::test]
+async fn a_zeromq_master_behind_transport_tcp_is_named() {
+    // A ZMTP peer: greets at once.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut g = vec![0xffu8, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 1];
+            g.extend(b"NULL");
+            g.resize(64, 0);
+            let _ = s.write_all(&g).await;
+            let mut b = [0u8; 256];
+            while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
+        }
+    });
+    let t = ProbeTransport::prepare(&global(SaltTransport::Tcp, None));
+    assert!(!t.is_zeromq());
+    let e = check(&t, a, Role::Request, health(Probe::Salt))
+        .await
+        .unwrap_err();
+    assert!(e.starts_with("salt ping (tcp)"), "{e}");
+    assert!(e.contains("set `transport: zeromq`"), "{e}");
+    // The publish check connects only: a ZMTP publisher passes it (the request port tells).
+    check(&t, a, Role::Publish, health(Probe::Salt))
+        .await
+        .unwrap();
+    // probe: tcp stays a TCP connect.
+    check(&t, a, Role::Request, health(Probe::Tcp))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_unreadable_ssl_file_fails_every_check_and_names_the_key() {
+    let ssl = SslConfig {
+        ca_certs: Some("/nonexistent/saltgate-test/ca.pem".into()),
+        ..SslConfig::default()
+    };
+    let t = ProbeTransport::prepare(&global(SaltTransport::Ws, Some(ssl)));
+    let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let e = check(&t, a, Role::Publish, health(Probe::Salt))
+        .await
+        .unwrap_err();
+    assert!(
+        e.contains("ssl.ca_certs") && e.starts_with("ws check"),
+        "{e}"
+    );
+}

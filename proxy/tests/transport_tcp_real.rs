@@ -1,0 +1,339 @@
+//! Salt's `tcp` transport with real Salt 3008.5 (issue 27): a `salt-master` on `transport: tcp`,
+//! plain and over TLS (a test CA and server certificate made here by the `openssl` CLI), behind
+//! saltgate with `transport: tcp` and its default Salt-aware probe:
+//! - the master is UP; SIGSTOP (every process of it) -> DOWN within 5 s; SIGCONT -> UP again;
+//! - the master's log holds no parsing traceback (the ZeroMQ probe's greeting made a tcp master
+//!   log "Exception parsing response ... TypeError" on every check);
+//! - (plain tcp) a stock `salt-minion` on `transport: tcp`, knowing only saltgate's address,
+//!   answers `test.ping`.
+//!
+//! Salt 3008.5 with TLS needs `worker_pools_enabled: False` on the master (its pool router wraps
+//! the internal IPC server in TLS while the IPC client speaks plain text). Plain tcp has no
+//! handshake a stopped master would fail (the server sends nothing before the reply), so the
+//! plain scenario's checks run with `timeout: 1s`; under TLS the handshake stage tells a stopped
+//! master with the default timeouts. Needs the Salt venv (`SALTGATE_VENV` or test-support's
+//! setup) and `openssl`. Addresses: 127.15.0.0/24. Run under `flock /tmp/heavy.lock`.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::api::run_with;
+use common::*;
+use saltgate_config::transport::{CertReqs, SaltTransport, SslConfig};
+use saltgate_config::{HealthSettings, MasterConfig, Probe};
+use saltgate_proxy::Options;
+use saltgate_test_support::{venv, ProcGuard};
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn spawn(name: &str, mut cmd: Command, log: &Path) -> ProcGuard {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    ProcGuard::spawn(name, cmd)
+}
+
+/// A test CA and a server certificate for `ips` (the master's and saltgate's addresses).
+fn make_pki(dir: &Path, ips: &[&str]) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=saltgate test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    let san: Vec<String> = ips.iter().map(|ip| format!("IP:{ip}")).collect();
+    std::fs::write(
+        dir.join("ext.cnf"),
+        format!("subjectAltName={}\n", san.join(",")),
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=salt-master",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.pem",
+    ]);
+}
+
+/// `salt <minion> test.ping` on the master's own CLI, until it answers True (the minion reaches
+/// the master through saltgate on both ports).
+fn minion_answers(d: &Path, minion: &str, deadline: Instant) {
+    loop {
+        let out = Command::new(venv().join("bin/salt"))
+            .arg("-c")
+            .arg(d.join("master"))
+            .args(["--out", "json", "--static", "-t", "15", minion, "test.ping"])
+            .output()
+            .expect("salt runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains(&format!("\"{minion}\": true")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{minion} never answered test.ping: {text}\n{}\n--- minion\n{}\n--- master\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            tail(&d.join("n/minion.log")),
+            tail(&d.join("m/master.log"))
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn start_minion(d: &Path, ds: &str, minion: &str, proxy_ip: &str) -> ProcGuard {
+    std::fs::create_dir_all(d.join("minion")).unwrap();
+    std::fs::write(
+        d.join("minion/minion"),
+        format!(
+            "id: {minion}\nmaster: {proxy_ip}\nmaster_port: 4506\npublish_port: 4505\n\
+             transport: tcp\nuser: root\n\
+             pki_dir: {ds}/n/pki\ncachedir: {ds}/n/cache\nsock_dir: {ds}/n/sock\n\
+             pidfile: {ds}/n/minion.pid\nlog_file: {ds}/n/minion.log\nlog_level_logfile: info\n\
+             acceptance_wait_time: 1\nrandom_reauth_delay: 1\nauth_timeout: 10\n\
+             multiprocessing: False\nmaster_tries: -1\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(venv().join("bin/salt-minion"));
+    cmd.arg("-c").arg(d.join("minion")).args(["-l", "warning"]);
+    spawn("salt-minion", cmd, &d.join("minion.stderr"))
+}
+
+async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
+    let dir = tempfile::Builder::new()
+        .prefix("sg-tcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    // Kept when the test fails (the logs), removed when it passes.
+    let keep = Keep(dir.path().to_path_buf());
+    let d = dir.path();
+    let ds = d.display().to_string();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("saltgate_proxy=info")
+        .with_writer(std::sync::Mutex::new(
+            std::fs::File::create(d.join("saltgate.log")).unwrap(),
+        ))
+        .try_init();
+    let minion = if tls { "tcp-tls-minion" } else { "tcp-minion" };
+    if tls {
+        make_pki(d, &[master_ip, proxy_ip]);
+    }
+    // Server side: Salt requires a client certificate unless cert_reqs says otherwise.
+    let master_ssl = if tls {
+        format!("ssl:\n  certfile: {ds}/server.pem\n  keyfile: {ds}/server.key\n  cert_reqs: CERT_NONE\nworker_pools_enabled: False\n")
+    } else {
+        String::new()
+    };
+    std::fs::create_dir_all(d.join("master")).unwrap();
+    std::fs::write(
+        d.join("master/master"),
+        format!(
+            "id: tcp-master\ninterface: {master_ip}\npublish_port: 4505\nret_port: 4506\n\
+             transport: tcp\n{master_ssl}\
+             user: root\nauto_accept: True\npki_dir: {ds}/m/pki\ncachedir: {ds}/m/cache\n\
+             sock_dir: {ds}/m/sock\nsqlite_queue_dir: {ds}/m/queues\npidfile: {ds}/m/master.pid\n\
+             log_file: {ds}/m/master.log\nkey_logfile: {ds}/m/key.log\nlog_level_logfile: info\n\
+             worker_threads: 2\nfile_roots: {{base: [{ds}/srv/salt]}}\n\
+             pillar_roots: {{base: [{ds}/srv/pillar]}}\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(venv().join("bin/salt-master"));
+    cmd.arg("-c").arg(d.join("master")).args(["-l", "warning"]);
+    let master = spawn("salt-master", cmd, &d.join("master.stderr"));
+
+    // saltgate: transport tcp, the default Salt-aware probe and schedule.
+    let health = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let mut cfg = config_on(
+        proxy_ip,
+        vec![MasterConfig {
+            name: "real".into(),
+            host: master_ip.into(),
+            publish_port: 4505,
+            request_port: 4506,
+            weight: 1,
+            maxconn: None,
+            backup: false,
+            disabled: false,
+            check: true,
+            health,
+        }],
+        health,
+    );
+    cfg.global.transport = SaltTransport::Tcp;
+    cfg.global.ssl = tls.then(|| SslConfig {
+        ca_certs: Some(d.join("ca.pem")),
+        cert_reqs: CertReqs::Required,
+        ..SslConfig::default()
+    });
+    cfg.publish.bind = vec![format!("{proxy_ip}:4505").parse().unwrap()];
+    cfg.request.bind = vec![format!("{proxy_ip}:4506").parse().unwrap()];
+    let (r, _stop) = run_with(cfg, Options::default()).await;
+    let m = r.master("real").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // (A master is UP before its first checks: wait for a passed ping.)
+    while !(m.is_up() && m.last_check(saltgate_config::Role::Request).ok) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tcp master never came UP: {:?}\n{}\n{}",
+            m.last_check(saltgate_config::Role::Request),
+            tail(&d.join("master.stderr")),
+            tail(&d.join("m/master.log"))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A stock minion on transport tcp, knowing only saltgate's address (plain tcp: a stock minion
+    // over TLS through saltgate did not authenticate within this test's budget; not asserted yet).
+    let _minion = if tls {
+        None
+    } else {
+        Some(start_minion(d, &ds, minion, proxy_ip))
+    };
+    if !tls {
+        let dd = d.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            minion_answers(&dd, minion, Instant::now() + Duration::from_secs(150))
+        })
+        .await
+        .unwrap();
+    }
+
+    // SIGSTOP every process of the master: DOWN within 5 s under TLS (the handshake stage). Plain
+    // tcp has no handshake: a stopped master is told by `timeout` only, `fall` times.
+    assert!(
+        m.is_up(),
+        "{:?}",
+        m.last_check(saltgate_config::Role::Request)
+    );
+    master.signal_group("-STOP");
+    let t0 = Instant::now();
+    let within = if tls {
+        Duration::from_secs(5)
+    } else {
+        health.timeout * health.fall + health.interval + Duration::from_secs(2)
+    };
+    let limit = tokio::time::Instant::now() + within;
+    while m.is_up() {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "a stopped tcp master still UP after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let down_after = t0.elapsed();
+    let reason = m.last_check(saltgate_config::Role::Request).detail;
+    master.signal_group("-CONT");
+    let t1 = Instant::now();
+    let limit = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !m.is_up() {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "the resumed master not UP within 20 s: {:?}",
+            m.last_check(saltgate_config::Role::Request)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "transport tcp{}: DOWN {down_after:?} after SIGSTOP ({reason}); UP {:?} after SIGCONT",
+        if tls { "+TLS" } else { "" },
+        t1.elapsed()
+    );
+    // Some checks on the resumed master, then its log: no parsing traceback from our probes.
+    let checks = m.last_check(saltgate_config::Role::Request);
+    assert!(checks.ok, "{checks:?}");
+    let log = std::fs::read_to_string(d.join("m/master.log")).unwrap_or_default()
+        + &std::fs::read_to_string(d.join("master.stderr")).unwrap_or_default();
+    // (A ping the probe gave up on while the master was stopped is answered after SIGCONT onto a
+    // closed stream: Salt logs that as "Task exception was never retrieved ... StreamClosedError",
+    // as it does for any client that gives up. Not a parsing error.)
+    for bad in ["Exception parsing", "TypeError", "not subscriptable"] {
+        assert!(
+            !log.contains(bad),
+            "the master logged {bad:?}:\n{}",
+            tail(&d.join("m/master.log"))
+        );
+    }
+    eprintln!(
+        "master log: {} StreamClosedError line(s), 0 parsing errors",
+        log.matches("StreamClosedError(").count()
+    );
+    std::mem::forget(keep);
+}
+
+/// Keeps the directory of a failed test (its logs) by moving it aside on a panic.
+struct Keep(std::path::PathBuf);
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let to = self.0.with_extension("kept");
+            let _ = std::fs::rename(&self.0, &to);
+            eprintln!("logs kept in {}", to.display());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_master_behind_saltgate_is_checked_in_salt_and_serves_a_tcp_minion() {
+    scenario("127.15.0.10", "127.15.0.11", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_tcp_master_behind_saltgate_is_checked_over_tls_and_down_within_5s_when_stopped() {
+    scenario("127.15.0.20", "127.15.0.21", true).await;
+}
