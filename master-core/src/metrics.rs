@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use saltgate_wire::accept::{AcceptOptions, Acceptor};
-use saltgate_wire::zmtp::{ProtocolRefusals, RouterSender};
+use saltgate_wire::transport::{AnyReplier, ProtocolRefusals, PublishServer, Replier};
 use tokio::net::TcpListener;
 
 use crate::state::Master;
@@ -228,7 +228,7 @@ impl RequestCounters {
 pub struct Sources {
     pub master: Arc<Master>,
     pub requests: Arc<RequestCounters>,
-    pub router: RouterSender,
+    pub router: AnyReplier,
     pub router_refusals: Arc<ProtocolRefusals>,
 }
 

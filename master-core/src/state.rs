@@ -11,7 +11,7 @@ use saltgate_config::salt_master::SaltMasterConfig;
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, text, Value};
 use saltgate_wire::rsa::SigAlgo;
-use saltgate_wire::zmtp::Publisher;
+use saltgate_wire::transport::{AnyPublishServer, PublishServer, Targets};
 use serde_json::{json, Value as Json};
 use tokio::sync::mpsc;
 
@@ -160,7 +160,7 @@ pub struct Master {
     pub jids: JidGen,
     /// The port minions are told to subscribe to (the bound one).
     pub publish_port: u16,
-    pub publisher: Option<Publisher>,
+    pub publisher: Option<AnyPublishServer>,
     /// Cluster membership (`cluster_id` set): the master key and `aes` above are the cluster's.
     pub cluster: Option<crate::cluster::ClusterState>,
     serial: AtomicI64,
@@ -289,7 +289,7 @@ impl Master {
         config: SaltMasterConfig,
         master_key: MasterKey,
         publish_port: u16,
-        publisher: Option<Publisher>,
+        publisher: Option<AnyPublishServer>,
     ) -> Self {
         let keys_root = config
             .cluster
@@ -395,13 +395,13 @@ impl Master {
     fn seal_and_publish(
         &self,
         job: &Value,
-    ) -> Result<Option<saltgate_wire::zmtp::PublishReport>, saltgate_wire::rsa::RsaError> {
+    ) -> Result<Option<saltgate_wire::transport::PublishReport>, saltgate_wire::rsa::RsaError> {
         let _order = lock(&self.publish_order);
         let frame = self.seal_publish(job)?;
         Ok(self
             .publisher
             .as_ref()
-            .map(|p| p.publish(vec![bytes::Bytes::from(frame)])))
+            .map(|p| p.publish(bytes::Bytes::from(frame), Targets::All)))
     }
 
     /// Encrypts and signs a job for the publish port (`{"enc":"aes","load","sig_algo","sig"}`);
