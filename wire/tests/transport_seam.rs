@@ -37,14 +37,17 @@ fn offenders(text: &str) -> Vec<(usize, String)> {
     let mut in_wire_group = false;
     for (i, line) in text.lines().enumerate() {
         let c = code(line).replace(' ', "");
-        let grouped = in_wire_group
-            && c.split([',', '{', '}'])
-                .any(|w| w == "zmtp" || w == "probe" || w == "sniff" || w.starts_with("zmtp::"));
-        if grouped || FORBIDDEN.iter().any(|f| c.contains(f)) {
-            found.push((i + 1, line.trim().to_string()));
-        }
         if c.contains("saltgate_wire::{") {
             in_wire_group = true;
+        }
+        let grouped = in_wire_group
+            && c.split([',', '{', '}']).any(|w| {
+                ["zmtp", "probe", "sniff"]
+                    .iter()
+                    .any(|m| w == *m || w.strip_prefix(m).is_some_and(|r| r.starts_with("::")))
+            });
+        if grouped || FORBIDDEN.iter().any(|f| c.contains(f)) {
+            found.push((i + 1, line.trim().to_string()));
         }
         if in_wire_group && c.contains(';') {
             in_wire_group = false;
@@ -65,6 +68,11 @@ fn the_offender_check_sees_the_spellings_it_forbids() {
         1
     );
     assert_eq!(offenders("use saltgate_wire::{envelope, sniff};").len(), 1);
+    assert_eq!(
+        offenders("use saltgate_wire::{probe::salt_ping, envelope};").len(),
+        1
+    );
+    assert!(offenders("use saltgate_wire::{envelope, probes};").is_empty());
     assert!(offenders("use saltgate_wire::transport::zeromq::Frame;").is_empty());
     assert!(offenders("/// see [`saltgate_wire::zmtp`]").is_empty());
     assert!(offenders("let label = \"zmtp_protocol\";").is_empty());
