@@ -113,6 +113,30 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
     if c.admin.allow_unauthenticated {
         writeln!(o, "  allow_unauthenticated: true")?;
     }
+    let (l, d) = (&c.admin.limits, crate::AdminLimits::default());
+    if l.max_connections != d.max_connections {
+        writeln!(o, "  max_connections: {}", l.max_connections)?;
+    }
+    if l.max_waiting != d.max_waiting {
+        writeln!(o, "  max_waiting: {}", l.max_waiting)?;
+    }
+    for (key, v, dv) in [
+        ("header_timeout", l.header_timeout, d.header_timeout),
+        (
+            "unauthenticated_header_timeout",
+            l.unauthenticated_header_timeout,
+            d.unauthenticated_header_timeout,
+        ),
+        (
+            "connection_lifetime",
+            l.connection_lifetime,
+            d.connection_lifetime,
+        ),
+    ] {
+        if v != dv {
+            writeln!(o, "  {key}: {}", format_duration(v))?;
+        }
+    }
     if let Some(d) = &c.discovery {
         writeln!(o)?;
         writeln!(o, "# Masters found in the Salt cluster's peers/*.pub.")?;

@@ -90,8 +90,10 @@ struct Visible<'a>(&'a str);
 
 impl fmt::Display for Visible<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The rule every terminal output follows (control, bidi and invisible format
+        // characters escaped); `\` is kept as is: a message quotes the operator's own file.
         for c in self.0.chars() {
-            if c.is_control() {
+            if saltgate_display::is_unsafe_for_terminal(c) {
                 write!(f, "{}", c.escape_unicode())?;
             } else {
                 fmt::Write::write_char(f, c)?;

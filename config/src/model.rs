@@ -125,6 +125,41 @@ pub struct AdminConfig {
     /// The operator accepts an admin API reachable beyond loopback without a token
     /// (`admin.allow_unauthenticated: true`). Without it such a configuration is refused.
     pub allow_unauthenticated: bool,
+    /// What one client can make the listener hold: connections, waits, deadlines.
+    pub limits: AdminLimits,
+}
+
+/// Bounds on the admin listener's connections, so that probes (`/healthz`, `/ready`) keep
+/// answering under a flood of idle or slow connections. Applied to new connections on reload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// Connections open at once (`admin.max_connections`); one more evicts the longest-idle one,
+    /// or is closed at once when every one has a request in progress.
+    pub max_connections: usize,
+    /// Connections that have not sent their first byte yet (`admin.max_waiting`); they hold no
+    /// connection slot, and one more evicts the longest-waiting one.
+    pub max_waiting: usize,
+    /// How long a client that has shown the token may take to send a request's headers, and
+    /// to start the next request on a kept-alive connection (`admin.header_timeout`).
+    pub header_timeout: Duration,
+    /// The same for a connection that has not shown the token, counted from its connect and
+    /// from its previous answer (`admin.unauthenticated_header_timeout`).
+    pub unauthenticated_header_timeout: Duration,
+    /// A connection is asked to close, after its request in progress, once it has been open
+    /// this long (`admin.connection_lifetime`).
+    pub connection_lifetime: Duration,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: defaults::ADMIN_MAX_CONNECTIONS,
+            max_waiting: defaults::ADMIN_MAX_WAITING,
+            header_timeout: defaults::ADMIN_HEADER_TIMEOUT,
+            unauthenticated_header_timeout: defaults::ADMIN_UNAUTHENTICATED_HEADER_TIMEOUT,
+            connection_lifetime: defaults::ADMIN_CONNECTION_LIFETIME,
+        }
+    }
 }
 
 impl AdminConfig {
@@ -159,6 +194,7 @@ impl Default for AdminConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], defaults::ADMIN_PORT)),
             token_file: None,
             allow_unauthenticated: false,
+            limits: AdminLimits::default(),
         }
     }
 }
@@ -592,6 +628,11 @@ pub mod defaults {
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
     pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(60);
     pub const ADMIN_PORT: u16 = 9505;
+    pub const ADMIN_MAX_CONNECTIONS: usize = 64;
+    pub const ADMIN_MAX_WAITING: usize = 256;
+    pub const ADMIN_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+    pub const ADMIN_UNAUTHENTICATED_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+    pub const ADMIN_CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
     pub const REBALANCE_TOLERANCE_PCT: u32 = 10;
     pub const REBALANCE_RATE: u32 = 50;
     pub const REBALANCE_DELAY: Duration = Duration::from_secs(10);

@@ -38,6 +38,10 @@ pub mod defaults {
     /// `saltgate_untrusted_max_frame`: the largest frame on a request connection that has not
     /// yet sent a request its minion's session key decrypts.
     pub const UNTRUSTED_MAX_FRAME: u64 = 1024 * 1024;
+    /// `saltgate_untrusted_queue_bytes`: bytes of received requests from connections not yet
+    /// trusted that may wait for a handler, all connections together (5,000 `_auth` requests
+    /// of about 1 KiB each fit six times over).
+    pub const UNTRUSTED_QUEUE_BYTES: u64 = 32 * 1024 * 1024;
     /// `saltgate_frame_timeout`: a request frame must end this long after its first byte (a
     /// minion waits 60 s for a reply: a request still arriving then is for nobody).
     pub const FRAME_TIMEOUT_SECS: u64 = 60;
@@ -82,6 +86,9 @@ const KNOWN_KEYS: &[&str] = &[
     "saltgate_metrics_bind",
     "saltgate_max_clear_load",
     "saltgate_untrusted_max_frame",
+    "saltgate_untrusted_queue_bytes",
+    "saltgate_request_max_connections",
+    "saltgate_publish_max_connections",
     "saltgate_frame_timeout",
     "saltgate_write_timeout",
     "saltgate_cluster_auth_timeout",
@@ -133,6 +140,9 @@ struct RawSaltMaster {
     saltgate_metrics_bind: Option<Sp<String>>,
     saltgate_max_clear_load: Option<Sp<u64>>,
     saltgate_untrusted_max_frame: Option<Sp<u64>>,
+    saltgate_untrusted_queue_bytes: Option<Sp<u64>>,
+    saltgate_request_max_connections: Option<Sp<u64>>,
+    saltgate_publish_max_connections: Option<Sp<u64>>,
     saltgate_frame_timeout: Option<Sp<u64>>,
     saltgate_write_timeout: Option<Sp<u64>>,
     saltgate_cluster_auth_timeout: Option<Sp<u64>>,
@@ -245,6 +255,16 @@ pub struct MasterLimits {
     pub max_clear_load: usize,
     /// `saltgate_untrusted_max_frame`: bytes of a frame before the connection is trusted.
     pub untrusted_max_frame: usize,
+    /// `saltgate_untrusted_queue_bytes`: bytes of requests from connections not yet trusted
+    /// waiting for a handler, all together; a connection whose request does not fit stops
+    /// being read until room is made.
+    pub untrusted_queue_bytes: usize,
+    /// `saltgate_request_max_connections`: connections the request port serves at once
+    /// (handshaking or established); beyond it new ones wait in the kernel backlog. `None`
+    /// (default): no cap but the descriptor limit.
+    pub request_max_connections: Option<usize>,
+    /// `saltgate_publish_max_connections`: the same for the publish port.
+    pub publish_max_connections: Option<usize>,
     /// `saltgate_frame_timeout`, seconds.
     pub frame_timeout_secs: u64,
     /// `saltgate_write_timeout`, seconds.
@@ -260,6 +280,9 @@ impl Default for MasterLimits {
         MasterLimits {
             max_clear_load: defaults::MAX_CLEAR_LOAD as usize,
             untrusted_max_frame: defaults::UNTRUSTED_MAX_FRAME as usize,
+            untrusted_queue_bytes: defaults::UNTRUSTED_QUEUE_BYTES as usize,
+            request_max_connections: None,
+            publish_max_connections: None,
             frame_timeout_secs: defaults::FRAME_TIMEOUT_SECS,
             write_timeout_secs: defaults::WRITE_TIMEOUT_SECS,
             cluster_auth_timeout_secs: defaults::CLUSTER_AUTH_TIMEOUT_SECS,
@@ -481,7 +504,10 @@ pub fn parse_salt_master(
     let mut lim = MasterLimits::default();
     let mut clear = lim.max_clear_load as u64;
     let mut untrusted = lim.untrusted_max_frame as u64;
+    let mut untrusted_queue = lim.untrusted_queue_bytes as u64;
     let mut cluster_cap = lim.cluster_max_unauthenticated as u64;
+    let mut request_cap = 0u64;
+    let mut publish_cap = 0u64;
     for (field, raw_v, slot, max, unit) in [
         (
             "saltgate_max_clear_load",
@@ -495,6 +521,13 @@ pub fn parse_salt_master(
             &raw.saltgate_untrusted_max_frame,
             &mut untrusted,
             MAX_FRAME,
+            "bytes",
+        ),
+        (
+            "saltgate_untrusted_queue_bytes",
+            &raw.saltgate_untrusted_queue_bytes,
+            &mut untrusted_queue,
+            1 << 40,
             "bytes",
         ),
         (
@@ -519,6 +552,20 @@ pub fn parse_salt_master(
             "seconds",
         ),
         (
+            "saltgate_request_max_connections",
+            &raw.saltgate_request_max_connections,
+            &mut request_cap,
+            10_000_000,
+            "connections",
+        ),
+        (
+            "saltgate_publish_max_connections",
+            &raw.saltgate_publish_max_connections,
+            &mut publish_cap,
+            10_000_000,
+            "connections",
+        ),
+        (
             "saltgate_cluster_max_unauthenticated",
             &raw.saltgate_cluster_max_unauthenticated,
             &mut cluster_cap,
@@ -541,6 +588,10 @@ pub fn parse_salt_master(
     }
     lim.max_clear_load = clear as usize;
     lim.untrusted_max_frame = untrusted as usize;
+    lim.untrusted_queue_bytes = usize::try_from(untrusted_queue).unwrap_or(usize::MAX);
+    // Unset (0 here): no cap but the descriptor limit.
+    lim.request_max_connections = (request_cap > 0).then_some(request_cap as usize);
+    lim.publish_max_connections = (publish_cap > 0).then_some(publish_cap as usize);
     lim.cluster_max_unauthenticated = cluster_cap as usize;
     c.limits = lim;
     if let Some(v) = &raw.publish_session {

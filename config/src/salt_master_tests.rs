@@ -121,6 +121,32 @@ fn limits_default_to_safe_values_and_refuse_zero() {
         (1024, 3)
     );
     assert_eq!(c.limits.frame_timeout_secs, 5);
+    assert_eq!(
+        MasterLimits::default().untrusted_queue_bytes,
+        32 << 20,
+        "the documented default"
+    );
+    let c = parse_salt_master("saltgate_untrusted_queue_bytes: 4194304\n", None)
+        .unwrap()
+        .config;
+    assert_eq!(c.limits.untrusted_queue_bytes, 4 << 20);
+    let e = parse_salt_master("saltgate_untrusted_queue_bytes: 0\n", None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("saltgate_untrusted_queue_bytes"), "{e}");
+    assert_eq!(MasterLimits::default().request_max_connections, None);
+    let c = parse_salt_master(
+        "saltgate_request_max_connections: 20000\nsaltgate_publish_max_connections: 30000\n",
+        None,
+    )
+    .unwrap()
+    .config;
+    assert_eq!(c.limits.request_max_connections, Some(20_000));
+    assert_eq!(c.limits.publish_max_connections, Some(30_000));
+    let e = parse_salt_master("saltgate_publish_max_connections: 0\n", None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("saltgate_publish_max_connections"), "{e}");
     let e = parse_salt_master("saltgate_write_timeout: 0\n", None)
         .unwrap_err()
         .to_string();

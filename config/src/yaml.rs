@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::addr::parse_bind;
 use crate::error::{ConfigError, ConfigErrors, Position};
 use crate::model::{
-    defaults, AdminConfig, Balance, Config, Global, HealthSettings, ListenerConfig, ListenerMode,
-    MasterConfig, OnMasterDown, Role,
+    defaults, AdminConfig, AdminLimits, Balance, Config, Global, HealthSettings, ListenerConfig,
+    ListenerMode, MasterConfig, OnMasterDown, Role,
 };
 use crate::yaml_syntax::syntax_error;
 pub use crate::yaml_syntax::yaml_path_at;
@@ -30,7 +30,17 @@ const GLOBAL_KEYS: &[&str] = &[
     "drain_timeout",
     "tcp_user_timeout",
 ];
-const ADMIN_KEYS: &[&str] = &["enabled", "bind", "token_file", "allow_unauthenticated"];
+const ADMIN_KEYS: &[&str] = &[
+    "enabled",
+    "bind",
+    "token_file",
+    "allow_unauthenticated",
+    "max_connections",
+    "max_waiting",
+    "header_timeout",
+    "unauthenticated_header_timeout",
+    "connection_lifetime",
+];
 const MASTER_KEYS: &[&str] = &[
     "name",
     "host",
@@ -412,6 +422,36 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
     Ok(config)
 }
 
+/// `admin.max_connections` and the other bounds on the admin listener's connections.
+fn admin_limits(c: &mut Checker<'_>, f: &Fields<'_>, l: &mut AdminLimits) {
+    // Counts: at least one (a probe needs a place); at most what a descriptor table holds.
+    for (key, slot, default) in [
+        ("max_connections", &mut l.max_connections, "64"),
+        ("max_waiting", &mut l.max_waiting, "256"),
+    ] {
+        if let Some(n) = f.get(key) {
+            if let Some(v) = c.uint(n, &format!("admin.{key}"), 1, 1_000_000, default) {
+                *slot = v as usize;
+            }
+        }
+    }
+    for (key, slot, default) in [
+        ("header_timeout", &mut l.header_timeout, "5s"),
+        (
+            "unauthenticated_header_timeout",
+            &mut l.unauthenticated_header_timeout,
+            "2s",
+        ),
+        ("connection_lifetime", &mut l.connection_lifetime, "60s"),
+    ] {
+        if let Some(n) = f.get(key) {
+            if let Some(d) = c.duration(n, &format!("admin.{key}"), default) {
+                *slot = d;
+            }
+        }
+    }
+}
+
 /// The node at a dotted key path (`listeners.request.bind`), first occurrence of each key.
 fn node_at<'n>(root: &'n Node, path: &str) -> Option<&'n Node> {
     path.split('.').try_fold(root, |n, key| match &n.kind {
@@ -457,6 +497,7 @@ fn admin(c: &mut Checker<'_>, n: Option<&Node>) -> AdminConfig {
         "admin.allow_unauthenticated",
         false,
     );
+    admin_limits(c, &f, &mut admin.limits);
     if let Some((message, fix)) = admin.exposure_refusal() {
         match bind.or(f.node) {
             Some(at) => c.err(at, "admin.bind", message, fix),

@@ -71,3 +71,68 @@ fn a_bind_moved_after_loading_is_checked_again() {
     a.allow_unauthenticated = true;
     assert!(a.exposure_refusal().is_none());
 }
+
+/// Issue 31 item 5: the admin listener's connection bounds are keys, with the defaults the
+/// flood tests were written against.
+#[test]
+fn admin_connection_limits_are_keys_with_safe_defaults() {
+    use std::time::Duration;
+    let d = with_admin("  enabled: true\n").unwrap().limits;
+    assert_eq!(d, saltgate_config::AdminLimits::default());
+    assert_eq!(
+        (d.max_connections, d.max_waiting),
+        (64, 256),
+        "documented defaults"
+    );
+    assert_eq!(d.unauthenticated_header_timeout, Duration::from_secs(2));
+    let l = with_admin(
+        "  max_connections: 8\n  max_waiting: 1000\n  header_timeout: 3s\n  \
+         unauthenticated_header_timeout: 750ms\n  connection_lifetime: 5m\n",
+    )
+    .unwrap()
+    .limits;
+    assert_eq!(l.max_connections, 8);
+    assert_eq!(l.max_waiting, 1000);
+    assert_eq!(l.header_timeout, Duration::from_secs(3));
+    assert_eq!(l.unauthenticated_header_timeout, Duration::from_millis(750));
+    assert_eq!(l.connection_lifetime, Duration::from_secs(300));
+    // What saltgate writes (import-haproxy, reload dumps) reads back the same.
+    let full = saltgate_config::parse(
+        &format!("{BASE}admin:\n  max_connections: 8\n  unauthenticated_header_timeout: 750ms\n"),
+        None,
+        Format::Yaml,
+    )
+    .unwrap()
+    .config;
+    let back = saltgate_config::parse(
+        &saltgate_config::emit::to_yaml(&full, "test"),
+        None,
+        Format::Yaml,
+    )
+    .unwrap()
+    .config;
+    assert_eq!(back.admin.limits, full.admin.limits);
+}
+
+#[test]
+fn bad_admin_limits_name_the_key_and_the_fix() {
+    for (text, key, fix) in [
+        ("  max_connections: 0\n", "admin.max_connections", "1 to"),
+        ("  max_waiting: many\n", "admin.max_waiting", "whole number"),
+        ("  header_timeout: 0s\n", "admin.header_timeout", "positive"),
+        (
+            "  unauthenticated_header_timeout: 5\n",
+            "admin.unauthenticated_header_timeout",
+            "unit",
+        ),
+        (
+            "  connection_lifetime: soon\n",
+            "admin.connection_lifetime",
+            "unit",
+        ),
+    ] {
+        let e = with_admin(text).unwrap_err();
+        assert!(e.contains(key), "{text}: {e}");
+        assert!(e.contains(fix), "{text}: {e}");
+    }
+}

@@ -146,6 +146,8 @@ pub async fn run(
     let router_opts = RequestServerOptions {
         max_payload: MAX_REQUEST_FRAME,
         untrusted_max_payload: Some(lim.untrusted_max_frame),
+        untrusted_queue_bytes: Some(lim.untrusted_queue_bytes),
+        max_connections: lim.request_max_connections,
         payload_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
@@ -158,8 +160,12 @@ pub async fn run(
             addr: ret_addr,
             source,
         })?;
+    let pub_opts = PublishServerOptions {
+        max_connections: lim.publish_max_connections,
+        ..PublishServerOptions::default()
+    };
     let publisher = transport
-        .bind_publish_server(pub_addr, &PublishServerOptions::default())
+        .bind_publish_server(pub_addr, &pub_opts)
         .await
         .map_err(|source| ServeError::Bind {
             what: "publish (publish_port)",

@@ -229,3 +229,36 @@ async fn silent_cluster_connections_are_capped_and_cut_at_the_auth_deadline() {
     assert!(cap >= 1 && late >= 4, "{r:?}");
     m.stop().await;
 }
+
+/// Issue 31 item 3, applied to the request port: with `saltgate_request_max_connections` a flood
+/// of connections holds at most that many; one more waits in the kernel backlog (its handshake
+/// is not answered) until one of them goes.
+#[tokio::test]
+async fn the_request_port_serves_at_most_its_max_connections() {
+    let (m, _dir) = master("saltgate_request_max_connections: 2\n").await;
+    let addr = m.bound.ret;
+    let a = raw_req(addr).await;
+    let b = raw_req(addr).await;
+    let cfg = HandshakeConfig::new(SocketType::Req);
+    let third = tokio::spawn(async move { Connection::connect(addr, &cfg).await });
+    // Not served while two are: its greeting goes unanswered.
+    let waited = tokio::time::timeout(Duration::from_millis(1500), async {
+        while !third.is_finished() {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_err(),
+        "a third connection was served over the cap of 2"
+    );
+    drop(a);
+    let c = tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("the third connection was never served after one of two closed")
+        .unwrap();
+    assert!(c.is_ok(), "{:?}", c.err());
+    drop(b);
+    m.stop().await;
+}

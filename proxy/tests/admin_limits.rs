@@ -22,6 +22,12 @@ const IP: &str = "127.23.3.1";
 const BIN: &str = env!("CARGO_BIN_EXE_saltgate");
 
 async fn admin() -> (saltgate_proxy::Running, tokio::sync::oneshot::Sender<()>) {
+    admin_with(saltgate_config::AdminLimits::default()).await
+}
+
+async fn admin_with(
+    limits: saltgate_config::AdminLimits,
+) -> (saltgate_proxy::Running, tokio::sync::oneshot::Sender<()>) {
     let health = HealthSettings {
         interval: Duration::from_secs(1),
         fastinter: Duration::from_secs(1),
@@ -45,7 +51,9 @@ async fn admin() -> (saltgate_proxy::Running, tokio::sync::oneshot::Sender<()>) 
         check: false,
         health,
     };
-    let (r, stop, _p) = run(config_on(IP, vec![master], health)).await;
+    let mut cfg = config_on(IP, vec![master], health);
+    cfg.admin.limits = limits;
+    let (r, stop, _p) = run(cfg).await;
     (r, stop)
 }
 
@@ -123,6 +131,70 @@ async fn an_idle_kept_alive_connection_is_closed_at_the_header_timeout() {
         "an idle kept-alive admin connection stays open"
     );
     assert!(t0.elapsed() >= HEADER_READ_TIMEOUT - Duration::from_millis(500));
+}
+
+/// Issue 31 item 5: the admin listener's bounds are keys (`admin.max_connections`,
+/// `admin.unauthenticated_header_timeout`, ...), not constants: a short header deadline cuts an
+/// idle connection at its value, and a small `max_connections` evicts the longest-idle one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_connection_limits_come_from_the_configuration() {
+    let limits = saltgate_config::AdminLimits {
+        max_connections: 2,
+        unauthenticated_header_timeout: Duration::from_millis(400),
+        ..Default::default()
+    };
+    let (r, _stop) = admin_with(limits).await;
+    let addr = r.admin_addr().unwrap();
+    // A connection that starts a request and stalls: cut at 400 ms, long before the 2 s default.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"G").await.unwrap();
+    let t0 = Instant::now();
+    assert!(
+        closed_within(&mut s, Duration::from_millis(1900)).await,
+        "a stalled connection outlived admin.unauthenticated_header_timeout"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+
+    // Two stalled connections fill max_connections: 2; a third evicts the oldest at once.
+    let limits = saltgate_config::AdminLimits {
+        max_connections: 2,
+        ..Default::default()
+    };
+    let (r, _stop) = admin_with(limits).await;
+    let addr = r.admin_addr().unwrap();
+    let mut first = TcpStream::connect(addr).await.unwrap();
+    first.write_all(b"G").await.unwrap();
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second.write_all(b"G").await.unwrap();
+    // The first connection holds its slot before the second asks for one.
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    third.write_all(b"G").await.unwrap();
+    assert!(
+        closed_within(&mut first, Duration::from_millis(1500)).await,
+        "the longest-idle connection was not evicted for the third (max_connections: 2)"
+    );
+    // The probe still answers: a fourth connection evicts the second.
+    assert!(probe_ok(addr).await, "/healthz went unanswered");
+    drop((second, third));
+}
+
+async fn probe_ok(addr: std::net::SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return false;
+    };
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: saltgate\r\nConnection: close\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let mut b = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut b)).await;
+    String::from_utf8_lossy(&b).starts_with("HTTP/1.1 200")
 }
 
 fn yaml(admin: &str) -> String {

@@ -73,6 +73,7 @@ fn config_at(masters: &[&Publisher], proxy_ip: [u8; 4]) -> Config {
             bind,
             token_file: None,
             allow_unauthenticated: false,
+            limits: Default::default(),
         },
         discovery: None,
         presence: Default::default(),

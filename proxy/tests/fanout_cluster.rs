@@ -106,6 +106,7 @@ fn config(masters: &[&FakeMaster], mode: ListenerMode, proxy_ip: &str) -> Config
             bind,
             token_file: None,
             allow_unauthenticated: false,
+            limits: Default::default(),
         },
         discovery: None,
         presence: Default::default(),

@@ -301,6 +301,11 @@ fn garbage_is_an_error_not_a_panic() {
             "\u{0}\u{1}\u{2}",
             "<config>:1:1: \\u{0}\\u{1}\\u{2}: '\\u{0}\\u{1}\\u{2}' appears before any section; put it inside",
         ),
+        // Bidi overrides too (issue 31 item 7: every terminal output escapes them).
+        (
+            "evil\u{202E}gnp",
+            "<config>:1:1: evil\\u{202e}gnp: 'evil\\u{202e}gnp' appears before any section",
+        ),
         ("server", "<config>:1:1: server: 'server' appears before any section"),
         ("frontend", "<config>:1:1: frontend: 'frontend' needs a name; write 'frontend <name>'"),
         ("frontend a b", "<config>:1:1: frontend: 'frontend a' takes no further words (found \"b\")"),

@@ -24,14 +24,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use saltgate_config::Role;
+use saltgate_config::{defaults, AdminLimits, Role};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::conns;
-use super::conns::UNAUTHENTICATED_HEADER_TIMEOUT;
 use super::error::{AdminError, ApplyError};
 use super::ops::{error, page_limit, AdminOps, MAX_PAGE};
 use super::ready;
@@ -46,21 +45,26 @@ type Ops = Arc<dyn AdminOps>;
 type St = State<Ops>;
 
 /// How long a client may take to send a request's headers (slowloris), and to start the next
-/// request on a kept-alive connection.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// A connection is asked to close (after its request in progress) once it has been open this long.
-pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// request on a kept-alive connection, by default (`admin.header_timeout`).
+pub const HEADER_READ_TIMEOUT: Duration = defaults::ADMIN_HEADER_TIMEOUT;
+/// A connection is asked to close (after its request in progress) once it has been open this
+/// long, by default (`admin.connection_lifetime`).
+pub const CONNECTION_LIFETIME: Duration = defaults::ADMIN_CONNECTION_LIFETIME;
 /// Connections that have not sent their first byte yet, at once (they hold no slot of
-/// [`MAX_CONNECTIONS`]); one more evicts the longest-waiting one.
-pub const MAX_WAITING: usize = 256;
+/// [`MAX_CONNECTIONS`]); one more evicts the longest-waiting one. The default of
+/// `admin.max_waiting`.
+pub const MAX_WAITING: usize = defaults::ADMIN_MAX_WAITING;
 /// Admin connections open at once; one more evicts the longest-idle one, or is closed at once
-/// when every one has a request in progress (admin/conns.rs).
-pub const MAX_CONNECTIONS: usize = 64;
+/// when every one has a request in progress (admin/conns.rs). The default of
+/// `admin.max_connections`.
+pub const MAX_CONNECTIONS: usize = defaults::ADMIN_MAX_CONNECTIONS;
 
 /// Serves the API on `sock` until `stop` is cancelled. A connection waits for its first byte
-/// outside the slots (at most [`MAX_WAITING`] wait), then takes one of at most
-/// [`MAX_CONNECTIONS`] slots (the longest-idle one is evicted for a new one), each with [`HEADER_READ_TIMEOUT`] (and
-/// [`UNAUTHENTICATED_HEADER_TIMEOUT`] until it has shown the token) and [`CONNECTION_LIFETIME`].
+/// outside the slots (at most `admin.max_waiting` wait), then takes one of at most
+/// `admin.max_connections` slots (the longest-idle one is evicted for a new one), each with
+/// `admin.header_timeout` (and `admin.unauthenticated_header_timeout` until it has shown the
+/// token) and `admin.connection_lifetime`. The limits in force when a connection is accepted
+/// apply to it (a reload changes them for later connections).
 pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) {
     use hyper::server::conn::http1;
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -86,10 +90,14 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
             },
             _ = stop.cancelled() => break,
         };
+        let limits: AdminLimits = ops.snapshot().config.admin.limits;
+        slots.set_max(limits.max_connections);
+        waiting.set_max(limits.max_waiting);
         // Waiting for its first byte, a connection holds no slot (a probe sends its request at
         // once; an idle connection never takes a slot from one). The waiting ones are bounded too:
         // the longest-waiting is evicted for a new one.
-        let Ok((waiting_slot, evicted)) = waiting.admit() else {
+        let Ok((waiting_slot, evicted)) = waiting.admit(limits.unauthenticated_header_timeout)
+        else {
             continue; // unreachable: a waiting connection has no request in progress
         };
         if evicted {
@@ -101,7 +109,7 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
         let slots = slots.clone();
         let refused = refused.clone();
         conns.spawn(async move {
-            let deadline = tokio::time::sleep(UNAUTHENTICATED_HEADER_TIMEOUT);
+            let deadline = tokio::time::sleep(limits.unauthenticated_header_timeout);
             let mut first = [0u8; 1];
             tokio::select! {
                 // `peek` waits for a byte (or the end) without taking it (`readable` may wake
@@ -115,7 +123,7 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
                 _ = stop.cancelled() => return,
             }
             drop(waiting_slot);
-            let slot = match slots.admit() {
+            let slot = match slots.admit(limits.unauthenticated_header_timeout) {
                 Ok((slot, evicted)) => {
                     if evicted {
                         ops.admin_cut(conns::Cut::EvictedIdle.as_str());
@@ -125,7 +133,7 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
                 Err(cut) => {
                     ops.admin_cut(cut.as_str());
                     if let Some(left_out) = refused.allow() {
-                        tracing::warn!(target: "saltgate_proxy::admin", client = %peer, max = MAX_CONNECTIONS, left_out, "admin API: every connection has a request in progress; this one is closed at once");
+                        tracing::warn!(target: "saltgate_proxy::admin", client = %peer, max = limits.max_connections, left_out, "admin API: every connection has a request in progress; this one is closed at once");
                     }
                     return;
                 }
@@ -144,10 +152,10 @@ pub(crate) async fn serve(sock: TcpListener, ops: Ops, stop: CancellationToken) 
                 });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(stream), svc);
             tokio::pin!(conn);
-            let lifetime = tokio::time::sleep(CONNECTION_LIFETIME);
+            let lifetime = tokio::time::sleep(limits.connection_lifetime);
             tokio::pin!(lifetime);
             let mut asked = false;
             loop {

@@ -3,21 +3,21 @@
 //!
 //! - A new connection holds no slot until it has sent its first byte: a probe sends its request
 //!   at once, so connections that send nothing never stand in its way. At most
-//!   [`super::MAX_WAITING`] connections wait so; one more evicts the longest-waiting one.
-//! - At most [`super::MAX_CONNECTIONS`] connections are open at once. When all are taken, a new
+//!   `admin.max_waiting` connections wait so; one more evicts the longest-waiting one.
+//! - At most `admin.max_connections` connections are open at once. When all are taken, a new
 //!   connection evicts the one that has been idle longest (no request in progress); only when
 //!   every connection has a request in progress is the new one closed at once. A client that
 //!   opens idle connections over and over therefore evicts its own, oldest ones, and a probe that
 //!   sends its request as soon as it connects is served.
 //! - A connection that has not yet sent a request with the valid bearer token (every connection
 //!   when no token is configured) must complete its request headers within
-//!   [`UNAUTHENTICATED_HEADER_TIMEOUT`] of connecting (then of sending its first byte), and of
+//!   `admin.unauthenticated_header_timeout` of connecting (then of sending its first byte), and of
 //!   its previous answer.
 //!
 //! Every cut is counted in `saltgate_admin_connections_cut_total{reason}`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,8 +26,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// How long a connection that has not shown the token may take to send a request's headers,
-/// from its connect and from its previous answer.
-pub const UNAUTHENTICATED_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// from its connect and from its previous answer, by default
+/// (`admin.unauthenticated_header_timeout`).
+pub const UNAUTHENTICATED_HEADER_TIMEOUT: Duration =
+    saltgate_config::defaults::ADMIN_UNAUTHENTICATED_HEADER_TIMEOUT;
 
 /// Why saltgate closed an admin connection (the metric's `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +56,8 @@ impl Cut {
 pub(crate) struct Conn {
     in_flight: AtomicU32,
     authenticated: AtomicBool,
+    /// Its header deadline until it shows the token (`admin.unauthenticated_header_timeout`).
+    unauthenticated_timeout: Duration,
     /// Since when no request is in progress (its connect, or its last answer).
     idle_since: Mutex<Instant>,
     changed: Notify,
@@ -62,10 +66,11 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    fn new() -> Conn {
+    fn new(unauthenticated_timeout: Duration) -> Conn {
         Conn {
             in_flight: AtomicU32::new(0),
             authenticated: AtomicBool::new(false),
+            unauthenticated_timeout,
             idle_since: Mutex::new(Instant::now()),
             changed: Notify::new(),
             evicted: CancellationToken::new(),
@@ -96,8 +101,7 @@ impl Conn {
         if self.authenticated.load(Ordering::Acquire) {
             return None;
         }
-        self.idle_since()
-            .map(|t| t + UNAUTHENTICATED_HEADER_TIMEOUT)
+        self.idle_since().map(|t| t + self.unauthenticated_timeout)
     }
 
     /// Completes when a request starts or ends (the deadline may have moved).
@@ -120,7 +124,7 @@ impl Drop for Busy {
 
 /// The open connections.
 pub(crate) struct Slots {
-    max: usize,
+    max: AtomicUsize,
     next: AtomicU64,
     open: Mutex<HashMap<u64, Arc<Conn>>>,
 }
@@ -141,10 +145,16 @@ impl Drop for Slot {
 impl Slots {
     pub(crate) fn new(max: usize) -> Arc<Slots> {
         Arc::new(Slots {
-            max: max.max(1),
+            max: AtomicUsize::new(max.max(1)),
             next: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Changes the bound for later admissions (a reload); connections over it stay until they
+    /// end or are evicted.
+    pub(crate) fn set_max(&self, max: usize) {
+        self.max.store(max.max(1), Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
@@ -154,10 +164,15 @@ impl Slots {
     /// A place for a new connection: `Ok((slot, evicted))`, where `evicted` tells that the
     /// longest-idle connection was evicted to make room; `Err(Cut::Full)` when every open
     /// connection has a request in progress.
-    pub(crate) fn admit(self: &Arc<Self>) -> Result<(Slot, bool), Cut> {
+    /// The new connection's header deadline, until it shows the token, is
+    /// `unauthenticated_timeout`.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        unauthenticated_timeout: Duration,
+    ) -> Result<(Slot, bool), Cut> {
         let mut open = self.lock();
         let mut evicted = false;
-        if open.len() >= self.max {
+        if open.len() >= self.max.load(Ordering::Relaxed) {
             let victim = open
                 .iter()
                 .filter_map(|(id, c)| c.idle_since().map(|t| (t, *id)))
@@ -172,7 +187,7 @@ impl Slots {
             evicted = true;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn::new());
+        let conn = Arc::new(Conn::new(unauthenticated_timeout));
         open.insert(id, conn.clone());
         drop(open);
         Ok((
@@ -193,31 +208,34 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_longest_idle_connection_is_evicted_and_a_busy_one_never() {
         let slots = Slots::new(2);
-        let (a, _) = slots.admit().unwrap();
+        let (a, _) = slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).unwrap();
         tokio::time::advance(Duration::from_millis(10)).await;
-        let (b, _) = slots.admit().unwrap();
+        let (b, _) = slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).unwrap();
         // a is older and idle: it goes first.
-        let (c, evicted) = slots.admit().unwrap();
+        let (c, evicted) = slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).unwrap();
         assert!(evicted);
         assert!(a.conn.evicted.is_cancelled() && !b.conn.evicted.is_cancelled());
         drop(a);
         // b busy, c idle: c goes even though it is newer.
         let busy = b.conn.start(false);
-        let (_d, evicted) = slots.admit().unwrap();
+        let (_d, evicted) = slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).unwrap();
         assert!(evicted && c.conn.evicted.is_cancelled());
         assert!(!b.conn.evicted.is_cancelled());
         drop(c);
         // b busy and _d busy: the next is refused.
         let _busy_d = _d.conn.start(false);
-        assert_eq!(slots.admit().err(), Some(Cut::Full));
+        assert_eq!(
+            slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).err(),
+            Some(Cut::Full)
+        );
         drop(busy);
-        assert!(slots.admit().is_ok());
+        assert!(slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn only_a_connection_without_the_token_has_the_short_header_deadline() {
         let slots = Slots::new(4);
-        let (a, _) = slots.admit().unwrap();
+        let (a, _) = slots.admit(UNAUTHENTICATED_HEADER_TIMEOUT).unwrap();
         let t0 = Instant::now();
         assert_eq!(
             a.conn.header_deadline(),

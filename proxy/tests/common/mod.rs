@@ -318,6 +318,7 @@ pub fn config_on(ip: &str, masters: Vec<MasterConfig>, health: HealthSettings) -
             bind: any,
             token_file: None,
             allow_unauthenticated: false,
+            limits: Default::default(),
         },
         discovery: None,
         presence: Default::default(),

@@ -203,6 +203,12 @@ pub struct RequestServerOptions {
     pub max_payload: usize,
     /// Largest request of a peer not yet vouched for ([`Replier::trust`]); `None`: `max_payload`.
     pub untrusted_max_payload: Option<usize>,
+    /// Bytes of received requests from peers not yet vouched for, all together, held in the
+    /// queue; over it such a peer is not read until handled requests give their share back.
+    /// `None`: no budget but `queue`.
+    pub untrusted_queue_bytes: Option<usize>,
+    /// Connections served at once; `None`: the descriptor limit.
+    pub max_connections: Option<usize>,
     /// Longest a request may take from its first byte to its last; `None`: no limit.
     pub payload_timeout: Option<Duration>,
     /// Longest a write to a peer may make no progress; `None`: no limit.
@@ -218,6 +224,8 @@ impl Default for RequestServerOptions {
         RequestServerOptions {
             max_payload: z.max_frame_size,
             untrusted_max_payload: z.untrusted_max_frame_size,
+            untrusted_queue_bytes: z.untrusted_queue_bytes,
+            max_connections: z.max_connections,
             payload_timeout: z.frame_timeout,
             write_timeout: z.write_timeout,
             queue: z.queue,

@@ -53,6 +53,8 @@ impl From<&RequestServerOptions> for RouterOptions {
         RouterOptions {
             max_frame_size: o.max_payload,
             untrusted_max_frame_size: o.untrusted_max_payload,
+            untrusted_queue_bytes: o.untrusted_queue_bytes,
+            max_connections: o.max_connections,
             frame_timeout: o.payload_timeout,
             write_timeout: o.write_timeout,
             queue: o.queue,
@@ -259,5 +261,55 @@ impl Peek for Sniffer {
 
     fn budget(&self) -> usize {
         Sniffer::budget(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{Transport, TransportError};
+
+    fn msg(frames: &[&'static [u8]]) -> RouterMessage {
+        RouterMessage {
+            peer: Bytes::from_static(b"peer-1"),
+            frames: frames.iter().map(|f| Bytes::from_static(f)).collect(),
+            received: tokio::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn only_the_req_envelope_is_a_request() {
+        match incoming(msg(&[b"", b"payload"])) {
+            Incoming::Request(r) => {
+                assert_eq!(&r.payload[..], b"payload");
+                assert_eq!(&r.reply_to.peer[..], b"peer-1");
+            }
+            other => panic!("{other:?}"),
+        }
+        for frames in [
+            &[b"x" as &[u8], b"payload"][..],
+            &[b"payload"],
+            &[b"", b"a", b"b"],
+        ] {
+            match incoming(msg(frames)) {
+                Incoming::NotRequest { parts } => assert_eq!(parts, frames.len()),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_transport_not_implemented_yet_names_the_key() {
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        for t in [Transport::Tcp, Transport::Ws] {
+            let e = t
+                .request_client(addr, &RequestClientOptions::default())
+                .err()
+                .unwrap();
+            assert_eq!(e, TransportError::NotImplemented(t));
+            assert!(e.to_string().starts_with("transport: "), "{e}");
+            assert!(t.peeker(16).is_err());
+        }
+        assert!(Transport::Zeromq.peeker(16).is_ok());
     }
 }

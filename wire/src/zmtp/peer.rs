@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::command::Command;
@@ -101,6 +101,11 @@ pub(crate) struct Delivered {
     pub frames: Vec<Bytes>,
     /// When the last frame was read off the connection.
     pub received: Instant,
+    /// Its share of the untrusted budget ([`Inbound::Channel`]'s `budget`), given back when
+    /// the message is taken off the channel.
+    pub budget: Option<OwnedSemaphorePermit>,
+    /// Bytes of that budget it still waits for before it may be queued (0: none).
+    pub needs: u32,
 }
 
 /// What the driver does with a message when the role's channel is full. The counter counts
@@ -111,6 +116,35 @@ pub(crate) enum OnFull {
     Wait(Arc<AtomicU64>),
 }
 
+/// A byte budget shared by connections (one semaphore permit a byte).
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    sem: Arc<Semaphore>,
+    total: u32,
+}
+
+impl Budget {
+    /// `bytes` (1 to 4 GiB) in all.
+    pub(crate) fn new(bytes: usize) -> Budget {
+        let total = bytes.clamp(1, u32::MAX as usize) as u32;
+        Budget {
+            sem: Arc::new(Semaphore::new(total as usize)),
+            total,
+        }
+    }
+
+    /// What a message of `size` bytes draws: its size, at least 1, at most the whole budget
+    /// (so a message bigger than the budget waits for all of it, never for ever).
+    fn share(&self, size: usize) -> u32 {
+        size.clamp(1, self.total as usize) as u32
+    }
+
+    /// Bytes not drawn now.
+    pub(crate) fn available(&self) -> usize {
+        self.sem.available_permits()
+    }
+}
+
 /// Where received traffic goes.
 pub(crate) enum Inbound {
     /// Messages go to the role's channel, tagged with `peer`; `full` says what happens when it
@@ -119,6 +153,11 @@ pub(crate) enum Inbound {
         tx: mpsc::Sender<Delivered>,
         peer: Bytes,
         full: OnFull,
+        /// Bytes that messages from peers not yet trusted ([`Outbound::Trust`]) may hold in the
+        /// channel, all peers together (one permit a byte): a message that does not fit waits,
+        /// and its peer is not read meanwhile, as with `OnFull::Wait` (the only mode it is
+        /// used with). `None`: no budget.
+        budget: Option<Budget>,
     },
     /// A PUB's subscriber: subscriptions update `topics` (and wake `changed`); data is ignored.
     Topics {
@@ -208,14 +247,17 @@ where
     // Silence is counted from the last byte received or the end of the last pause, whichever
     // is later: a peer we did not read is not silent.
     let mut resumed = Instant::now();
-    let wait_tx = match &inbound {
+    let (wait_tx, budget) = match &inbound {
         Inbound::Channel {
             tx,
             full: OnFull::Wait(_),
+            budget,
             ..
-        } => Some(tx.clone()),
-        _ => None,
+        } => (Some(tx.clone()), budget.clone()),
+        _ => (None, None),
     };
+    // Until the role vouches for the peer, its messages draw on the untrusted budget.
+    let mut trusted = false;
 
     loop {
         let silence_limit = match (hb.map(|h| h.timeout), remote_ttl) {
@@ -234,7 +276,8 @@ where
             frame = conn.read_frame(), if held.is_none() => {
                 match frame {
                     Ok(frame) => {
-                        on_frame(&mut conn, frame, &inbound, &mut assembler, &mut remote_ttl)
+                        let budget = budget.as_ref().filter(|_| !trusted);
+                        on_frame(&mut conn, frame, &inbound, budget, &mut assembler, &mut remote_ttl)
                             .await
                             .map(|step| match step {
                                 Step::Go => true,
@@ -249,7 +292,7 @@ where
                     Err(e) => Err(e),
                 }
             }
-            permit = reserve(wait_tx.as_ref()), if held.is_some() => match permit {
+            permit = admit(held.as_mut(), budget.as_ref(), wait_tx.as_ref()), if held.is_some() => match permit {
                 Some(permit) => {
                     if let Some(d) = held.take() {
                         permit.send(d);
@@ -267,6 +310,7 @@ where
                     return CloseReason::LocalClosed;
                 }
                 Some(Outbound::Trust) => {
+                    trusted = true;
                     max_frame_size = cfg.trusted_max_frame_size.max(cfg.max_message_size);
                     assembler.set_max_size(max_frame_size);
                     Ok(true)
@@ -298,6 +342,22 @@ where
     }
 }
 
+/// The held message's share of the untrusted budget, if it waits for one, then room in the
+/// role's channel. Cancel-safe: a share once granted stays with the message.
+async fn admit<'t>(
+    held: Option<&mut Delivered>,
+    budget: Option<&Budget>,
+    tx: Option<&'t mpsc::Sender<Delivered>>,
+) -> Option<mpsc::Permit<'t, Delivered>> {
+    if let (Some(d), Some(b)) = (held, budget) {
+        if d.needs > 0 {
+            d.budget = Some(b.sem.clone().acquire_many_owned(d.needs).await.ok()?);
+            d.needs = 0;
+        }
+    }
+    reserve(tx).await
+}
+
 /// Room in the role's channel (`None` when the role went away, or never without a channel).
 async fn reserve(tx: Option<&mpsc::Sender<Delivered>>) -> Option<mpsc::Permit<'_, Delivered>> {
     match tx {
@@ -320,6 +380,7 @@ async fn on_frame<S>(
     conn: &mut Connection<S>,
     frame: Frame,
     inbound: &Inbound,
+    budget: Option<&Budget>,
     assembler: &mut MessageAssembler,
     remote_ttl: &mut Option<Duration>,
 ) -> Result<Step, ZmtpError>
@@ -347,12 +408,28 @@ where
                 return Ok(Step::Go);
             };
             match inbound {
-                Inbound::Channel { tx, peer, full } => {
-                    let delivered = Delivered {
+                Inbound::Channel { tx, peer, full, .. } => {
+                    let mut delivered = Delivered {
                         peer: peer.clone(),
                         frames,
                         received: Instant::now(),
+                        budget: None,
+                        needs: 0,
                     };
+                    if let Some(b) = budget {
+                        let size: usize = delivered.frames.iter().map(Bytes::len).sum();
+                        let need = b.share(size);
+                        match b.sem.clone().try_acquire_many_owned(need) {
+                            Ok(p) => delivered.budget = Some(p),
+                            Err(_) => {
+                                delivered.needs = need;
+                                if let OnFull::Wait(paused) = full {
+                                    paused.fetch_add(1, Ordering::Relaxed);
+                                }
+                                return Ok(Step::Hold(delivered));
+                            }
+                        }
+                    }
                     match (tx.try_send(delivered), full) {
                         (Ok(()), _) => {}
                         (Err(mpsc::error::TrySendError::Full(d)), OnFull::Wait(paused)) => {

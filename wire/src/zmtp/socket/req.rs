@@ -176,6 +176,7 @@ impl ReqSocket {
                 peer: Bytes::new(),
                 // Only the reply is expected; anything unsolicited beyond it is dropped.
                 full: OnFull::Drop(Default::default()),
+                budget: None,
             };
             let reason = drive(conn, out_rx, inbound, cfg).await;
             tracing::debug!(%addr, ?reason, "req connection closed");

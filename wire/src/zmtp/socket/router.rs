@@ -26,7 +26,9 @@ use tokio::task::JoinHandle;
 use crate::accept::{AcceptStats, Acceptor, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
-use crate::zmtp::peer::{drive, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound};
+use crate::zmtp::peer::{
+    drive, Budget, Delivered, DriverConfig, Heartbeat, Inbound, OnFull, Outbound,
+};
 use crate::zmtp::SocketType;
 
 use super::ProtocolRefusals;
@@ -56,6 +58,12 @@ pub struct RouterOptions {
     /// [`RouterSender::trust`]: what an unauthenticated client can make a connection hold.
     /// `None` (default): `max_frame_size` from the start.
     pub untrusted_max_frame_size: Option<usize>,
+    /// Bytes that received messages of peers not yet trusted may hold in the receive queue,
+    /// all peers together: a message that does not fit waits (its peer is not read meanwhile)
+    /// until handled messages make room. Bounds what unauthenticated senders can queue, which
+    /// `queue` alone bounds only in messages (1000 x `untrusted_max_frame_size`). `None`
+    /// (default): no byte budget.
+    pub untrusted_queue_bytes: Option<usize>,
     /// Longest a frame may take from its first byte to its last (a peer trickling one byte
     /// now and then is not silent, so the heartbeat alone never cuts it). `None`: no limit.
     pub frame_timeout: Option<Duration>,
@@ -76,6 +84,7 @@ impl Default for RouterOptions {
             hwm: 1000,
             queue: 1000,
             untrusted_max_frame_size: None,
+            untrusted_queue_bytes: None,
             frame_timeout: Some(DEFAULT_FRAME_TIMEOUT),
             write_timeout: Some(Heartbeat::salt_master().timeout),
         }
@@ -118,6 +127,8 @@ struct Shared {
     next_conn: AtomicU64,
     paused: Arc<AtomicU64>,
     refusals: Arc<ProtocolRefusals>,
+    /// `RouterOptions::untrusted_queue_bytes`.
+    untrusted_budget: Option<Budget>,
 }
 
 impl Shared {
@@ -146,6 +157,7 @@ impl Router {
             next_conn: AtomicU64::new(0),
             paused: Arc::default(),
             refusals: Arc::default(),
+            untrusted_budget: opts.untrusted_queue_bytes.map(Budget::new),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, Arc::new(opts)));
@@ -188,8 +200,13 @@ impl Router {
         self.sender().reply(peer, parts).await
     }
 
+    /// Bytes of `untrusted_queue_bytes` not drawn now (`None` without a budget).
+    pub fn untrusted_budget_available(&self) -> Option<usize> {
+        self.shared.untrusted_budget.as_ref().map(Budget::available)
+    }
+
     /// How many times a peer had to stop being read because the receive queue (`queue`) was
-    /// full (nothing is dropped: it is read again when there is room).
+    /// full (or, for a peer not yet trusted, `untrusted_queue_bytes` was drawn) (nothing is dropped: it is read again when there is room).
     pub fn paused_inbound(&self) -> u64 {
         self.sender().paused_inbound()
     }
@@ -339,6 +356,7 @@ async fn serve(
         tx,
         peer: id.clone(),
         full: OnFull::Wait(shared.paused.clone()),
+        budget: shared.untrusted_budget.clone(),
     };
     let mut cfg = DriverConfig::new(opts.heartbeat, untrusted);
     cfg.trusted_max_frame_size = opts.max_frame_size;
@@ -403,6 +421,86 @@ mod tests {
         .await;
         assert!(cut.is_ok(), "an untrusted 100 KiB frame was taken");
         assert_eq!(router.refusals().oversized(), 1);
+    }
+
+    /// What unauthenticated senders can queue is bounded in bytes, not only in messages: a
+    /// message that does not fit `untrusted_queue_bytes` waits (its peer unread) until handled
+    /// messages give their share back; a trusted peer draws nothing.
+    #[tokio::test]
+    async fn untrusted_messages_queue_within_a_byte_budget() {
+        let mut router = Router::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            RouterOptions {
+                untrusted_queue_bytes: Some(10_000),
+                ..RouterOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let addr = router.local_addr();
+        let t = Duration::from_secs(10);
+        let cfg = HandshakeConfig::new(SocketType::Req);
+        let body = vec![1u8; 6000];
+        let mut a = Connection::connect(addr, &cfg).await.unwrap();
+        let mut b = Connection::connect(addr, &cfg).await.unwrap();
+        a.send_message(&[&b""[..], &body[..]]).await.unwrap();
+        // The first 6000 bytes are queued; the second 6000 do not fit the 4000 left.
+        let budget = |r: &Router| r.untrusted_budget_available();
+        saltgate_test_support::wait_until("the first message queued", t, || {
+            budget(&router) == Some(4000)
+        })
+        .await;
+        b.send_message(&[&b""[..], &body[..]]).await.unwrap();
+        saltgate_test_support::wait_until("the second sender paused", t, || {
+            router.paused_inbound() >= 1
+        })
+        .await;
+        assert_eq!(
+            router.rx.len(),
+            1,
+            "the second message was queued over the budget"
+        );
+        // Taking the first message gives its share back: the second is queued.
+        let first = tokio::time::timeout(t, router.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let second = tokio::time::timeout(t, router.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(first.peer, second.peer);
+        assert_eq!(budget(&router), Some(10_000));
+
+        // Once trusted, a peer's messages draw nothing: two of them queue at once.
+        let mut c = Connection::connect(addr, &cfg).await.unwrap();
+        c.send_message(&[&b""[..], b"hi"]).await.unwrap();
+        let hi = tokio::time::timeout(t, router.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        router.sender().trust(&hi.peer);
+        // The reply follows the trust on the peer's queue: once it arrives, the trust is in force.
+        router
+            .reply(&hi.peer, vec![Bytes::from_static(b"ok")])
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(t, c.read_frame())
+            .await
+            .unwrap()
+            .unwrap();
+        let _ = tokio::time::timeout(t, c.read_frame())
+            .await
+            .unwrap()
+            .unwrap();
+        c.send_message(&[&b""[..], &body[..]]).await.unwrap();
+        c.send_message(&[&b""[..], &body[..]]).await.unwrap();
+        saltgate_test_support::wait_until("both trusted messages queued", t, || {
+            router.rx.len() == 2
+        })
+        .await;
+        assert_eq!(budget(&router), Some(10_000));
+        drop(a);
     }
 
     #[test]

@@ -237,6 +237,7 @@ async fn run(
                     tx: tx.clone(),
                     peer: Bytes::new(),
                     full: OnFull::Drop(state.dropped.clone()),
+                    budget: None,
                 };
                 let cfg = DriverConfig::new(opts.heartbeat, opts.max_frame_size);
                 let driver = drive(conn, out_rx, inbound, cfg);
