@@ -141,6 +141,15 @@ pub async fn run(
     let ret_addr = SocketAddr::new(config.interface, config.ret_port);
     let pub_addr = SocketAddr::new(config.interface, config.publish_port);
     let lim = config.limits;
+    // The request and publish ports together hold at most the descriptor limit less a
+    // headroom: a flood of connections then waits in the kernel backlog instead of taking the
+    // descriptors the job cache, the key files and the CLI socket need.
+    let budget = saltgate_wire::accept::descriptor_budget();
+    let shared_limit = Arc::new(saltgate_wire::accept::ConnectionLimit::new(budget));
+    tracing::info!(
+        connections = budget.map_or("unlimited".to_string(), |b| b.to_string()),
+        "request and publish ports: connection budget from the open-file limit"
+    );
     // ZeroMQ until saltgate-master reads `transport` (issue 27).
     let transport = Transport::default();
     let router_opts = RequestServerOptions {
@@ -148,6 +157,7 @@ pub async fn run(
         untrusted_max_payload: Some(lim.untrusted_max_frame),
         untrusted_queue_bytes: Some(lim.untrusted_queue_bytes),
         max_connections: lim.request_max_connections,
+        shared_limit: Some(shared_limit.clone()),
         payload_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
@@ -162,6 +172,7 @@ pub async fn run(
         })?;
     let pub_opts = PublishServerOptions {
         max_connections: lim.publish_max_connections,
+        shared_limit: Some(shared_limit),
         ..PublishServerOptions::default()
     };
     let publisher = transport

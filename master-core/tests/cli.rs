@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use serde_json::json;
+use std::time::Duration;
 
 const PUB: &str = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
 const PUB2: &str = "-----BEGIN PUBLIC KEY-----\nBBBB\n-----END PUBLIC KEY-----\n";
@@ -309,4 +310,80 @@ fn refusals_are_logged_with_their_reason() {
     ] {
         assert!(text.contains(reason), "no {reason:?} in:\n{text}");
     }
+}
+
+/// Issue 31 item 3: a flood of connections on the request port used to take every descriptor
+/// the master may open (EMFILE): the CLI got through on its reserve, but the publish then found
+/// no descriptor for the job cache and waited until the flood went (30 s). Now the network
+/// ports hold at most the open-file limit less a headroom (`accept::descriptor_budget`): the
+/// rest of the flood waits in the kernel backlog, and the operator's publish is answered at once.
+#[test]
+fn a_connection_flood_leaves_descriptors_for_the_cli_and_the_job_cache() {
+    const NOFILE: u64 = 96;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_master_config(dir.path(), "127.0.1.33", "");
+    let log = dir.path().join("master.log");
+    let master = start_master_with_nofile(&config, &log, NOFILE);
+    // Each flood connection completes its ZMTP handshake (a greeting and READY, sent at once),
+    // so the handshake deadline does not free it: it holds its descriptor until the heartbeat
+    // timeout (30 s), longer than this test.
+    let mut hello = bytes::BytesMut::new();
+    hello.extend_from_slice(&saltgate_wire::zmtp::Greeting::ours(false).encode());
+    saltgate_wire::zmtp::Command::Ready(
+        saltgate_wire::zmtp::Properties::default().with("Socket-Type", "REQ"),
+    )
+    .encode_frame(&mut hello);
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        match std::net::TcpStream::connect_timeout(&master.ret, Duration::from_secs(2)) {
+            Ok(mut s) => {
+                use std::io::Write;
+                let _ = s.write_all(&hello);
+                s.set_nonblocking(true).unwrap();
+                flood.push((s, false));
+            }
+            Err(_) => break,
+        }
+    }
+    // The master answers the connections it serves with its greeting: up to its budget.
+    let budget = saltgate_wire::accept::budget_for(NOFILE as usize);
+    saltgate_test_support::wait_for(
+        Duration::from_secs(20),
+        "the flood served up to the budget",
+        || {
+            for (s, greeted) in flood.iter_mut() {
+                use std::io::Read;
+                let mut b = [0u8; 64];
+                if !*greeted && matches!(s.read(&mut b), Ok(n) if n > 0) {
+                    *greeted = true;
+                }
+            }
+            let n = flood.iter().filter(|(_, g)| *g).count();
+            // Within a couple of the budget: the master's own links may hold a permit or two.
+            (n + 2 >= budget).then_some(n)
+        },
+    );
+    let t0 = std::time::Instant::now();
+    let o = cli(
+        &config,
+        &["publish", "--timeout", "5", "nobody", "test.ping"],
+    );
+    let took = t0.elapsed();
+    let e = err(&o);
+    assert!(
+        e.contains("No minions matched the target"),
+        "the publish failed under the flood ({:?}): {e}\nlog:\n{}",
+        o.status.code(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // Answered while the flood holds its connections (it used to wait 30 s for them to go).
+    assert!(took < Duration::from_secs(10), "the publish took {took:?}");
+    let greeted = flood.iter().filter(|(_, g)| *g).count();
+    assert!(
+        greeted <= budget,
+        "{greeted} connections served over the budget of {budget}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("Too many open files"), "{text}");
+    drop(flood);
 }

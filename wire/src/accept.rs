@@ -102,6 +102,36 @@ pub fn is_exhaustion(e: &io::Error) -> bool {
     )
 }
 
+/// Connections a server may hold on its network ports together so that the process keeps
+/// descriptors for its own work (files, a CLI socket, outbound links) when a flood would take
+/// every one: the soft `RLIMIT_NOFILE` less a headroom of a tenth of it, at least 64 and at most
+/// 1024 (half of a limit of 128 or less). As HAProxy derives `maxconn` from `ulimit -n`, but
+/// the other way round. `None` when the limit is unlimited or cannot be read.
+pub fn descriptor_budget() -> Option<usize> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    Some(budget_for(usize::try_from(lim.rlim_cur).ok()?))
+}
+
+/// [`descriptor_budget`] for a soft limit of `nofile`.
+pub fn budget_for(nofile: usize) -> usize {
+    let headroom = if nofile <= 128 {
+        nofile / 2
+    } else {
+        (nofile / 10).clamp(64, 1024)
+    };
+    (nofile - headroom).max(1)
+}
+
 /// Permits standing for "no cap" (far above any descriptor limit).
 const UNLIMITED: usize = 1 << 30;
 
@@ -370,6 +400,16 @@ impl Acceptor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_descriptor_budget_leaves_headroom_for_the_process_own_work() {
+        assert_eq!(budget_for(96), 48);
+        assert_eq!(budget_for(1024), 960);
+        assert_eq!(budget_for(65_536), 65_536 - 1024);
+        assert_eq!(budget_for(2), 1);
+        let b = descriptor_budget();
+        assert!(b.is_none_or(|b| b >= 1));
+    }
 
     fn local() -> SocketAddr {
         "127.0.0.1:0".parse().unwrap()

@@ -52,7 +52,19 @@ pub struct RunningMaster {
 }
 
 pub fn start_master(config: &Path, log: &Path) -> RunningMaster {
-    let mut cmd = Command::new(bin());
+    start_master_cmd(Command::new(bin()), config, log)
+}
+
+/// `start_master` with at most `nofile` descriptors (util-linux `prlimit`, which execs the
+/// master: the guard's PID is the master's).
+#[allow(dead_code)] // not every test binary uses it
+pub fn start_master_with_nofile(config: &Path, log: &Path, nofile: u64) -> RunningMaster {
+    let mut cmd = Command::new("prlimit");
+    cmd.arg(format!("--nofile={nofile}:{nofile}")).arg(bin());
+    start_master_cmd(cmd, config, log)
+}
+
+fn start_master_cmd(mut cmd: Command, config: &Path, log: &Path) -> RunningMaster {
     cmd.arg("-c")
         .arg(config)
         .arg("run")

@@ -59,7 +59,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use thiserror::Error;
 
-pub use crate::accept::Keepalive;
+pub use crate::accept::{ConnectionLimit, Keepalive};
 pub use crate::probe::{PeerGreeting, ProbeError, SaltPingReply};
 /// Bytes a [`Peek`] buffers by default before giving up (Salt's `_auth` fits well within).
 pub use crate::sniff::DEFAULT_BUDGET as DEFAULT_PEEK_BUDGET;
@@ -209,6 +209,8 @@ pub struct RequestServerOptions {
     pub untrusted_queue_bytes: Option<usize>,
     /// Connections served at once; `None`: the descriptor limit.
     pub max_connections: Option<usize>,
+    /// A connection budget shared with other servers (the request and publish ports together).
+    pub shared_limit: Option<Arc<ConnectionLimit>>,
     /// Longest a request may take from its first byte to its last; `None`: no limit.
     pub payload_timeout: Option<Duration>,
     /// Longest a write to a peer may make no progress; `None`: no limit.
@@ -226,6 +228,7 @@ impl Default for RequestServerOptions {
             untrusted_max_payload: z.untrusted_max_frame_size,
             untrusted_queue_bytes: z.untrusted_queue_bytes,
             max_connections: z.max_connections,
+            shared_limit: z.shared_limit,
             payload_timeout: z.frame_timeout,
             write_timeout: z.write_timeout,
             queue: z.queue,
@@ -308,6 +311,8 @@ pub struct PublishServerOptions {
     pub handshake_timeout: Duration,
     /// Connections served at once; `None`: the descriptor limit.
     pub max_connections: Option<usize>,
+    /// A connection budget shared with other servers (the request and publish ports together).
+    pub shared_limit: Option<Arc<ConnectionLimit>>,
     pub keepalive: Option<Keepalive>,
 }
 
@@ -318,6 +323,7 @@ impl Default for PublishServerOptions {
             hwm: z.hwm,
             handshake_timeout: z.handshake_timeout,
             max_connections: z.max_connections,
+            shared_limit: z.shared_limit,
             keepalive: z.keepalive,
         }
     }

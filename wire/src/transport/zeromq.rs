@@ -55,6 +55,7 @@ impl From<&RequestServerOptions> for RouterOptions {
             untrusted_max_frame_size: o.untrusted_max_payload,
             untrusted_queue_bytes: o.untrusted_queue_bytes,
             max_connections: o.max_connections,
+            shared_limit: o.shared_limit.clone(),
             frame_timeout: o.payload_timeout,
             write_timeout: o.write_timeout,
             queue: o.queue,
@@ -69,6 +70,7 @@ impl From<&PublishServerOptions> for PubOptions {
             hwm: o.hwm,
             handshake_timeout: o.handshake_timeout,
             max_connections: o.max_connections,
+            shared_limit: o.shared_limit.clone(),
             keepalive: o.keepalive,
             ..PubOptions::default()
         }

@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
-use crate::accept::{AcceptStats, Acceptor, ConnectionPermit, Keepalive};
+use crate::accept::{AcceptStats, Acceptor, ConnectionLimit, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::{encode_message, PUB_DEFAULT_MAX_FRAME_SIZE};
 use crate::zmtp::peer::{drive, DriverConfig, Heartbeat, Inbound, Outbound};
@@ -47,6 +47,9 @@ pub struct PubOptions {
     /// kernel backlog. `None` (default) = no cap but the descriptor limit, where accepting backs
     /// off instead of spinning (see [`crate::accept`]).
     pub max_connections: Option<usize>,
+    /// A cap shared with other listeners (a process-wide connection budget), on top of
+    /// `max_connections`. `None` (default): none.
+    pub shared_limit: Option<Arc<ConnectionLimit>>,
     /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
     pub keepalive: Option<Keepalive>,
     /// Distinct topics, and bytes of them, one subscriber may hold; a SUBSCRIBE past either
@@ -65,6 +68,7 @@ impl Default for PubOptions {
             max_frame_size: PUB_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
             max_connections: None,
+            shared_limit: None,
             keepalive: Some(Keepalive::salt()),
             topics: TopicLimits::default(),
             frame_timeout: Some(Duration::from_secs(10)),
@@ -132,8 +136,11 @@ pub struct Publisher {
 impl Publisher {
     /// Binds `addr` and starts accepting subscribers.
     pub async fn bind(addr: SocketAddr, opts: PubOptions) -> std::io::Result<Self> {
-        let (local_addr, acceptor) =
+        let (local_addr, mut acceptor) =
             Acceptor::bind_salt(addr, opts.keepalive, opts.max_connections)?;
+        if let Some(l) = &opts.shared_limit {
+            acceptor = acceptor.with_limit(l.clone());
+        }
         let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
             slots: Mutex::new(Arc::new(Vec::new())),

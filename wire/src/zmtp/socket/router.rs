@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::accept::{AcceptStats, Acceptor, ConnectionPermit, Keepalive};
+use crate::accept::{AcceptStats, Acceptor, ConnectionLimit, ConnectionPermit, Keepalive};
 use crate::zmtp::conn::{Connection, HandshakeConfig};
 use crate::zmtp::frame::ROUTER_DEFAULT_MAX_FRAME_SIZE;
 use crate::zmtp::peer::{
@@ -46,6 +46,9 @@ pub struct RouterOptions {
     /// kernel backlog. `None` (default) = no cap but the descriptor limit, where accepting backs
     /// off instead of spinning (see [`crate::accept`]).
     pub max_connections: Option<usize>,
+    /// A cap shared with other listeners (a process-wide connection budget), on top of
+    /// `max_connections`. `None` (default): none.
+    pub shared_limit: Option<Arc<ConnectionLimit>>,
     /// TCP keepalive on accepted sockets (default: Salt's, idle 300 s); `None` = off.
     pub keepalive: Option<Keepalive>,
     /// Per-peer outgoing queue.
@@ -80,6 +83,7 @@ impl Default for RouterOptions {
             max_frame_size: ROUTER_DEFAULT_MAX_FRAME_SIZE,
             handshake_timeout: Duration::from_secs(10),
             max_connections: None,
+            shared_limit: None,
             keepalive: Some(Keepalive::salt()),
             hwm: 1000,
             queue: 1000,
@@ -148,8 +152,11 @@ pub struct Router {
 
 impl Router {
     pub async fn bind(addr: SocketAddr, opts: RouterOptions) -> std::io::Result<Self> {
-        let (local_addr, acceptor) =
+        let (local_addr, mut acceptor) =
             Acceptor::bind_salt(addr, opts.keepalive, opts.max_connections)?;
+        if let Some(l) = &opts.shared_limit {
+            acceptor = acceptor.with_limit(l.clone());
+        }
         let accept_stats = acceptor.stats();
         let shared = Arc::new(Shared {
             peers: Mutex::new(HashMap::new()),
