@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use saltgate_wire::accept::{AcceptOptions, Acceptor};
-use saltgate_wire::zmtp::{ProtocolRefusals, Publisher, RouterSender};
+use saltgate_wire::transport::{
+    AnyPublishServer, AnyReplier, ProtocolRefusals, PublishServer, Replier,
+};
 use tokio::net::TcpListener;
 
 use crate::jobbook::JobBook;
@@ -229,13 +231,13 @@ impl RequestCounters {
 pub struct Sources {
     pub refusals: Arc<Refusals>,
     /// The publish port's socket, if bound.
-    pub publisher: Option<Arc<Publisher>>,
+    pub publisher: Option<Arc<AnyPublishServer>>,
     /// Returns not cached.
     pub jobs: Arc<JobBook>,
     /// The cluster's peer links, in a cluster.
     pub peers: Option<Arc<PeerStats>>,
     pub requests: Arc<RequestCounters>,
-    pub router: RouterSender,
+    pub router: AnyReplier,
     pub router_refusals: Arc<ProtocolRefusals>,
 }
 

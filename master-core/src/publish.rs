@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use saltgate_wire::crypticle::Crypticle;
 use saltgate_wire::envelope::{self, text, Value};
 use saltgate_wire::rsa::SigAlgo;
-use saltgate_wire::zmtp::Publisher;
+use saltgate_wire::transport::{AnyPublishServer, PublishServer, Targets};
 use serde_json::{json, Value as Json};
 
 use crate::cluster::ClusterState;
@@ -50,7 +50,7 @@ pub struct Publish {
     ring: Arc<KeyRing>,
     /// Where jobs are recorded.
     jobs: Arc<JobBook>,
-    publisher: Option<Arc<Publisher>>,
+    publisher: Option<Arc<AnyPublishServer>>,
     /// Set in a cluster: publishes are forwarded to the peers, and carry no serial.
     cluster: Option<Arc<ClusterState>>,
     serial: AtomicI64,
@@ -73,7 +73,7 @@ impl Publish {
     pub fn new(
         ring: Arc<KeyRing>,
         jobs: Arc<JobBook>,
-        publisher: Option<Arc<Publisher>>,
+        publisher: Option<Arc<AnyPublishServer>>,
         cluster: Option<Arc<ClusterState>>,
     ) -> Self {
         Publish {
@@ -88,7 +88,7 @@ impl Publish {
     }
 
     /// The publish port's socket, if bound.
-    pub fn publisher(&self) -> Option<&Arc<Publisher>> {
+    pub fn publisher(&self) -> Option<&Arc<AnyPublishServer>> {
         self.publisher.as_ref()
     }
 
@@ -97,13 +97,13 @@ impl Publish {
     fn seal_and_publish(
         &self,
         job: &Value,
-    ) -> Result<Option<saltgate_wire::zmtp::PublishReport>, saltgate_wire::rsa::RsaError> {
+    ) -> Result<Option<saltgate_wire::transport::PublishReport>, saltgate_wire::rsa::RsaError> {
         let _order = lock(&self.publish_order);
         let frame = self.seal_publish(job)?;
         Ok(self
             .publisher
             .as_ref()
-            .map(|p| p.publish(vec![bytes::Bytes::from(frame)])))
+            .map(|p| p.publish(bytes::Bytes::from(frame), Targets::All)))
     }
 
     /// Encrypts and signs a job for the publish port (`{"enc":"aes","load","sig_algo","sig"}`);

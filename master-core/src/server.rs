@@ -13,7 +13,10 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use saltgate_config::salt_master::SaltMasterConfig;
-use saltgate_wire::zmtp::{PubOptions, Publisher, Router, RouterOptions, RouterSender};
+use saltgate_wire::transport::{
+    AnyPublishServer, AnyReplier, Incoming, PublishServer, PublishServerOptions, Replier,
+    RequestServer, RequestServerOptions, Transport,
+};
 use thiserror::Error;
 
 use crate::jobbook::JobBook;
@@ -22,7 +25,7 @@ use crate::metrics::RequestCounters;
 use crate::state::Master;
 
 /// Largest request frame accepted on the request port; larger ones close the connection
-/// before any allocation (the ZMTP codec checks the length header).
+/// before any allocation (the transport's codec checks the length header).
 pub const MAX_REQUEST_FRAME: usize = 64 * 1024 * 1024;
 
 /// Requests handled at once (each may do RSA work on the blocking pool). Beyond this the
@@ -77,7 +80,7 @@ pub async fn build_master(
     config: SaltMasterConfig,
     master_key: MasterKey,
     publish_port: u16,
-    publisher: Option<Publisher>,
+    publisher: Option<AnyPublishServer>,
     pub_sig: Option<crate::signing::PubSig>,
 ) -> Result<(Master, Option<tokio::net::TcpListener>, Vec<SocketAddr>), ServeError> {
     let Some(cc) = config.cluster.clone() else {
@@ -153,30 +156,33 @@ pub async fn run(
         connections = budget.map_or("unlimited".to_string(), |b| b.to_string()),
         "request and publish ports: connection budget from the open-file limit"
     );
-    let router_opts = RouterOptions {
-        max_frame_size: MAX_REQUEST_FRAME,
-        untrusted_max_frame_size: Some(lim.untrusted_max_frame),
+    // ZeroMQ until saltgate-master reads `transport` (issue 27).
+    let transport = Transport::default();
+    let router_opts = RequestServerOptions {
+        max_payload: MAX_REQUEST_FRAME,
+        untrusted_max_payload: Some(lim.untrusted_max_frame),
         untrusted_queue_bytes: Some(lim.untrusted_queue_bytes),
         max_connections: lim.request_max_connections,
         shared_limit: Some(shared_limit.clone()),
-        frame_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
+        payload_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
-        ..RouterOptions::default()
     };
-    let mut router = Router::bind(ret_addr, router_opts)
+    let mut router = transport
+        .bind_request_server(ret_addr, &router_opts)
         .await
         .map_err(|source| ServeError::Bind {
             what: "request (ret_port)",
             addr: ret_addr,
             source,
         })?;
-    let pub_opts = PubOptions {
+    let pub_opts = PublishServerOptions {
         max_connections: lim.publish_max_connections,
         shared_limit: Some(shared_limit),
-        ..PubOptions::default()
+        ..PublishServerOptions::default()
     };
-    let publisher = Publisher::bind(pub_addr, pub_opts)
+    let publisher = transport
+        .bind_publish_server(pub_addr, &pub_opts)
         .await
         .map_err(|source| ServeError::Bind {
             what: "publish (publish_port)",
@@ -249,7 +255,7 @@ pub async fn run(
         _ => None,
     };
     let counters = Arc::new(RequestCounters::default());
-    let sender = router.sender();
+    let sender = router.replier();
     let report_task = tokio::spawn(report_loop(counters.clone(), sender.clone()));
     let metrics_task = metrics_listener.map(|l| {
         let sources = crate::metrics::Sources {
@@ -267,7 +273,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     loop {
         // Only receiving waits for a free handler slot; handlers reply on their own
-        // (`RouterSender`), so a full set of handlers never waits for this loop. (It used to:
+        // (the `Replier`), so a full set of handlers never waits for this loop. (It used to:
         // replies went through a bounded channel this loop drained, and this loop waited for a
         // permit inside the receive branch, so once that channel filled, handlers waited on the
         // loop and the loop on them: the master stopped answering, docs/master.md.)
@@ -278,16 +284,15 @@ pub async fn run(
         let Some(msg) = msg else { break };
         counters.received.fetch_add(1, Ordering::Relaxed);
         // A REQ peer sends ["", request]; anything else is not a Salt request.
-        let frames = msg.frames;
-        if frames.len() != 2 || !frames[0].is_empty() {
-            counters.not_req.fetch_add(1, Ordering::Relaxed);
-            master.refusals.count(crate::metrics::Refused::NotReq);
-            tracing::warn!(
-                frames = frames.len(),
-                "request without the REQ envelope ignored"
-            );
-            continue;
-        }
+        let msg = match msg {
+            Incoming::Request(r) => r,
+            Incoming::NotRequest { parts } => {
+                counters.not_req.fetch_add(1, Ordering::Relaxed);
+                master.refusals.count(crate::metrics::Refused::NotReq);
+                tracing::warn!(frames = parts, "request without the REQ envelope ignored");
+                continue;
+            }
+        };
         let permit = tokio::select! {
             _ = &mut shutdown => break,
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -295,7 +300,7 @@ pub async fn run(
         // A minion that gave up waiting (its request timed out) has closed the connection and
         // will send the request again: answering this copy would be wasted work (RSA for an
         // `_auth`), and Salt's workers do it anyway.
-        if !sender.is_connected(&msg.peer) {
+        if !sender.is_connected(&msg.reply_to) {
             counters.sender_gone.fetch_add(1, Ordering::Relaxed);
             continue;
         }
@@ -303,8 +308,8 @@ pub async fn run(
             master.clone(),
             sender.clone(),
             counters.clone(),
-            msg.peer,
-            frames[1].clone(),
+            msg.reply_to,
+            msg.payload,
             msg.received,
         );
         tokio::spawn(async move {
@@ -321,7 +326,7 @@ pub async fn run(
                         // It holds a session key: its next frames may be full size.
                         tx.trust(&peer);
                     }
-                    match tx.reply(&peer, vec![Bytes::from(h.reply)]).await {
+                    match tx.reply(&peer, Bytes::from(h.reply)).await {
                         Ok(()) => c.replied.fetch_add(1, Ordering::Relaxed),
                         Err(e) => {
                             tracing::debug!(error = %e, "reply not delivered (peer gone)");
@@ -340,7 +345,7 @@ pub async fn run(
     if let Some(t) = metrics_task {
         t.abort();
     }
-    counters.log(router.paused_inbound());
+    counters.log(sender.paused_inbound());
     cli_task.abort();
     prune_task.abort();
     rotate_task.abort();
@@ -353,7 +358,7 @@ pub async fn run(
     Ok(())
 }
 
-async fn report_loop(c: Arc<RequestCounters>, router: RouterSender) {
+async fn report_loop(c: Arc<RequestCounters>, router: AnyReplier) {
     let mut tick = tokio::time::interval(Duration::from_secs(10));
     let mut last = 0;
     loop {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use saltgate_config::salt_master::SaltMasterConfig;
 use saltgate_wire::crypticle::CrypticleKey;
 use saltgate_wire::envelope::Value;
-use saltgate_wire::zmtp::Publisher;
+use saltgate_wire::transport::AnyPublishServer;
 
 use crate::cluster::{ClusterState, PeerSink};
 use crate::jobbook::{JobBook, ReturnEvent};
@@ -59,7 +59,7 @@ pub struct MasterBuilder {
     config: SaltMasterConfig,
     master_key: MasterKey,
     publish_port: u16,
-    publisher: Option<Publisher>,
+    publisher: Option<AnyPublishServer>,
     pub_sig: Option<PubSig>,
     cluster: Option<(CrypticleKey, ClusterState)>,
 }
@@ -147,7 +147,7 @@ impl Master {
         config: SaltMasterConfig,
         master_key: MasterKey,
         publish_port: u16,
-        publisher: Option<Publisher>,
+        publisher: Option<AnyPublishServer>,
     ) -> MasterBuilder {
         MasterBuilder {
             config,
@@ -164,7 +164,7 @@ impl Master {
         config: SaltMasterConfig,
         master_key: MasterKey,
         publish_port: u16,
-        publisher: Option<Publisher>,
+        publisher: Option<AnyPublishServer>,
     ) -> Self {
         Self::builder(config, master_key, publish_port, publisher).build()
     }

@@ -15,7 +15,9 @@ use bytes::Bytes;
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, map, text, Reply, RequestEnvelope, Value};
 use saltgate_wire::rsa::{EncAlgo, SigAlgo};
-use saltgate_wire::zmtp::{ReqError, ReqOptions, ReqSocket};
+use saltgate_wire::transport::{
+    AnyRequestClient, RequestClient, RequestClientOptions, RequestError, Transport,
+};
 use thiserror::Error;
 
 use crate::auth::{self, AuthError, AuthOutcome};
@@ -24,7 +26,7 @@ use crate::keys::{MasterKeyStore, MinionKey};
 #[derive(Debug, Error)]
 pub enum ChannelError {
     #[error(transparent)]
-    Req(#[from] ReqError),
+    Req(#[from] RequestError),
     #[error("undecodable reply: {0}")]
     Decode(String),
     #[error("reply did not decrypt: {0}")]
@@ -42,16 +44,16 @@ pub enum ChannelError {
 impl ChannelError {
     /// True when a request got no answer within its timeout.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, ChannelError::Req(ReqError::Timeout(_)))
+        matches!(self, ChannelError::Req(RequestError::Timeout(_)))
     }
 
     /// True when the master (or the path to it) is not answering at all.
     pub fn is_unreachable(&self) -> bool {
         matches!(
             self,
-            ChannelError::Req(ReqError::Timeout(_))
-                | ChannelError::Req(ReqError::Connect { .. })
-                | ChannelError::Req(ReqError::Disconnected)
+            ChannelError::Req(RequestError::Timeout(_))
+                | ChannelError::Req(RequestError::Connect { .. })
+                | ChannelError::Req(RequestError::Disconnected)
         )
     }
 }
@@ -68,7 +70,9 @@ pub struct Identity {
 pub struct ReqChannel {
     ident: Identity,
     addr: SocketAddr,
-    req: Option<ReqSocket>,
+    /// The master's transport (ZeroMQ until the minion reads `transport`, issue 27).
+    transport: Transport,
+    req: Option<AnyRequestClient>,
     /// Keep the request connection open between requests (Salt does). A swarm closes it to
     /// save a file descriptor and the connection's buffers per idle minion.
     keep_open: bool,
@@ -90,6 +94,7 @@ impl ReqChannel {
         ReqChannel {
             ident,
             addr,
+            transport: Transport::default(),
             req: None,
             keep_open,
             token: CrypticleKey::generate().to_key_string(),
@@ -100,7 +105,15 @@ impl ReqChannel {
     /// A second channel to the same master as the same minion, with its own connection (for a
     /// request sent in the background, as Salt's minion sends its start event).
     pub fn sibling(&self) -> Self {
-        ReqChannel::new(self.ident.clone(), self.addr, false).with_source(self.source)
+        ReqChannel::new(self.ident.clone(), self.addr, false)
+            .with_source(self.source)
+            .with_transport(self.transport)
+    }
+
+    /// Speaks `transport` to the master (Salt's `transport` option).
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
     }
 
     /// Dials every connection from `source` (Salt's `source_address`) when given.
@@ -109,11 +122,16 @@ impl ReqChannel {
         self
     }
 
-    fn options(&self) -> ReqOptions {
-        ReqOptions {
+    fn options(&self) -> RequestClientOptions {
+        RequestClientOptions {
             source: self.source,
-            ..ReqOptions::default()
+            ..RequestClientOptions::default()
         }
+    }
+
+    /// A new request client to this channel's master (nothing dialled yet).
+    fn client(&self) -> Result<AnyRequestClient, RequestError> {
+        Ok(self.transport.request_client(self.addr, &self.options())?)
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -125,19 +143,16 @@ impl ReqChannel {
     }
 
     async fn request(&mut self, env: Vec<u8>, timeout: Duration) -> Result<Reply, ChannelError> {
-        let opts = self.options();
-        let sock = self
-            .req
-            .get_or_insert_with(|| ReqSocket::new(self.addr, opts));
-        let res = sock.request(vec![Bytes::from(env)], timeout).await;
+        let sock = match self.req.take() {
+            Some(sock) => self.req.insert(sock),
+            None => self.req.insert(self.client()?),
+        };
+        let res = sock.send(Bytes::from(env), timeout).await;
         if !self.keep_open || res.is_err() {
             self.req = None;
         }
-        let frames = res?;
-        let first = frames
-            .first()
-            .ok_or_else(|| ChannelError::Decode("empty reply".into()))?;
-        Reply::decode(first).map_err(|e| ChannelError::Decode(e.to_string()))
+        let reply = res?;
+        Reply::decode(&reply).map_err(|e| ChannelError::Decode(e.to_string()))
     }
 
     /// One `_auth` round on a fresh connection, bounded by `timeout`.
@@ -151,15 +166,10 @@ impl ReqChannel {
             master_pub.as_deref(),
             self.token.as_bytes(),
         );
-        let mut sock = ReqSocket::new(self.addr, self.options());
-        let frames = sock
-            .request(vec![Bytes::from(env.encode())], timeout)
-            .await?;
+        let mut sock = self.client()?;
+        let raw = sock.send(Bytes::from(env.encode()), timeout).await?;
         drop(sock);
-        let first = frames
-            .first()
-            .ok_or_else(|| ChannelError::Decode("empty reply".into()))?;
-        let reply = Reply::decode(first).map_err(|e| ChannelError::Decode(e.to_string()))?;
+        let reply = Reply::decode(&raw).map_err(|e| ChannelError::Decode(e.to_string()))?;
         let (key, store) = (self.ident.key.clone(), self.ident.store.clone());
         let token = master_pub.map(|_| self.token.clone());
         // Two RSA private-key operations: keep them off the async workers.

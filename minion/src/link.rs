@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use saltgate_wire::crypticle::{Crypticle, CrypticleError};
 use saltgate_wire::envelope::{self, text, PublishEnvelope, Value};
 use saltgate_wire::rsa::{PublicKey, SigAlgo};
-use saltgate_wire::zmtp::{Heartbeat, ReconnectPolicy, SubOptions, Subscriber};
+use saltgate_wire::transport::{
+    Heartbeat, PublishClient, PublishClientOptions, ReconnectPolicy, Transport,
+};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::task::AbortOnDropHandle;
@@ -77,6 +78,8 @@ pub struct LinkConfig {
     /// 0 = no liveness checks.
     pub alive_interval: Duration,
     pub recon: ReconnectPolicy,
+    /// The master's transport (Salt's `transport`; ZeroMQ until the minion reads it, issue 27).
+    pub transport: Transport,
     pub keep_req_open: bool,
     /// Timeout of one `_return`/`_pillar` request (Salt: 60 s).
     pub request_timeout: Duration,
@@ -104,6 +107,7 @@ impl LinkConfig {
             acceptance_wait_time_max: Duration::ZERO,
             alive_interval: Duration::ZERO,
             recon: ReconnectPolicy::default(),
+            transport: Transport::default(),
             keep_req_open: true,
             request_timeout: Duration::from_secs(60),
             return_tries: 3,
@@ -182,7 +186,9 @@ impl Link {
         jids: Arc<Mutex<JidQueue>>,
         stats: Arc<Stats>,
     ) -> Self {
-        let chan = ReqChannel::new(ident, cfg.req_addr, cfg.keep_req_open).with_source(cfg.source);
+        let chan = ReqChannel::new(ident, cfg.req_addr, cfg.keep_req_open)
+            .with_source(cfg.source)
+            .with_transport(cfg.transport);
         Link {
             cfg,
             chan,
@@ -318,11 +324,11 @@ impl Link {
         leave_when_dead: bool,
     ) -> ServeEnd {
         let alive = self.cfg.alive_interval;
-        let mut opts = SubOptions {
+        let mut opts = PublishClientOptions {
             reconnect: self.cfg.recon,
             queue: 64,
             source: self.cfg.source,
-            ..SubOptions::default()
+            ..PublishClientOptions::default()
         };
         if !alive.is_zero() {
             opts.heartbeat = Some(Heartbeat {
@@ -330,10 +336,15 @@ impl Link {
                 timeout: alive,
                 ttl: Duration::ZERO,
             });
-            opts.handshake_timeout = alive.max(Duration::from_secs(1));
+            opts.connect_timeout = alive.max(Duration::from_secs(1));
         }
-        let mut sub = Subscriber::connect(est.publish_addr, opts);
-        sub.subscribe(Bytes::new());
+        let mut sub = match self.cfg.transport.publish_client(est.publish_addr, &opts) {
+            Ok(sub) => sub,
+            Err(e) => {
+                tracing::error!(error = %e, "no publish channel");
+                return ServeEnd::Dead("transport not supported");
+            }
+        };
         let _start_event = self.fire_start_event(&est);
         let check_every = if alive.is_zero() {
             Duration::from_secs(1)
@@ -349,10 +360,10 @@ impl Link {
         loop {
             tokio::select! {
                 msg = sub.recv() => {
-                    let Some(frames) = msg else { return ServeEnd::Dead("subscriber ended") };
+                    let Some(payload) = msg else { return ServeEnd::Dead("subscriber ended") };
                     self.stats.publishes_received.fetch_add(1, Ordering::Relaxed);
                     // Boxed: the rare re-authentication inside must not size the idle future.
-                    if let Some(job) = Box::pin(self.on_publish(&mut est, &frames)).await {
+                    if let Some(job) = Box::pin(self.on_publish(&mut est, &payload)).await {
                         self.count_receipt(&job.jid);
                         self.start_job(job, &mut jobs, &mut running);
                     }
@@ -415,10 +426,9 @@ impl Link {
     }
 
     /// Verifies, decrypts and filters one publish; returns a job to run.
-    async fn on_publish(&mut self, est: &mut Established, frames: &[Bytes]) -> Option<Job> {
-        // With zmq_filtering the topic comes first; the payload is always the last frame.
-        let env = match frames.last().map(|f| PublishEnvelope::decode(f)) {
-            Some(Ok(env)) => env,
+    async fn on_publish(&mut self, est: &mut Established, payload: &[u8]) -> Option<Job> {
+        let env = match PublishEnvelope::decode(payload) {
+            Ok(env) => env,
             _ => {
                 self.stats.error();
                 tracing::debug!("undecodable publish ignored");

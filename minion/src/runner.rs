@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use saltgate_config::salt_minion::{MasterAddr, MasterType, MinionConfig};
-use saltgate_wire::zmtp::ReconnectPolicy;
+use saltgate_wire::transport::ReconnectPolicy;
 use thiserror::Error;
 use tokio::sync::watch;
 

@@ -1,5 +1,8 @@
 //! Salt's wire protocol, in Rust.
 //!
+//! * [`transport`] — the transport seam: Salt's `zeromq`, `tcp` and `ws` behind the traits the
+//!   proxy, master and minion use (request and publish channels, probes, the presence peek);
+//!   ZeroMQ is the first implementation. Nothing outside this crate names [`zmtp`].
 //! * [`zmtp`] — ZMTP 3.1 with the NULL mechanism on tokio: the frame codec, the staged greeting,
 //!   READY, PING/PONG heartbeats, SUBSCRIBE/CANCEL, and the four socket roles Salt uses
 //!   (PUB, SUB, REQ, ROUTER).
@@ -43,6 +46,7 @@ pub mod salt_tcp;
 pub mod salt_ws;
 pub mod sd_notify;
 pub mod sniff;
+pub mod transport;
 pub mod zmtp;
 
 /// Lower-case hex of `b`, as Python's `hexdigest()` prints it (Salt's key digests and file

@@ -73,6 +73,9 @@ pub enum ProbeError {
     /// The master answered with an error text such as `"bad load"` (alive, but refused).
     #[error("master refused the request: {0}")]
     Refused(String),
+    /// The configured transport has no probe here (see [`crate::transport`]).
+    #[error(transparent)]
+    Transport(#[from] crate::transport::TransportError),
 }
 
 impl ProbeError {

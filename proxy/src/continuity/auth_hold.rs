@@ -9,13 +9,13 @@
 
 use bytes::BytesMut;
 use saltgate_wire::envelope;
-use saltgate_wire::zmtp::frame::{FLAG_COMMAND, FLAG_MORE};
-use saltgate_wire::zmtp::{Frame, FrameDecoder};
+use saltgate_wire::transport::zeromq::frame::{FLAG_COMMAND, FLAG_MORE};
+use saltgate_wire::transport::zeromq::{Frame, FrameDecoder};
 
 use super::track::{Event, Scanner};
 
 /// The largest request held to be read: presence's sniff budget (a real `_auth` is ~1 KiB).
-pub const HOLD_CAP: usize = saltgate_wire::sniff::DEFAULT_BUDGET;
+pub const HOLD_CAP: usize = saltgate_wire::transport::DEFAULT_PEEK_BUDGET;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum St {
@@ -174,8 +174,8 @@ pub fn is_auth(held: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use saltgate_wire::zmtp::frame::encode_frame;
-    use saltgate_wire::zmtp::greeting::Greeting;
+    use saltgate_wire::transport::zeromq::frame::encode_frame;
+    use saltgate_wire::transport::zeromq::greeting::Greeting;
 
     fn envelope(enc: &str, cmd: &str) -> Vec<u8> {
         use envelope::{map, text, Value};

@@ -6,8 +6,8 @@
 //! the master's greeting and READY are read and kept from the minion, who already has a pair.
 
 use bytes::{Bytes, BytesMut};
-use saltgate_wire::zmtp::greeting::{self, Greeting};
-use saltgate_wire::zmtp::{Command, Frame, FrameDecoder, SocketType};
+use saltgate_wire::transport::zeromq::greeting::{self, Greeting};
+use saltgate_wire::transport::zeromq::{Command, Frame, FrameDecoder, SocketType};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 

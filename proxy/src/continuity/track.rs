@@ -16,15 +16,15 @@
 //! pumped as before and closes with its master, as without `on_master_down: migrate`.
 
 use bytes::{Bytes, BytesMut};
-use saltgate_wire::zmtp::command::Command;
-use saltgate_wire::zmtp::frame::{FLAG_COMMAND, FLAG_LONG, FLAG_MORE};
-use saltgate_wire::zmtp::greeting::{Mechanism, GREETING_LEN, SIGNATURE_LEN};
-use saltgate_wire::zmtp::{FrameDecoder, SocketType};
+use saltgate_wire::transport::zeromq::command::Command;
+use saltgate_wire::transport::zeromq::frame::{FLAG_COMMAND, FLAG_LONG, FLAG_MORE};
+use saltgate_wire::transport::zeromq::greeting::{Mechanism, GREETING_LEN, SIGNATURE_LEN};
+use saltgate_wire::transport::zeromq::{FrameDecoder, SocketType};
 
 /// The largest READY kept (Socket-Type and an Identity of at most 255 bytes fit many times).
 pub const MAX_READY: usize = 4096;
 /// The largest frame the scanner accepts (wire's default frame limit).
-const MAX_FRAME: u64 = saltgate_wire::zmtp::DEFAULT_MAX_FRAME_SIZE as u64;
+const MAX_FRAME: u64 = saltgate_wire::transport::zeromq::DEFAULT_MAX_FRAME_SIZE as u64;
 
 /// What the scanner reports, in stream order.
 #[derive(Debug, PartialEq, Eq)]
@@ -337,10 +337,14 @@ impl Up {
     fn ready_socket_type(&self) -> Option<SocketType> {
         let mut b = BytesMut::from(&self.ready[..]);
         match FrameDecoder::new(MAX_READY).decode(&mut b) {
-            Ok(Some(saltgate_wire::zmtp::Frame::Command(body))) => match Command::parse(&body) {
-                Ok(Command::Ready(p)) => p.get("Socket-Type").and_then(|t| SocketType::parse(t)),
-                _ => None,
-            },
+            Ok(Some(saltgate_wire::transport::zeromq::Frame::Command(body))) => {
+                match Command::parse(&body) {
+                    Ok(Command::Ready(p)) => {
+                        p.get("Socket-Type").and_then(|t| SocketType::parse(t))
+                    }
+                    _ => None,
+                }
+            }
             _ => None,
         }
     }

@@ -1,6 +1,6 @@
 use bytes::BytesMut;
-use saltgate_wire::zmtp::frame::encode_message;
-use saltgate_wire::zmtp::{Command, Greeting, Properties};
+use saltgate_wire::transport::zeromq::frame::encode_message;
+use saltgate_wire::transport::zeromq::{Command, Greeting, Properties};
 
 use super::*;
 

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use saltgate_wire::publish_job::JobIdError;
-use saltgate_wire::zmtp::frame::encode_message;
-use saltgate_wire::zmtp::{Heartbeat, TopicLimits, TopicSet};
+use saltgate_wire::transport::zeromq::frame::encode_message;
+use saltgate_wire::transport::zeromq::{Heartbeat, TopicLimits, TopicSet};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +39,7 @@ impl Default for HubOptions {
             watch_interval: Duration::from_millis(250),
             reconnect: Duration::from_millis(100),
             handshake_timeout: Duration::from_secs(10),
-            max_frame_size: saltgate_wire::zmtp::DEFAULT_MAX_FRAME_SIZE,
+            max_frame_size: saltgate_wire::transport::zeromq::DEFAULT_MAX_FRAME_SIZE,
         }
     }
 }

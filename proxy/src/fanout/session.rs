@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use saltgate_config::{ListenerConfig, Role};
-use saltgate_wire::zmtp::conn::write_all_timed;
-use saltgate_wire::zmtp::frame::FrameError;
-use saltgate_wire::zmtp::frame::{Frame, FrameDecoder};
-use saltgate_wire::zmtp::greeting::{self, Greeting};
-use saltgate_wire::zmtp::{
+use saltgate_wire::transport::zeromq::conn::write_all_timed;
+use saltgate_wire::transport::zeromq::frame::FrameError;
+use saltgate_wire::transport::zeromq::frame::{Frame, FrameDecoder};
+use saltgate_wire::transport::zeromq::greeting::{self, Greeting};
+use saltgate_wire::transport::zeromq::{
     Command, Heartbeat, Properties, SocketType, TopicLimits, TopicRefusal, ZmtpError,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -494,7 +494,7 @@ async fn drive(
 mod tests {
     use super::*;
     use crate::fanout::hub::HubOptions;
-    use saltgate_wire::zmtp::{Connection, HandshakeConfig, TopicLimits};
+    use saltgate_wire::transport::zeromq::{Connection, HandshakeConfig, TopicLimits};
 
     async fn hub_and_minion(
         opts: HubOptions,

@@ -21,8 +21,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use saltgate_config::Role;
-use saltgate_wire::zmtp::frame::{MessageAssembler, DEFAULT_MAX_MESSAGE_FRAMES};
-use saltgate_wire::zmtp::{Command, Connection, Frame, HandshakeConfig, SocketType, ZmtpError};
+use saltgate_wire::transport::zeromq::frame::{MessageAssembler, DEFAULT_MAX_MESSAGE_FRAMES};
+use saltgate_wire::transport::zeromq::{
+    Command, Connection, Frame, HandshakeConfig, SocketType, ZmtpError,
+};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 

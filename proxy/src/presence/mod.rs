@@ -1,7 +1,7 @@
 //! Presence: which minion is where (docs/presence.md).
 //!
 //! On a request session, the first bytes the client sends are read passively for the minion id
-//! ([`saltgate_wire::sniff`]: a clear `_auth`, or the envelope of an `aes` request), through a
+//! (the transport's [`Peek`]: a clear `_auth`, or the envelope of an `aes` request), through a
 //! [`Tap`] the pump calls with bytes it has already forwarded: nothing is altered or delayed, and
 //! once the id is found (or the sniffer gives up, or its budget is spent) the tap is dropped and
 //! the session's data path is exactly what it is without presence.
@@ -27,7 +27,7 @@ use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use saltgate_config::{PresenceConfig, Role};
-use saltgate_wire::sniff::{GiveUp, Sniffer, Source, Verdict};
+use saltgate_wire::transport::{AnyPeeker, GiveUp, Peek, Source, Transport, Verdict};
 use tokio::time::Instant;
 
 use crate::data::pump::Tap;
@@ -147,17 +147,20 @@ impl Presence {
             },
             Role::Request => {
                 let identified = Arc::new(AtomicBool::new(false));
-                let tap = RequestTap {
-                    sniffer: Sniffer::new(self.budget.load(Ordering::Relaxed)),
+                // ZeroMQ until the proxy reads `transport` (issue 27). A transport whose
+                // requests cannot be peeked at leaves presence by address only.
+                let peeker = Transport::default().peeker(self.budget.load(Ordering::Relaxed));
+                let tap = peeker.ok().map(|peeker| RequestTap {
+                    peeker,
                     presence: self.clone(),
                     session,
                     client,
                     master: master.to_string(),
                     identified: identified.clone(),
                     done: false,
-                };
+                });
                 Attached {
-                    tap: Some(Box::new(tap)),
+                    tap: tap.map(|t| Box::new(t) as Box<dyn Tap>),
                     _guard: Some(Guard {
                         presence: Arc::downgrade(self),
                         session,
@@ -258,9 +261,10 @@ impl Drop for Guard {
     }
 }
 
-/// Feeds a request session's client → master bytes to a [`Sniffer`] until it has a verdict.
+/// Feeds a request session's client → master bytes to the transport's [`Peek`] until it has a
+/// verdict.
 struct RequestTap {
-    sniffer: Sniffer,
+    peeker: AnyPeeker,
     presence: Arc<Presence>,
     session: u64,
     client: SocketAddr,
@@ -272,7 +276,7 @@ struct RequestTap {
 impl Tap for RequestTap {
     fn observe(&mut self, bytes: &[u8]) -> bool {
         let p = &self.presence;
-        match self.sniffer.feed(bytes) {
+        match self.peeker.feed(bytes) {
             Verdict::Pending => return true,
             Verdict::Found(s) => {
                 p.inspections.found[s.source as usize].inc();

@@ -17,7 +17,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
-use saltgate_wire::sniff::{Sighting, Source};
+use saltgate_wire::transport::{Sighting, Source};
 use tokio::time::Instant;
 
 /// One listed minion.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use saltgate_config::{HealthSettings, Probe, Role};
-use saltgate_wire::probe;
+use saltgate_wire::transport::{ProbeError, ProbeStage, Prober as _, Transport};
 use tokio::sync::mpsc;
 
 use crate::select::health::{HealthState, PortState};
@@ -95,6 +95,8 @@ impl Prober for SaltProbes {
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
         let timeout = health.timeout;
         let handshake = health.handshake_timeout.min(timeout);
+        // ZeroMQ until the proxy reads `transport` (issue 27).
+        let transport = Transport::default();
         Box::pin(async move {
             match (health.probe, role) {
                 (Probe::Tcp, _) => {
@@ -105,28 +107,25 @@ impl Prober for SaltProbes {
                         Err(_) => Err(format!("connect: no answer within {timeout:?}")),
                     }
                 }
-                (Probe::Zmtp, _) | (Probe::Salt, Role::Publish) => {
-                    probe::zmtp_greeting(addr, handshake)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| match e {
-                            probe::ProbeError::Connect(e) => {
-                                connect_error("ZMTP greeting: connect", &e)
-                            }
-                            e => format!("ZMTP greeting: {e}"),
-                        })
-                }
+                (Probe::Zmtp, _) | (Probe::Salt, Role::Publish) => transport
+                    .greeting(addr, handshake)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| match e {
+                        ProbeError::Connect(e) => connect_error("ZMTP greeting: connect", &e),
+                        e => format!("ZMTP greeting: {e}"),
+                    }),
                 (Probe::Salt, Role::Request) => {
-                    match probe::salt_ping_staged(addr, handshake, timeout).await {
+                    match transport.ping(addr, handshake, timeout).await {
                         Ok(_) => Ok(()),
-                        Err(e) if e.is_not_ready() => Err(
+                        Err(e) if e.stage() == ProbeStage::NotReady => Err(
                             "salt ping: not ready (cluster_retry: not yet a cluster member)"
                                 .to_string(),
                         ),
-                        Err(probe::ProbeError::Connect(e)) => {
+                        Err(ProbeError::Connect(e)) => {
                             Err(connect_error("salt ping: connect", &e))
                         }
-                        Err(probe::ProbeError::Timeout(t)) => Err(format!(
+                        Err(ProbeError::Timeout(t)) => Err(format!(
                             "salt ping: ZMTP handshake done, no answer within {t:?} (master busy, or its workers stuck)"
                         )),
                         Err(e) => Err(format!("salt ping: {e}")),

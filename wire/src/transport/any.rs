@@ -1,0 +1,299 @@
+//! The run-time choice of transport: one enum per role with a variant per implemented transport,
+//! each implementing its trait by a `match` (no boxing, no `dyn` on the per-message paths). Built
+//! by [`Transport`]'s constructors. A new transport adds a variant to each enum and an arm to each
+//! constructor here; the users do not change.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::zeromq::{self, Zeromq};
+use super::{
+    Incoming, Peek, PeerGreeting, ProbeError, Prober, ProtocolRefusals, PublishClient,
+    PublishClientOptions, PublishReport, PublishServer, PublishServerOptions, Replier, ReplyError,
+    ReplyTo, RequestClient, RequestClientOptions, RequestError, RequestServer,
+    RequestServerOptions, SaltPingReply, Targets, Transport, TransportError, Verdict,
+};
+use crate::envelope::{Reply, RequestEnvelope};
+
+/// A [`RequestClient`] of any transport.
+pub enum AnyRequestClient {
+    Zeromq(zeromq::ReqSocket),
+}
+
+/// A [`RequestServer`] of any transport.
+pub enum AnyRequestServer {
+    Zeromq(zeromq::Router),
+}
+
+/// A [`Replier`] of any transport.
+#[derive(Clone)]
+pub enum AnyReplier {
+    Zeromq(zeromq::RouterSender),
+}
+
+/// A [`PublishServer`] of any transport.
+pub enum AnyPublishServer {
+    Zeromq(zeromq::Publisher),
+}
+
+/// A [`PublishClient`] of any transport.
+pub enum AnyPublishClient {
+    Zeromq(zeromq::Subscriber),
+}
+
+/// A [`Peek`] of any transport.
+pub enum AnyPeeker {
+    Zeromq(zeromq::Sniffer),
+}
+
+fn not_yet(t: Transport) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::Unsupported, t.unsupported())
+}
+
+impl Transport {
+    /// A request client for the server at `addr`; nothing is dialled before the first request.
+    pub fn request_client(
+        self,
+        addr: SocketAddr,
+        opts: &RequestClientOptions,
+    ) -> Result<AnyRequestClient, TransportError> {
+        match self {
+            Transport::Zeromq => Ok(AnyRequestClient::Zeromq(zeromq::ReqSocket::new(
+                addr,
+                opts.into(),
+            ))),
+            t => Err(t.unsupported()),
+        }
+    }
+
+    /// Binds the request port (`ret_port`). An unsupported transport is an
+    /// [`std::io::ErrorKind::Unsupported`] error naming it.
+    pub async fn bind_request_server(
+        self,
+        addr: SocketAddr,
+        opts: &RequestServerOptions,
+    ) -> std::io::Result<AnyRequestServer> {
+        match self {
+            Transport::Zeromq => Ok(AnyRequestServer::Zeromq(
+                zeromq::Router::bind(addr, opts.into()).await?,
+            )),
+            t => Err(not_yet(t)),
+        }
+    }
+
+    /// Binds the publish port (`publish_port`).
+    pub async fn bind_publish_server(
+        self,
+        addr: SocketAddr,
+        opts: &PublishServerOptions,
+    ) -> std::io::Result<AnyPublishServer> {
+        match self {
+            Transport::Zeromq => Ok(AnyPublishServer::Zeromq(
+                zeromq::Publisher::bind(addr, opts.into()).await?,
+            )),
+            t => Err(not_yet(t)),
+        }
+    }
+
+    /// A publish client of the server at `addr`, connecting (and re-connecting) in the
+    /// background and receiving every publish meant for it.
+    pub fn publish_client(
+        self,
+        addr: SocketAddr,
+        opts: &PublishClientOptions,
+    ) -> Result<AnyPublishClient, TransportError> {
+        match self {
+            Transport::Zeromq => Ok(AnyPublishClient::Zeromq(zeromq::subscribe_all(addr, opts))),
+            t => Err(t.unsupported()),
+        }
+    }
+
+    /// A presence peek that buffers at most `budget` bytes.
+    pub fn peeker(self, budget: usize) -> Result<AnyPeeker, TransportError> {
+        match self {
+            Transport::Zeromq => Ok(AnyPeeker::Zeromq(zeromq::Sniffer::new(budget))),
+            t => Err(t.unsupported()),
+        }
+    }
+}
+
+impl RequestClient for AnyRequestClient {
+    fn peer_addr(&self) -> SocketAddr {
+        match self {
+            AnyRequestClient::Zeromq(s) => RequestClient::peer_addr(s),
+        }
+    }
+
+    async fn send(&mut self, payload: Bytes, timeout: Duration) -> Result<Bytes, RequestError> {
+        match self {
+            AnyRequestClient::Zeromq(s) => RequestClient::send(s, payload, timeout).await,
+        }
+    }
+}
+
+impl RequestServer for AnyRequestServer {
+    type Replier = AnyReplier;
+
+    fn local_addr(&self) -> SocketAddr {
+        match self {
+            AnyRequestServer::Zeromq(s) => RequestServer::local_addr(s),
+        }
+    }
+
+    async fn recv(&mut self) -> Option<Incoming> {
+        match self {
+            AnyRequestServer::Zeromq(s) => RequestServer::recv(s).await,
+        }
+    }
+
+    fn replier(&self) -> AnyReplier {
+        match self {
+            AnyRequestServer::Zeromq(s) => AnyReplier::Zeromq(s.replier()),
+        }
+    }
+
+    fn refusals(&self) -> Arc<ProtocolRefusals> {
+        match self {
+            AnyRequestServer::Zeromq(s) => RequestServer::refusals(s),
+        }
+    }
+}
+
+impl Replier for AnyReplier {
+    async fn reply(&self, to: &ReplyTo, payload: Bytes) -> Result<(), ReplyError> {
+        match self {
+            AnyReplier::Zeromq(s) => Replier::reply(s, to, payload).await,
+        }
+    }
+
+    fn trust(&self, to: &ReplyTo) {
+        match self {
+            AnyReplier::Zeromq(s) => Replier::trust(s, to),
+        }
+    }
+
+    fn is_connected(&self, to: &ReplyTo) -> bool {
+        match self {
+            AnyReplier::Zeromq(s) => Replier::is_connected(s, to),
+        }
+    }
+
+    fn paused_inbound(&self) -> u64 {
+        match self {
+            AnyReplier::Zeromq(s) => Replier::paused_inbound(s),
+        }
+    }
+
+    fn peer_count(&self) -> usize {
+        match self {
+            AnyReplier::Zeromq(s) => Replier::peer_count(s),
+        }
+    }
+}
+
+impl PublishServer for AnyPublishServer {
+    fn local_addr(&self) -> SocketAddr {
+        match self {
+            AnyPublishServer::Zeromq(s) => PublishServer::local_addr(s),
+        }
+    }
+
+    fn publish(&self, payload: Bytes, targets: Targets<'_>) -> PublishReport {
+        match self {
+            AnyPublishServer::Zeromq(s) => PublishServer::publish(s, payload, targets),
+        }
+    }
+
+    fn subscriber_count(&self) -> usize {
+        match self {
+            AnyPublishServer::Zeromq(s) => PublishServer::subscriber_count(s),
+        }
+    }
+
+    fn dropped_total(&self) -> u64 {
+        match self {
+            AnyPublishServer::Zeromq(s) => PublishServer::dropped_total(s),
+        }
+    }
+
+    fn refusals(&self) -> Arc<ProtocolRefusals> {
+        match self {
+            AnyPublishServer::Zeromq(s) => PublishServer::refusals(s),
+        }
+    }
+}
+
+impl PublishClient for AnyPublishClient {
+    async fn recv(&mut self) -> Option<Bytes> {
+        match self {
+            AnyPublishClient::Zeromq(s) => PublishClient::recv(s).await,
+        }
+    }
+
+    fn is_connected(&self) -> bool {
+        match self {
+            AnyPublishClient::Zeromq(s) => PublishClient::is_connected(s),
+        }
+    }
+}
+
+impl Peek for AnyPeeker {
+    fn feed(&mut self, bytes: &[u8]) -> &Verdict {
+        match self {
+            AnyPeeker::Zeromq(s) => Peek::feed(s, bytes),
+        }
+    }
+
+    fn budget(&self) -> usize {
+        match self {
+            AnyPeeker::Zeromq(s) => Peek::budget(s),
+        }
+    }
+}
+
+/// The probes of the transport itself: ZeroMQ's for `zeromq`; the others fail with
+/// [`ProbeError::Transport`] naming the `transport` key until they are implemented.
+impl Prober for Transport {
+    async fn greeting(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<PeerGreeting, ProbeError> {
+        match self {
+            Transport::Zeromq => Zeromq.greeting(addr, timeout).await,
+            t => Err(t.unsupported().into()),
+        }
+    }
+
+    async fn ping(
+        &self,
+        addr: SocketAddr,
+        handshake_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<SaltPingReply, ProbeError> {
+        match self {
+            Transport::Zeromq => Zeromq.ping(addr, handshake_timeout, timeout).await,
+            t => Err(t.unsupported().into()),
+        }
+    }
+
+    async fn request(
+        &self,
+        addr: SocketAddr,
+        handshake_timeout: Duration,
+        timeout: Duration,
+        request: &RequestEnvelope,
+    ) -> Result<Reply, ProbeError> {
+        match self {
+            Transport::Zeromq => {
+                Zeromq
+                    .request(addr, handshake_timeout, timeout, request)
+                    .await
+            }
+            t => Err(t.unsupported().into()),
+        }
+    }
+}
