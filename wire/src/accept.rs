@@ -189,7 +189,8 @@ impl ConnectionLimit {
         *max = new;
     }
 
-    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
+    /// One permit, waiting for it (held by a connection for its whole life).
+    pub async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
         // The semaphore is never closed; `None` would only mean "no cap to hold".
         self.sem.clone().acquire_owned().await.ok()
     }

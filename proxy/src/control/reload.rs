@@ -187,8 +187,8 @@ impl Control {
             // are bound already; early connections wait in the backlog.)
             self.first_round(&snap).await;
         }
-        if self.global_limit.max() != cfg.global.maxconn {
-            self.global_limit.resize(cfg.global.maxconn);
+        if self.global_limit.max() != listener::cap(cfg.global.maxconn) {
+            self.global_limit.resize(listener::cap(cfg.global.maxconn));
         }
         self.sync_listeners(cfg, &wanted, fresh);
         self.sync_admin(cfg, admin_sock);
@@ -263,8 +263,8 @@ impl Control {
             // Accepted sockets inherit these from the listener (see listener::bind_sessions).
             listener::tune_listener(&h.sock, cfg.global.tcp_user_timeout);
             let max = cfg.listener(h.role).maxconn;
-            if h.limit.max() != max {
-                h.limit.resize(max);
+            if h.limit.max() != listener::cap(max) {
+                h.limit.resize(listener::cap(max));
             }
         }
         let socks = fresh
@@ -274,7 +274,7 @@ impl Control {
         for (role, bind, sock) in socks {
             let local = sock.local_addr().unwrap_or(bind);
             let stop = self.accept_stop.child_token();
-            let limit = Arc::new(Limit::new(cfg.listener(role).maxconn));
+            let limit = Arc::new(Limit::new(listener::cap(cfg.listener(role).maxconn)));
             let serve: Arc<dyn Serve> = for_listener(role, cfg, &self.fanout);
             serve.prepare(&self.data);
             tracing::info!(listener = %role, addr = %local, serve = serve.kind(), "listening");

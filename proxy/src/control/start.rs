@@ -17,7 +17,7 @@ use super::state::{lock, Control, Options, Running, StartError};
 use crate::admin::error::{AdminError, ApplyError};
 use crate::admin::ops::AdminOps;
 use crate::data::close::CloseReason;
-use crate::data::listener::Limit;
+use crate::data::listener::{self, Limit};
 use crate::ops::metrics::Metrics;
 use crate::select::check::MasterEvent;
 use crate::select::master::{Admin, Flip, Master, MasterState};
@@ -56,7 +56,7 @@ pub async fn start(
         tracker: TaskTracker::new(),
         metrics: metrics.clone(),
         token: ArcSwap::from_pointee(None),
-        global_limit: Arc::new(Limit::new(config.global.maxconn)),
+        global_limit: Arc::new(Limit::new(listener::cap(config.global.maxconn))),
         checks_stop: checks_stop.clone(),
         events,
         prober: opts.prober,

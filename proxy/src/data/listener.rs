@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use saltgate_config::Role;
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 /// TCP keepalive on both legs of every session: finds peers that vanished without a FIN
@@ -136,67 +136,17 @@ fn tune_sock(sock: &SockRef<'_>, user_timeout: Option<Duration>, reset_user_time
     }
 }
 
-/// Errors that mean the process or system is out of a resource: wait before accepting again.
-fn is_exhaustion(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
-}
+// Errors that mean the process or system is out of a resource: wait before accepting again
+// (the rule every acceptor follows: `wire::accept`).
+use saltgate_wire::accept::is_exhaustion;
 
-/// A session cap that a reload can resize in place: one semaphore for the life of the listener,
-/// so sessions admitted before a reload still count against the new cap.
-#[derive(Debug)]
-pub struct Limit {
-    max: std::sync::Mutex<Option<u32>>,
-    sem: Arc<Semaphore>,
-}
+/// A session cap that a reload can resize in place (a listener's or the process-wide
+/// `maxconn`): the one `wire::accept` defines, shared with saltgate-master's listeners.
+pub use saltgate_wire::accept::ConnectionLimit as Limit;
 
-/// Permits standing for "no cap" (far above any descriptor limit).
-const UNLIMITED: usize = 1 << 30;
-
-fn permits_for(max: Option<u32>) -> usize {
-    max.map(|n| n as usize).unwrap_or(UNLIMITED)
-}
-
-impl Limit {
-    pub fn new(max: Option<u32>) -> Self {
-        Self {
-            max: std::sync::Mutex::new(max),
-            sem: Arc::new(Semaphore::new(permits_for(max))),
-        }
-    }
-
-    pub fn max(&self) -> Option<u32> {
-        *self.max.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Changes the cap. Raising it frees waiting connections at once; lowering it takes permits
-    /// out as sessions end (live sessions are never closed for it).
-    pub fn resize(&self, new: Option<u32>) {
-        let mut max = self.max.lock().unwrap_or_else(|p| p.into_inner());
-        let (old, want) = (permits_for(*max), permits_for(new));
-        if want > old {
-            self.sem.add_permits(want - old);
-        } else if old > want {
-            let k = old - want;
-            let gone = self.sem.forget_permits(k);
-            if gone < k {
-                let sem = self.sem.clone();
-                let rest = u32::try_from(k - gone).unwrap_or(u32::MAX);
-                tokio::spawn(async move {
-                    if let Ok(p) = sem.acquire_many_owned(rest).await {
-                        p.forget();
-                    }
-                });
-            }
-        }
-        *max = new;
-    }
-
-    async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
-        self.sem.clone().acquire_owned().await.ok()
-    }
+/// `maxconn` as a [`Limit`]'s bound.
+pub fn cap(maxconn: Option<u32>) -> Option<usize> {
+    maxconn.map(|n| n as usize)
 }
 
 /// The permits a session holds for its whole life (listener and process-wide `maxconn`).
