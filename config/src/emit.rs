@@ -213,6 +213,12 @@ fn write_listener(o: &mut String, l: &ListenerConfig) -> std::fmt::Result {
             )?;
             writeln!(o, "    replay_max_jobs: {}", r.max_jobs)?;
             writeln!(o, "    replay_max_bytes: {}", r.max_bytes)?;
+            if let Some(peer) = r.peer {
+                writeln!(
+                    o,
+                    "    replay_peer: \"{peer}\"   # the other node's admin address"
+                )?;
+            }
         }
     }
     if let Some(d) = &l.dedup_cluster_pki_dir {

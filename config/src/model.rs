@@ -493,6 +493,10 @@ pub struct ReplayConfig {
     pub max_jobs: u32,
     /// `replay_max_bytes`: bytes of those jobs at most.
     pub max_bytes: u64,
+    /// `replay_peer`: the other node's admin address (`IP:PORT`). While its `/ready` fails, a
+    /// minion this node never served is sent the jobs published since the peer was last ready
+    /// (a failover: its session sat on the dead node). `None`: no failover replay.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 impl ReplayConfig {
@@ -501,6 +505,7 @@ impl ReplayConfig {
             window,
             max_jobs: defaults::REPLAY_MAX_JOBS,
             max_bytes: defaults::REPLAY_MAX_BYTES,
+            peer: None,
         }
     }
 }

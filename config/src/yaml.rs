@@ -66,6 +66,7 @@ const LISTENER_KEYS: &[&str] = &[
     "replay_window",
     "replay_max_jobs",
     "replay_max_bytes",
+    "replay_peer",
     "balance",
     "timeout_client",
     "timeout_server",

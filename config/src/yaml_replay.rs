@@ -7,7 +7,12 @@ use crate::yaml_values::{join, Checker, Fields};
 impl Checker<'_> {
     /// The replay keys of the listener at `p` (its `mode` is already read).
     pub(crate) fn replay(&mut self, f: &Fields<'_>, p: &str, l: &mut ListenerConfig) {
-        let keys = ["replay_window", "replay_max_jobs", "replay_max_bytes"];
+        let keys = [
+            "replay_window",
+            "replay_max_jobs",
+            "replay_max_bytes",
+            "replay_peer",
+        ];
         let given: Vec<_> = keys
             .iter()
             .filter_map(|k| f.get(k).map(|v| (*k, v)))
@@ -68,6 +73,26 @@ impl Checker<'_> {
                 r.max_bytes = n;
             }
         }
+        if let Some(v) = f.get("replay_peer") {
+            let field = join(p, "replay_peer");
+            if let Some(t) = self.text(v, &field, "the other node's admin address, IP:PORT") {
+                match crate::addr::parse_bind(&t) {
+                    Ok(a) if !a.ip().is_unspecified() && a.port() != 0 => r.peer = Some(a),
+                    Ok(_) => self.err(
+                        v,
+                        &field,
+                        format!("{t} is not an address to reach"),
+                        "write the other node's admin address, e.g. 10.0.0.12:9505",
+                    ),
+                    Err(m) => self.err(
+                        v,
+                        &field,
+                        m,
+                        "write the other node's admin address, e.g. 10.0.0.12:9505",
+                    ),
+                }
+            }
+        }
         l.replay = Some(r);
     }
 }
@@ -108,6 +133,13 @@ mod tests {
         );
         // Written back the same.
         let c = with(", mode: fanout, replay_window: 5s, replay_max_jobs: 10").unwrap();
+        let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
+        assert_eq!(back.publish.replay, c.publish.replay);
+        let c = with(", mode: fanout, replay_window: 5s, replay_peer: \"10.0.0.12:9505\"").unwrap();
+        assert_eq!(
+            c.publish.replay.unwrap().peer,
+            Some("10.0.0.12:9505".parse().unwrap())
+        );
         let back = parse_yaml(&crate::emit::to_yaml(&c, "test"), None).unwrap();
         assert_eq!(back.publish.replay, c.publish.replay);
     }

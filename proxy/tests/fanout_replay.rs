@@ -176,6 +176,68 @@ async fn a_returning_minion_gets_the_jobs_it_missed_once_and_a_new_one_nothing_o
     assert_eq!(api["replay"]["jobs_replayed"], 2, "{api}");
 }
 
+/// A failover: node A served the minion and stops; node B, with `replay_peer` set to A's admin
+/// address, sees A's `/ready` fail, and sends the minion (which it never served) the jobs
+/// published since shortly before A was last ready: the gap, not the jobs of long before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_surviving_node_replays_the_gap_to_a_minion_it_never_served() {
+    let (master, m, _task) = master("127.0.5.45").await;
+    let window = ReplayConfig::with_window(T);
+    let (a, stop_a) = run(&m, Some(window)).await;
+    let peer = ReplayConfig {
+        peer: a.admin_addr(),
+        ..window
+    };
+    let (b, _stop_b) = run(&m, Some(peer)).await;
+    let b_admin = b.admin_addr().unwrap();
+    let view = || async move {
+        common::api::json(b_admin, "GET", "/api/v1/fanout", None)
+            .await
+            .1
+    };
+    // Both hubs subscribed to the master (B with no minion: warm), B sees A ready.
+    wait_until("both hubs' upstreams", T, || master.subscriber_count() == 2).await;
+    wait_until_async("B sees A ready", || async {
+        view().await["replay"]["peer"]["ready"] == true
+    })
+    .await;
+
+    let mut c = minion(&a, "minion-f", "127.0.5.46").await;
+    until_received(&master, &mut c, "before").await;
+    let before_done = tokio::time::Instant::now();
+    // A's last ready, as B saw it, must be later than the margin after the "before" jobs.
+    wait_until_async("B saw A ready well after the last 'before' job", || async {
+        let v = view().await;
+        let ago = v["replay"]["peer"]["last_ready_s_ago"]
+            .as_f64()
+            .unwrap_or(f64::MAX);
+        before_done.elapsed().as_secs_f64() - ago > 2.5
+    })
+    .await;
+
+    // Node A dies (its shutdown: /ready fails at once); the minion's session goes with it.
+    drop(stop_a);
+    wait_until_async("B sees A not ready", || async {
+        view().await["replay"]["peer"]["ready"] == false
+    })
+    .await;
+    drop(c);
+    let kept = view().await["replay"]["jobs_kept"].as_u64().unwrap_or(0);
+    master.publish(vec![Bytes::from_static(b"gap:1")]);
+    master.publish(vec![Bytes::from_static(b"gap:2")]);
+    wait_until_async("B kept the gap", || async {
+        view().await["replay"]["jobs_kept"].as_u64().unwrap_or(0) >= kept + 2
+    })
+    .await;
+
+    // The minion comes to B (the VIP moved): the gap, in order, and nothing of "before".
+    let mut c = minion(&b, "minion-f", "127.0.5.46").await;
+    assert_eq!(next(&mut c).await, "gap:1");
+    assert_eq!(next(&mut c).await, "gap:2");
+    let v = view().await;
+    assert_eq!(v["replay"]["jobs_replayed"], 2, "{v}");
+}
+
 /// Without `replay_window` (the default) a returning minion gets only live traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_replay_a_returning_minion_gets_live_traffic_only() {

@@ -127,7 +127,17 @@ pub(crate) fn render(
 /// `listeners.publish.replay_window`: what is kept for returning sessions, and what was sent.
 fn replay_view(hub: &Hub, m: &crate::fanout::FanoutMetrics) -> Value {
     let (jobs, bytes, departed) = hub.replay.sizes();
+    let peer = hub.replay.peer();
+    let peer = hub.replay.peer_addr().map(|addr| {
+        json!({
+            "addr": addr.to_string(),
+            "ready": peer.ready,
+            "last_ready_s_ago": peer.last_ready.map(|t| t.elapsed().as_secs_f64()),
+            "checks": peer.checks,
+        })
+    });
     json!({
+        "peer": peer,
         "enabled": hub.replay.enabled(),
         "window_s": hub.replay.window().map(|w| w.as_secs_f64()),
         "jobs_kept": jobs,

@@ -11,7 +11,7 @@ use tokio_util::sync::DropGuard;
 use tracing::Instrument;
 
 use super::hub::{Hub, HubHandles, HubOptions};
-use super::{clusterkey, session, upstream};
+use super::{clusterkey, replay, session, upstream};
 use crate::session::context::DataPlane;
 use crate::session::serve::{BoxFuture, Serve};
 use crate::session::span::session_span;
@@ -86,6 +86,7 @@ fn ensure_started(this: &Arc<Hub>, handles: &HubHandles, ctx: &Arc<DataPlane>) {
             tokio::select! {
                 _ = upstream::manage(hub.clone(), snapshot.clone()) => {}
                 _ = clusterkey::watch(&hub.dedup.key, snapshot, Some(loads)) => {}
+                _ = replay::watch_peer(&hub.replay) => {}
                 _ = stop.cancelled() => {}
                 _ = shutdown.cancelled() => {}
             }

@@ -13,8 +13,12 @@
 //!   subscriptions: never a job this node already wrote to it (a restarted minion process has
 //!   forgotten the jids it ran, and must not run one twice), and every job published while it
 //!   was away, as long as the window and the bounds kept it.
-//! - **An identity this node never served** (a minion moving here from a node that died) is not
-//!   replayed to: this node cannot tell which jobs it already ran. See docs/ha.md.
+//! - **An identity this node never served** (a minion moving here from a node that died) is
+//!   replayed to only with `replay_peer` (the other node's admin address), while that peer's
+//!   `/ready` fails: it is sent the kept jobs published since [`PEER_MARGIN`] before the peer
+//!   was last seen ready (what the dead node may not have written to it). A minion process that
+//!   did not restart drops the ones it already ran by jid; one that restarted in those seconds
+//!   may run one twice (docs/ha.md). Without `replay_peer`, or while the peer is ready, nothing.
 //! - **Bounds.** At most `replay_max_jobs` jobs (Salt's `minion_jid_queue_hwm`, 100) and
 //!   `replay_max_bytes`, none older than the window; departed sessions are remembered for the
 //!   window, at most [`MAX_DEPARTED`] of them.
@@ -29,6 +33,25 @@ use tokio::time::Instant;
 
 /// Departed sessions remembered at most (about 100 bytes each).
 pub(crate) const MAX_DEPARTED: usize = 200_000;
+
+/// Failover replay starts this long before the peer was last seen ready: a job reaches the two
+/// nodes' hubs within milliseconds of each other, and the peer may have died just after its
+/// last good check; a second more costs a duplicate the minion drops by jid.
+pub(crate) const PEER_MARGIN: Duration = Duration::from_secs(2);
+
+/// How often the peer's `/ready` is asked.
+pub(crate) const PEER_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What this node knows of its peer (`replay_peer`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PeerSeen {
+    /// The last answer was "ready".
+    pub ready: bool,
+    /// When the peer was last seen ready.
+    pub last_ready: Option<Instant>,
+    /// Checks made (the admin view; tests wait on it).
+    pub checks: u64,
+}
 
 /// A job kept for replay: its hub-wide sequence number, when it was forwarded, its first frame
 /// (the topic a subscription matches) and its encoded message.
@@ -55,9 +78,19 @@ struct Inner {
     departed: HashMap<Bytes, Departed>,
     /// Departures in time order (an identity may appear more than once: the map has the last).
     order: VecDeque<(Instant, Bytes)>,
+    peer: PeerSeen,
 }
 
 impl Inner {
+    /// The sequence number just before the first kept job forwarded at or after `from` (every
+    /// kept job when all are later; the last one when none is).
+    fn seq_before(&self, from: Instant) -> u64 {
+        match self.kept.iter().find(|k| k.at >= from) {
+            Some(k) => k.seq - 1,
+            None => self.kept.back().map_or(0, |k| k.seq),
+        }
+    }
+
     /// Drops what the window and the bounds no longer keep.
     fn trim(&mut self, now: Instant) {
         let Some(cfg) = self.cfg else {
@@ -158,15 +191,47 @@ impl ReplayLog {
 
     /// A session of `identity` starts: the sequence number after which it is owed the kept
     /// jobs, when this node served it within the window (the record is taken: one replay per
-    /// return). `None`: nothing to replay.
+    /// return), or, for one it never served, while the peer is down (a failover: the jobs
+    /// since shortly before the peer was last ready). `None`: nothing to replay.
     pub(crate) fn returning(&self, identity: &Bytes) -> Option<u64> {
         if identity.is_empty() {
             return None;
         }
         let mut g = self.lock();
-        g.cfg?;
-        g.trim(Instant::now());
-        g.departed.remove(identity).map(|d| d.delivered)
+        let cfg = g.cfg?;
+        let now = Instant::now();
+        g.trim(now);
+        if let Some(d) = g.departed.remove(identity) {
+            return Some(d.delivered);
+        }
+        cfg.peer?;
+        let peer = g.peer;
+        let last = peer.last_ready.filter(|_| !peer.ready)?;
+        if now.checked_duration_since(last)? > cfg.window {
+            return None;
+        }
+        let from = last.checked_sub(PEER_MARGIN).unwrap_or(last);
+        Some(g.seq_before(from))
+    }
+
+    /// Records a check of the peer's `/ready`.
+    pub(crate) fn peer_checked(&self, ready: bool) {
+        let mut g = self.lock();
+        g.peer.ready = ready;
+        g.peer.checks += 1;
+        if ready {
+            g.peer.last_ready = Some(Instant::now());
+        }
+    }
+
+    /// The peer to check (`replay_peer`), if replay is on and one is set.
+    pub(crate) fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.lock().cfg.and_then(|c| c.peer)
+    }
+
+    /// What is known of the peer now.
+    pub(crate) fn peer(&self) -> PeerSeen {
+        self.lock().peer
     }
 
     /// The kept jobs after `after` that `matches` accepts, in order, and the highest sequence
@@ -202,6 +267,38 @@ impl ReplayLog {
     }
 }
 
+/// Asks the peer's `/ready` (`replay_peer`) every [`PEER_INTERVAL`] and records the answer,
+/// until cancelled by the caller. Nothing is asked while no peer is configured.
+pub(crate) async fn watch_peer(log: &ReplayLog) {
+    let mut tick = tokio::time::interval(PEER_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Some(addr) = log.peer_addr() {
+            log.peer_checked(peer_ready(addr).await);
+        }
+    }
+}
+
+/// `GET /ready` on the peer's admin listener answered 200 within a second (a probe needs no
+/// token). Anything else, a refused connection included, is "not ready".
+async fn peer_ready(addr: std::net::SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET /ready HTTP/1.1\r\nHost: saltgate-peer\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        Some(&head == b"HTTP/1.1 200")
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), ask).await,
+        Ok(Some(true))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +309,7 @@ mod tests {
             window: Duration::from_secs(window_s),
             max_jobs,
             max_bytes: 1 << 20,
+            peer: None,
         }));
         l
     }
@@ -243,6 +341,41 @@ mod tests {
             "unknown identity: nothing"
         );
         assert_eq!(l.returning(&Bytes::new()), None, "no identity: nothing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_the_peer_down_an_unknown_minion_gets_what_followed_its_last_ready() {
+        let l = ReplayLog::default();
+        l.configure(Some(ReplayConfig {
+            peer: Some("127.0.0.1:9505".parse().unwrap()),
+            ..ReplayConfig::with_window(Duration::from_secs(30))
+        }));
+        l.keep(1, &b(""), &b("old"));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        l.peer_checked(true);
+        assert_eq!(
+            l.returning(&b("moved")),
+            None,
+            "peer ready: no failover replay"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        l.keep(2, &b(""), &b("late")); // within the margin of the last ready
+        l.peer_checked(false);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        l.keep(3, &b(""), &b("gap"));
+        let after = l.returning(&b("moved")).expect("peer down: replay");
+        let (jobs, _) = l.batch(after, |_| true);
+        assert_eq!(
+            jobs,
+            vec![b("late"), b("gap")],
+            "from the margin before its last ready"
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert_eq!(
+            l.returning(&b("moved")),
+            None,
+            "peer down longer than the window"
+        );
     }
 
     #[tokio::test(start_paused = true)]
