@@ -328,6 +328,9 @@ impl Link {
             reconnect: self.cfg.recon,
             queue: 64,
             source: self.cfg.source,
+            // Our id on the SUB's READY (libzmq sends none there): saltgate's fan-out knows us
+            // by it to replay what we missed, even behind a shared address.
+            identity: bytes::Bytes::copy_from_slice(self.ctx.id.as_bytes()),
             ..PublishClientOptions::default()
         };
         if !alive.is_zero() {

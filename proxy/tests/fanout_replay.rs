@@ -238,6 +238,55 @@ async fn after_a_failover_the_surviving_node_replays_the_gap_to_a_minion_it_neve
     assert_eq!(v["replay"]["jobs_replayed"], 2, "{v}");
 }
 
+/// Minions behind one address (NAT) cannot be told apart by presence: no replay for a SUB that
+/// sends no identity; one that sends its id as the READY's `Identity` (saltgate-minion does;
+/// libzmq never does on a SUB) is replayed to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_one_address_only_a_minion_that_names_itself_is_replayed_to() {
+    let (master, m, _task) = master("127.0.5.48").await;
+    let (r, _stop) = run(&m, Some(ReplayConfig::with_window(T))).await;
+    let nat = "127.0.5.49";
+    // Two minions authenticate from the same address: presence cannot pick one.
+    drop(minion(&r, "behind-1", nat).await);
+    let mut anon = minion(&r, "behind-2", nat).await;
+    until_received(&master, &mut anon, "before").await;
+    let named = |r: &Running| {
+        let addr = r.local_addrs(Role::Publish)[0];
+        async move {
+            let mut hs = HandshakeConfig::new(SocketType::Sub);
+            hs.identity = Bytes::from_static(b"behind-3");
+            let mut c = Connection::handshake(tcp_from(nat, addr).await, &hs)
+                .await
+                .unwrap();
+            c.send_command(&Command::Subscribe(Bytes::new()))
+                .await
+                .unwrap();
+            c
+        }
+    };
+    let mut me = named(&r).await;
+    until_received(&master, &mut me, "before-me").await;
+    drop((anon, me));
+    wait_until_async("both sessions ended", || async {
+        sessions(&r).await == 0.0
+    })
+    .await;
+    master.publish(vec![Bytes::from_static(b"gap:1")]);
+    let mut me = named(&r).await;
+    assert_eq!(
+        next(&mut me).await,
+        "gap:1",
+        "the named minion was replayed to"
+    );
+    // The anonymous one, re-authenticated from the shared address, gets live traffic only.
+    let mut anon = minion(&r, "behind-2", nat).await;
+    let got = until_received(&master, &mut anon, "live").await;
+    assert!(
+        got.starts_with("live:"),
+        "replayed to an ambiguous address: {got}"
+    );
+}
+
 /// Without `replay_window` (the default) a returning minion gets only live traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_replay_a_returning_minion_gets_live_traffic_only() {

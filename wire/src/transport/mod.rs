@@ -366,6 +366,9 @@ pub struct PublishClientOptions {
     pub queue: usize,
     /// Local address to dial from (`source_address`).
     pub source: Option<IpAddr>,
+    /// The minion's id, sent where the transport can carry it (ZeroMQ: the SUB's READY
+    /// `Identity`, which libzmq leaves out); empty: none.
+    pub identity: Bytes,
 }
 
 impl Default for PublishClientOptions {
@@ -378,6 +381,7 @@ impl Default for PublishClientOptions {
             keepalive: z.keepalive,
             queue: z.queue,
             source: z.source,
+            identity: Bytes::new(),
         }
     }
 }

@@ -86,6 +86,7 @@ impl From<&PublishClientOptions> for SubOptions {
             keepalive: o.keepalive,
             queue: o.queue,
             source: o.source,
+            identity: o.identity.clone(),
             ..SubOptions::default()
         }
     }

@@ -49,10 +49,13 @@ impl HandshakeConfig {
 
     fn ready(&self) -> Command {
         let mut props = Properties::default().with("Socket-Type", self.socket_type.as_str());
-        if matches!(
+        // libzmq sends an Identity from these only; a SUB sends one when it was given one
+        // (saltgate-minion's id, for the fan-out's replay; a publisher ignores it).
+        let routed = matches!(
             self.socket_type,
             SocketType::Req | SocketType::Dealer | SocketType::Router
-        ) {
+        );
+        if routed || (self.socket_type == SocketType::Sub && !self.identity.is_empty()) {
             props = props.with("Identity", self.identity.clone());
         }
         Command::Ready(props)

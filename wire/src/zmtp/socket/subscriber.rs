@@ -90,6 +90,10 @@ pub struct SubOptions {
     pub queue: usize,
     /// Local address to dial from (Salt's minion `source_address`); `None` = the kernel's choice.
     pub source: Option<std::net::IpAddr>,
+    /// Sent as the READY's `Identity` when not empty. libzmq sends none on a SUB socket (a Salt
+    /// minion's id set with `zmq.IDENTITY` never reaches the wire); saltgate-minion sends its id,
+    /// which a publisher may ignore and saltgate's fan-out uses to replay to it.
+    pub identity: Bytes,
 }
 
 impl Default for SubOptions {
@@ -102,6 +106,7 @@ impl Default for SubOptions {
             keepalive: Some(Keepalive::salt()),
             queue: 1000,
             source: None,
+            identity: Bytes::new(),
         }
     }
 }
@@ -220,6 +225,7 @@ async fn run(
     let mut topics: Vec<Bytes> = Vec::new();
     let mut failures = 0u32;
     let mut hs = HandshakeConfig::new(SocketType::Sub);
+    hs.identity = opts.identity.clone();
     hs.max_frame_size = opts.max_frame_size;
     hs.timeout = opts.handshake_timeout;
     loop {
