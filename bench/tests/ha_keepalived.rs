@@ -26,8 +26,8 @@
 //! 0, against 2-11 per minion in L4 and plain fan-out).
 //!
 //! Needs root, `ip` and keepalived (.ci/run installs it) and the workspace's binaries
-//! (saltgate, saltgate-master, saltgate-minion in target/debug: `cargo build --bins`); it is
-//! `#[ignore]`d in the workspace run and run by `.ci/run`:
+//! (saltgate, saltgate-master, saltgate-minion in target/debug: `cargo build --bins`); the
+//! workspace run skips it (its ignore attribute says why) and `.ci/run` runs it:
 //! `cargo test -p saltgate-bench --test ha_keepalived -- --ignored --nocapture`.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -16,6 +16,7 @@ pub mod haproxy;
 pub mod model;
 pub mod presence;
 pub mod salt_master;
+mod salt_master_limits;
 pub mod salt_minion;
 pub mod transport;
 pub mod yaml;
