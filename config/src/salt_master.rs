@@ -249,6 +249,22 @@ pub struct SaltMasterConfig {
 
 pub use crate::salt_master_limits::MasterLimits;
 
+impl Default for MasterLimits {
+    fn default() -> Self {
+        MasterLimits {
+            max_clear_load: defaults::MAX_CLEAR_LOAD as usize,
+            untrusted_max_frame: defaults::UNTRUSTED_MAX_FRAME as usize,
+            untrusted_queue_bytes: defaults::UNTRUSTED_QUEUE_BYTES as usize,
+            request_max_connections: None,
+            publish_max_connections: None,
+            frame_timeout_secs: defaults::FRAME_TIMEOUT_SECS,
+            write_timeout_secs: defaults::WRITE_TIMEOUT_SECS,
+            cluster_auth_timeout_secs: defaults::CLUSTER_AUTH_TIMEOUT_SECS,
+            cluster_max_unauthenticated: defaults::CLUSTER_MAX_UNAUTHENTICATED as usize,
+        }
+    }
+}
+
 impl SaltMasterConfig {
     /// Salt's defaults, with `id` as given.
     pub fn with_defaults(id: &str) -> Self {

@@ -1,7 +1,6 @@
 //! `MasterLimits`: the `saltgate_*` keys of saltgate-master's Salt-format file that bound what
-//! an unauthenticated client can make it hold (read in [`crate::salt_master`]).
-
-use crate::salt_master::defaults;
+//! an unauthenticated client can make it hold (read in [`crate::salt_master`], which
+//! holds their defaults).
 
 /// What an unauthenticated client can make saltgate-master hold (issue 31): the `saltgate_*`
 /// keys of the same names. Salt has none of them (libzmq: no frame limit, no deadlines).
@@ -29,20 +28,4 @@ pub struct MasterLimits {
     pub cluster_auth_timeout_secs: u64,
     /// `saltgate_cluster_max_unauthenticated`.
     pub cluster_max_unauthenticated: usize,
-}
-
-impl Default for MasterLimits {
-    fn default() -> Self {
-        MasterLimits {
-            max_clear_load: defaults::MAX_CLEAR_LOAD as usize,
-            untrusted_max_frame: defaults::UNTRUSTED_MAX_FRAME as usize,
-            untrusted_queue_bytes: defaults::UNTRUSTED_QUEUE_BYTES as usize,
-            request_max_connections: None,
-            publish_max_connections: None,
-            frame_timeout_secs: defaults::FRAME_TIMEOUT_SECS,
-            write_timeout_secs: defaults::WRITE_TIMEOUT_SECS,
-            cluster_auth_timeout_secs: defaults::CLUSTER_AUTH_TIMEOUT_SECS,
-            cluster_max_unauthenticated: defaults::CLUSTER_MAX_UNAUTHENTICATED as usize,
-        }
-    }
 }
