@@ -8,9 +8,9 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 
 use saltgate_bench::runner::{self, Plan, Scenario};
-use saltgate_bench::scenarios::master;
 use saltgate_bench::scenarios::swarm::SwarmSize;
 use saltgate_bench::scenarios::Ctx;
+use saltgate_bench::scenarios::{authstorm, master};
 use saltgate_bench::targets::{haproxy_version, Binaries, Net, ProxySettings, TargetKind};
 use saltgate_bench::{backend, chart, report, BenchError};
 
@@ -18,7 +18,8 @@ use saltgate_bench::{backend, chart, report, BenchError};
 #[command(
     name = "saltgate-bench",
     about = "Side-by-side benchmarks: no proxy (direct), HAProxy and saltgate, interleaved and repeated",
-    after_help = "Scenarios: idle, connect, rr, throughput, storm, swarm (all = these six).\n\
+    after_help = "Scenarios: idle, connect, rr, throughput, storm, swarm (all = these six);\n\
+                  master and authstorm (real salt-master 3008.5, SALTGATE_VENV) run alone.\n\
                   CI smoke test: cargo run --release -p saltgate-bench -- --quick all"
 )]
 struct Cli {
@@ -80,6 +81,23 @@ struct Cli {
     /// its whole timeout; run `saltgate` alone for it.
     #[arg(long, default_value = "salt,saltgate", value_delimiter = ',')]
     master_kinds: Vec<String>,
+    /// authstorm: swarm sizes, comma-separated (default 2000,5000; --quick 200).
+    #[arg(long, value_delimiter = ',')]
+    authstorm_minions: Vec<usize>,
+    /// authstorm: ways, comma-separated: direct, haproxy, l4 (saltgate without auth_limit),
+    /// limit (saltgate with auth_limit).
+    #[arg(long, default_value = "direct,haproxy,l4,limit", value_delimiter = ',')]
+    authstorm_ways: Vec<String>,
+    /// authstorm: seconds to wait for every minion to authenticate (and for every test.ping
+    /// return after the rotation); a capped run reports how many made it (default 300; --quick 60).
+    #[arg(long)]
+    authstorm_cap: Option<u64>,
+    /// authstorm: `auth_limit.max_in_flight` of the limited way (a number or auto).
+    #[arg(long, default_value = "auto")]
+    authstorm_max_in_flight: String,
+    /// authstorm: leave out the rotation storm (salt-key -d, then test.ping to all).
+    #[arg(long)]
+    authstorm_no_rotation: bool,
 }
 
 fn main() {
@@ -120,6 +138,9 @@ fn backend_child(args: &[String]) -> Result<()> {
 fn bench(cli: Cli, args: &[String]) -> Result<()> {
     if cli.scenarios.iter().any(|s| s == "master") {
         return master_bench(cli, args);
+    }
+    if cli.scenarios.iter().any(|s| s == "authstorm") {
+        return authstorm_bench(cli, args);
     }
     let mut scenarios = Vec::new();
     for s in &cli.scenarios {
@@ -305,6 +326,105 @@ fn master_bench(cli: Cli, args: &[String]) -> Result<()> {
     if let Some(dir) = emit(cli.json, cli.out.as_deref(), "master-report", &md, &json)? {
         eprintln!(
             "saltgate-bench: wrote {}/master-report.{{md,json}}",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// `saltgate-bench authstorm`: N minions against one salt-master 3008.5, four ways (its own
+/// report).
+fn authstorm_bench(cli: Cli, args: &[String]) -> Result<()> {
+    if cli.scenarios.len() != 1 {
+        return Err(BenchError::Usage(
+            "authstorm runs alone: saltgate-bench authstorm [--authstorm-minions 2000,5000]".into(),
+        )
+        .into());
+    }
+    let sizes = if cli.authstorm_minions.is_empty() {
+        if cli.quick {
+            vec![200]
+        } else {
+            vec![2000, 5000]
+        }
+    } else {
+        cli.authstorm_minions.clone()
+    };
+    if sizes.contains(&0) {
+        return Err(BenchError::Usage("--authstorm-minions needs sizes ≥ 1".into()).into());
+    }
+    let mif = cli.authstorm_max_in_flight.trim().to_string();
+    if mif != "auto" && !mif.parse::<u32>().is_ok_and(|v| v >= 1) {
+        return Err(BenchError::Usage(format!(
+            "--authstorm-max-in-flight {mif:?}: use a number ≥ 1 or auto"
+        ))
+        .into());
+    }
+    let ways = authstorm::parse_ways(&cli.authstorm_ways).map_err(BenchError::Usage)?;
+    let net = Net::parse(&cli.net)?;
+    let _ = rlimit::increase_nofile_limit(u64::MAX);
+    let saltgate_needed = ways.iter().any(|w| {
+        matches!(
+            w,
+            authstorm::Way::SaltgateL4 | authstorm::Way::SaltgateLimit
+        )
+    });
+    let built = if (saltgate_needed && cli.saltgate_bin.is_none()) || cli.minion_bin.is_none() {
+        Some(build_binaries(true)?)
+    } else {
+        None
+    };
+    let from_build = |name: &str| {
+        built
+            .as_ref()
+            .map(|d| d.join(name))
+            .unwrap_or_else(|| PathBuf::from(name))
+    };
+    let haproxy = if ways.contains(&authstorm::Way::Haproxy) {
+        find_haproxy(cli.haproxy_bin)?
+    } else {
+        PathBuf::from("haproxy")
+    };
+    let ctx = Ctx {
+        net,
+        bins: Binaries {
+            saltgate: cli.saltgate_bin.unwrap_or_else(|| from_build("saltgate")),
+            haproxy,
+            master: cli
+                .master_bin
+                .unwrap_or_else(|| from_build("saltgate-master")),
+            minion: cli
+                .minion_bin
+                .unwrap_or_else(|| from_build("saltgate-minion")),
+        },
+        exe: std::env::current_exe().context("path of this executable")?,
+        quick: cli.quick,
+        settings: ProxySettings::default(),
+        swarm: SwarmSize {
+            minions: 0,
+            processes: cli.swarm_processes.max(1),
+            gates: 1,
+            start_rate: cli.swarm_start_rate.unwrap_or(1000),
+        },
+    };
+    let opts = authstorm::Options {
+        sizes,
+        ways,
+        cap: std::time::Duration::from_secs(cli.authstorm_cap.unwrap_or(if cli.quick {
+            60
+        } else {
+            300
+        })),
+        max_in_flight: mif,
+        rotate: !cli.authstorm_no_rotation,
+    };
+    let command = format!("saltgate-bench {} ({})", args[1..].join(" "), git_commit());
+    let report = runtime()?.block_on(authstorm::bench(&ctx, &opts, command))?;
+    let md = saltgate_bench::scenarios::authstorm_report::markdown(&report);
+    let json = serde_json::to_string_pretty(&report).context("JSON")?;
+    if let Some(dir) = emit(cli.json, cli.out.as_deref(), "authstorm", &md, &json)? {
+        eprintln!(
+            "saltgate-bench: wrote {}/authstorm.{{md,json}}",
             dir.display()
         );
     }

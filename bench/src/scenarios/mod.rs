@@ -2,6 +2,8 @@
 //! the sample a figure becomes, and opening many sessions at once. Each scenario lives in its
 //! own file and returns samples; ordering, repeats and medians are `runner`'s.
 
+pub mod authstorm;
+pub mod authstorm_report;
 pub mod cluster;
 pub mod connect;
 pub mod idle;

@@ -38,6 +38,7 @@ pub fn venv() -> Result<PathBuf, BenchError> {
 pub struct SaltMaster {
     pub ret: SocketAddr,
     pub conf_dir: PathBuf,
+    publish: u16,
     child: Child,
     dir: tempfile::TempDir,
 }
@@ -52,20 +53,54 @@ fn free_port(ip: IpAddr) -> Result<u16, BenchError> {
 /// The master's configuration: Salt's defaults (5 worker threads included) but for paths,
 /// ports, `auto_accept` and the open-files limit this machine allows.
 pub fn config_text(dir: &Path, ip: IpAddr, publish: u16, ret: u16) -> String {
+    config_text_with(dir, ip, publish, ret, &Tuning::default())
+}
+
+/// What a scenario may change in [`config_text`].
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// `log_level_logfile` (`warning`; `info` logs one line per `_auth` the master processes).
+    pub log_level: &'static str,
+    /// Extra top-level keys, one `key: value` per line (none by default).
+    pub extra: String,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            log_level: "warning",
+            extra: String::new(),
+        }
+    }
+}
+
+/// [`config_text`] with `tuning`.
+pub fn config_text_with(dir: &Path, ip: IpAddr, publish: u16, ret: u16, tuning: &Tuning) -> String {
     let d = dir.display();
+    let level = tuning.log_level;
+    let extra = &tuning.extra;
     format!(
         "id: bench-salt-master\ninterface: {ip}\npublish_port: {publish}\nret_port: {ret}\n\
          user: root\npki_dir: {d}/pki\ncachedir: {d}/cache\nsock_dir: {d}/sock\n\
          sqlite_queue_dir: {d}/queues\npidfile: {d}/master.pid\nlog_file: {d}/master.log\n\
-         key_logfile: {d}/key.log\nlog_level_logfile: warning\nmax_open_files: 20000\n\
+         key_logfile: {d}/key.log\nlog_level_logfile: {level}\nmax_open_files: 20000\n\
          auto_accept: True\nfile_roots: {{base: [{d}/srv/salt]}}\n\
-         pillar_roots: {{base: [{d}/srv/pillar]}}\n"
+         pillar_roots: {{base: [{d}/srv/pillar]}}\n{extra}"
     )
 }
 
 impl SaltMaster {
     /// Starts it on `ip` and waits until it answers a clear `ping`.
     pub async fn start(venv: &Path, ip: IpAddr) -> Result<SaltMaster, BenchError> {
+        SaltMaster::start_with(venv, ip, &Tuning::default()).await
+    }
+
+    /// [`SaltMaster::start`] with `tuning` in its configuration.
+    pub async fn start_with(
+        venv: &Path,
+        ip: IpAddr,
+        tuning: &Tuning,
+    ) -> Result<SaltMaster, BenchError> {
         let dir = tempfile::Builder::new()
             .prefix("saltgate-bench-salt.")
             .tempdir()
@@ -76,7 +111,7 @@ impl SaltMaster {
             .and_then(|_| {
                 std::fs::write(
                     conf_dir.join("master"),
-                    config_text(dir.path(), ip, publish, ret),
+                    config_text_with(dir.path(), ip, publish, ret, tuning),
                 )
             })
             .map_err(|e| BenchError::Io(format!("salt-master config: {e}")))?;
@@ -97,6 +132,7 @@ impl SaltMaster {
         let mut m = SaltMaster {
             ret: SocketAddr::new(ip, ret),
             conf_dir,
+            publish,
             child,
             dir,
         };
@@ -126,6 +162,16 @@ impl SaltMaster {
 
     pub fn pid(&self) -> u32 {
         self.child.id().unwrap_or(0)
+    }
+
+    /// The master's `publish_port`.
+    pub fn publish_port(&self) -> u16 {
+        self.publish
+    }
+
+    /// The master's own log file (`log_file`).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("master.log")
     }
 
     pub fn log_tail(&self) -> String {

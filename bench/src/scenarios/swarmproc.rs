@@ -33,6 +33,11 @@ pub struct Totals {
     pub authenticated: i64,
     pub jobs_answered: i64,
     pub errors: i64,
+    /// `_auth` tries that got no answer within `auth_timeout`, and tries sent again.
+    pub auth_timeouts: i64,
+    pub auth_retries: i64,
+    /// Minions that sent their start event (each once it first authenticated).
+    pub start_events: i64,
 }
 
 impl Totals {
@@ -43,6 +48,9 @@ impl Totals {
             authenticated: g("authenticated"),
             jobs_answered: g("jobs_answered"),
             errors: g("errors"),
+            auth_timeouts: g("auth_timeouts"),
+            auth_retries: g("auth_retries"),
+            start_events: g("start_events"),
         }
     }
 }
@@ -95,13 +103,25 @@ pub struct Swarm {
 }
 
 impl Swarm {
-    /// Starts every part (ids `<prefix><i>`), progress every 100 ms.
+    /// Starts every part (ids `<prefix><i>`), progress every 100 ms, `acceptance_wait_time` 1 s.
     pub fn start(
         bin: &Path,
         pki: &Path,
         prefix: &str,
         start_rate: u32,
         parts: &[Part],
+    ) -> Result<Swarm, BenchError> {
+        Swarm::start_with_wait(bin, pki, prefix, start_rate, parts, 1.0)
+    }
+
+    /// [`Swarm::start`] with the minions' `acceptance_wait_time` (seconds; Salt's is 10).
+    pub fn start_with_wait(
+        bin: &Path,
+        pki: &Path,
+        prefix: &str,
+        start_rate: u32,
+        parts: &[Part],
+        acceptance_wait: f64,
     ) -> Result<Swarm, BenchError> {
         let latest = Arc::new(Mutex::new(vec![Totals::default(); parts.len()]));
         let receipts = Arc::new(Mutex::new(vec![Vec::new(); parts.len()]));
@@ -118,7 +138,8 @@ impl Swarm {
                 .args(["--id-start", &p.id_start.to_string()])
                 .args(["--processes", &p.processes.max(1).to_string()])
                 .args(["--start-rate", &rate.to_string()])
-                .args(["--report-every", "0.1", "--acceptance-wait-time", "1"])
+                .args(["--report-every", "0.1"])
+                .args(["--acceptance-wait-time", &acceptance_wait.to_string()])
                 .args(["--shared-key", "--json"])
                 .arg("--pki-dir")
                 .arg(pki)
@@ -174,6 +195,9 @@ impl Swarm {
             authenticated: a.authenticated + t.authenticated,
             jobs_answered: a.jobs_answered + t.jobs_answered,
             errors: a.errors + t.errors,
+            auth_timeouts: a.auth_timeouts + t.auth_timeouts,
+            auth_retries: a.auth_retries + t.auth_retries,
+            start_events: a.start_events + t.start_events,
         })
     }
 

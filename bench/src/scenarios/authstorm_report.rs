@@ -1,0 +1,298 @@
+//! The `authstorm` report: one row per figure and size, a column per way, the ratio
+//! `auth_limit` ÷ L4, and issue 25's targets for the limited way.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::authstorm::{Way, WayRun};
+use super::count_label;
+use crate::report::num;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub figure: &'static str,
+    pub case: String,
+    pub unit: &'static str,
+    /// In the order of [`Way::ALL`]; None: not run, or no value (e.g. not all authenticated).
+    pub values: [Option<f64>; 4],
+    /// `auth_limit` ÷ L4.
+    pub ratio: Option<f64>,
+    pub target: Option<&'static str>,
+    pub met: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AuthstormReport {
+    pub command: String,
+    pub started_utc: String,
+    pub finished_utc: String,
+    pub cpus: usize,
+    pub loadavg_before: String,
+    pub loadavg_after: String,
+    pub machine_idle_pct: f64,
+    pub start_rate: u32,
+    pub cap_secs: u64,
+    pub max_in_flight: String,
+    pub rows: Vec<Row>,
+    pub runs: Vec<WayRun>,
+    pub failures: Vec<String>,
+}
+
+type Pick = fn(&WayRun) -> Option<f64>;
+
+fn per_auth(r: &WayRun, v: f64) -> Option<f64> {
+    (r.authenticated > 0).then(|| v / r.authenticated as f64)
+}
+
+/// (figure, unit, value, target for the limited way).
+const FIGURES: [(&str, &str, Pick, Option<&str>); 9] = [
+    (
+        "minions authenticated",
+        "count",
+        |r| Some(r.authenticated as f64),
+        None,
+    ),
+    (
+        "time until all authenticated",
+        "s",
+        |r| r.secs_to_all,
+        Some("≤ 0.75× L4"),
+    ),
+    (
+        "master CPU per authenticated minion",
+        "ms",
+        |r| per_auth(r, r.master_cpu_secs * 1e3),
+        Some("≤ 0.6× L4"),
+    ),
+    (
+        "`_auth` processed per authenticated minion",
+        "count",
+        |r| per_auth(r, r.auth_processed as f64),
+        Some("≤ 1.5"),
+    ),
+    (
+        "master marked DOWN (saltgate)",
+        "times",
+        |r| r.downs.map(|d| d as f64),
+        Some("0"),
+    ),
+    (
+        "swarm `_auth` timeouts",
+        "count",
+        |r| Some(r.swarm_auth_timeouts as f64),
+        None,
+    ),
+    (
+        "rotation: time until every test.ping return",
+        "s",
+        |r| r.rotation.as_ref().and_then(|x| x.secs_to_all_pinged),
+        None,
+    ),
+    (
+        "rotation: `_auth` processed per minion",
+        "count",
+        |r| {
+            r.rotation
+                .as_ref()
+                .map(|x| x.auth_processed as f64 / r.minions.max(1) as f64)
+        },
+        None,
+    ),
+    (
+        "rotation: master CPU per minion",
+        "ms",
+        |r| {
+            r.rotation
+                .as_ref()
+                .map(|x| x.master_cpu_secs * 1e3 / r.minions.max(1) as f64)
+        },
+        None,
+    ),
+];
+
+pub fn rows(runs: &[WayRun], sizes: &[usize]) -> Vec<Row> {
+    let mut out = Vec::new();
+    for &n in sizes {
+        for (figure, unit, pick, target) in FIGURES {
+            let mut values = [None; 4];
+            for (i, w) in Way::ALL.iter().enumerate() {
+                values[i] = runs
+                    .iter()
+                    .find(|r| r.way == *w && r.minions == n)
+                    .and_then(pick);
+            }
+            let (l4, lim) = (values[2], values[3]);
+            let ratio = match (l4, lim) {
+                (Some(a), Some(b)) if a > 0.0 => Some(b / a),
+                _ => None,
+            };
+            let limited = runs
+                .iter()
+                .find(|r| r.way == Way::SaltgateLimit && r.minions == n);
+            let met = match (figure, limited) {
+                (_, None) => None,
+                ("time until all authenticated", Some(r)) => {
+                    Some(r.authenticated >= n && ratio.is_some_and(|x| x <= 0.75))
+                }
+                ("master CPU per authenticated minion", _) => ratio.map(|x| x <= 0.6),
+                ("`_auth` processed per authenticated minion", _) => lim.map(|x| x <= 1.5),
+                ("master marked DOWN (saltgate)", _) => lim.map(|x| x == 0.0),
+                _ => None,
+            };
+            out.push(Row {
+                figure,
+                case: format!("{} minions", count_label(n)),
+                unit,
+                values,
+                ratio,
+                target,
+                met,
+            });
+        }
+    }
+    out
+}
+
+pub fn markdown(r: &AuthstormReport) -> String {
+    let mut s = String::from(
+        "| figure | case | unit | direct | HAProxy | saltgate L4 | saltgate auth_limit | limit ÷ L4 | target (limit) | met |\n|---|---|---|---:|---:|---:|---:|---:|---|---|\n",
+    );
+    let o = |v: Option<f64>| v.map(num).unwrap_or_else(|| "—".into());
+    for row in &r.rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.figure,
+            row.case,
+            row.unit,
+            o(row.values[0]),
+            o(row.values[1]),
+            o(row.values[2]),
+            o(row.values[3]),
+            row.ratio
+                .map(|x| format!("{}×", num(x)))
+                .unwrap_or_else(|| "—".into()),
+            row.target.unwrap_or(""),
+            match row.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "",
+            },
+        );
+    }
+    let _ = write!(
+        s,
+        "\n- command: `{}`\n- run: {} → {} (UTC), {} CPU(s); swarm started at {}/s; cap {} s; auth_limit max_in_flight: {}\n- background: loadavg before `{}`, after `{}`; machine idle over the run {:.0} %\n",
+        r.command,
+        r.started_utc,
+        r.finished_utc,
+        r.cpus,
+        r.start_rate,
+        r.cap_secs,
+        r.max_in_flight,
+        r.loadavg_before,
+        r.loadavg_after,
+        r.machine_idle_pct,
+    );
+    for w in &r.runs {
+        let _ = writeln!(
+            s,
+            "- {} {}: other processes' CPU {:.0} % of the machine, loadavg `{}`; swarm `_auth` retries {}; saltgate `_auth` admitted {} dropped {}{}",
+            w.way.label(),
+            count_label(w.minions),
+            w.foreign_cpu_pct,
+            w.loadavg,
+            w.swarm_auth_retries,
+            o(w.gate_admitted),
+            o(w.gate_dropped),
+            w.rotation.as_ref().map_or(String::new(), |x| format!(
+                "; rotation: logged {:.1} s after salt-key -d, {} returns, DOWN {}",
+                x.secs_to_rotate,
+                x.returns,
+                x.downs.map_or("—".into(), |d| d.to_string())
+            )),
+        );
+    }
+    for f in &r.failures {
+        let _ = writeln!(s, "- **did not complete:** {f}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(way: Way, auth: usize, secs: Option<f64>, cpu: f64, processed: u64) -> WayRun {
+        WayRun {
+            way,
+            minions: 100,
+            authenticated: auth,
+            secs_to_all: secs,
+            master_cpu_secs: cpu,
+            auth_processed: processed,
+            downs: matches!(way, Way::SaltgateL4 | Way::SaltgateLimit).then_some(0),
+            gate_admitted: None,
+            gate_dropped: None,
+            swarm_auth_timeouts: 0,
+            swarm_auth_retries: 0,
+            rotation: None,
+            foreign_cpu_pct: 0.0,
+            loadavg: String::new(),
+        }
+    }
+
+    #[test]
+    fn rows_compare_the_limit_with_l4_and_judge_issue_25s_targets() {
+        let runs = vec![
+            run(Way::Direct, 40, None, 20.0, 4000),
+            run(Way::SaltgateL4, 100, Some(80.0), 2.0, 500),
+            run(Way::SaltgateLimit, 100, Some(40.0), 1.0, 110),
+        ];
+        let rows = rows(&runs, &[100]);
+        let get = |f: &str| rows.iter().find(|r| r.figure == f).unwrap();
+        let t = get("time until all authenticated");
+        assert_eq!(t.values, [None, None, Some(80.0), Some(40.0)]);
+        assert_eq!((t.ratio, t.met), (Some(0.5), Some(true)));
+        let c = get("master CPU per authenticated minion");
+        // 20 s over the 40 that made it: 500 ms each.
+        assert_eq!(c.values[0], Some(500.0));
+        assert_eq!(c.met, Some(true));
+        let a = get("`_auth` processed per authenticated minion");
+        assert_eq!(a.values[3], Some(1.1));
+        assert_eq!(a.met, Some(true));
+        assert_eq!(get("master marked DOWN (saltgate)").met, Some(true));
+        let md = markdown(&AuthstormReport {
+            command: "x".into(),
+            started_utc: String::new(),
+            finished_utc: String::new(),
+            cpus: 2,
+            loadavg_before: String::new(),
+            loadavg_after: String::new(),
+            machine_idle_pct: 0.0,
+            start_rate: 1000,
+            cap_secs: 300,
+            max_in_flight: "auto".into(),
+            rows,
+            runs,
+            failures: vec!["HAProxy, 100 minions: x".into()],
+        });
+        assert!(md.contains("| 0.500× | ≤ 0.75× L4 | yes |"), "{md}");
+        assert!(md.contains("**did not complete:** HAProxy"));
+    }
+
+    #[test]
+    fn a_limited_run_that_did_not_finish_misses_the_time_target() {
+        let runs = vec![
+            run(Way::SaltgateL4, 100, Some(80.0), 2.0, 500),
+            run(Way::SaltgateLimit, 90, None, 1.0, 110),
+        ];
+        let rows = rows(&runs, &[100]);
+        let t = rows
+            .iter()
+            .find(|r| r.figure == "time until all authenticated")
+            .unwrap();
+        assert_eq!(t.met, Some(false));
+    }
+}
