@@ -207,7 +207,7 @@ pub fn markdown(r: &AuthstormReport) -> String {
             o(w.gate_admitted),
             o(w.gate_dropped),
             w.rotation.as_ref().map_or(String::new(), |x| format!(
-                "; rotation: logged {:.1} s after salt-key -d, {} returns, DOWN {}",
+                "; rotation: key rotated {:.1} s after salt-key -d, {} returns, DOWN {}",
                 x.secs_to_rotate,
                 x.returns,
                 x.downs.map_or("—".into(), |d| d.to_string())
