@@ -30,8 +30,8 @@ pub use super::probe::TlsClient;
 /// server only answers requests).
 const MAX_OTHER_MESSAGES: usize = 16;
 
-pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Io for T {}
 /// A plain or TLS stream.
 pub(crate) type Stream = Pin<Box<dyn Io>>;
 
