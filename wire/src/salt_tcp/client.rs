@@ -89,9 +89,8 @@ pub(crate) async fn dial(
     })?
 }
 
-/// The payload a Salt message crosses the seam as, from a frame's `body`: a map (Salt's request
-/// and reply dicts) is encoded; bytes (Salt's publish server frames the already serialised
-/// envelope) are the payload itself.
+/// The payload a publish crosses the seam as, from a frame's `body`: bytes (Salt's publish
+/// server frames the already serialised envelope) are the payload itself; a map is encoded.
 pub(crate) fn body_payload(body: &envelope::Value) -> Option<Bytes> {
     match body {
         envelope::Value::Binary(b) => Some(Bytes::copy_from_slice(b)),
@@ -197,8 +196,9 @@ impl TcpRequestClient {
                 .map_err(|_| RequestError::Malformed("reply is not Salt's tcp framing"))?
             {
                 if msg.mid() == Some(mid.as_bytes()) {
-                    return body_payload(&msg.body)
-                        .ok_or(RequestError::Malformed("reply with an empty body"));
+                    // The reply object itself (a dict, or the encrypted bytes of an `aes` reply):
+                    // encoded, it is what a ZeroMQ reply frame holds (`salt.payload.dumps`).
+                    return Ok(Bytes::from(envelope::encode(&msg.body)));
                 }
                 others += 1;
                 if others > MAX_OTHER_MESSAGES {

@@ -50,7 +50,16 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, mode: Mode) {
                 continue;
             }
             let mut out = encode_message(map(vec![("mid", text("other"))]), Value::Nil);
-            out.extend(encode_message(m.head, map(vec![("echo", m.body)])));
+            let cmd = envelope::get(&m.body, "load")
+                .and_then(|l| envelope::get(l, "cmd"))
+                .and_then(envelope::as_str)
+                .map(str::to_owned);
+            // An `aes` reply is bytes, not a map.
+            let reply = match cmd.as_deref() {
+                Some("bytes") => envelope::bin(b"ciphertext"),
+                _ => map(vec![("echo", m.body)]),
+            };
+            out.extend(encode_message(m.head, reply));
             for c in out.chunks(3) {
                 if s.write_all(c).await.is_err() {
                     return;
@@ -104,6 +113,9 @@ async fn requests_are_matched_by_mid_on_one_kept_connection() {
         let r = c.send(payload(cmd), T).await.unwrap();
         assert_eq!(echoed_cmd(&r), cmd);
     }
+    // Bytes come over as a ZeroMQ reply frame holds them: msgpack-encoded.
+    let r = c.send(payload("bytes"), T).await.unwrap();
+    assert_eq!(envelope::decode(&r).unwrap(), envelope::bin(b"ciphertext"));
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
     assert_eq!(c.peer_addr(), a);
 }
