@@ -3,6 +3,9 @@
 //! accepted with `salt-key`, then the real `salt` CLI's jobs, aimed at our id (Salt's tcp
 //! publish server sends those only to the connection that said our id: the hello), are answered.
 //!
+//! The plain test then restarts the master: the minion re-authenticates after the reconnect and
+//! says hello with the new publish key, and is answered again.
+//!
 //! The TLS master runs with `worker_pools_enabled: False`: 3008.5's worker-pool router wraps its
 //! internal IPC server in TLS while its IPC client speaks plain text (issue 27). The test CA and
 //! certificates are made at run time in the test's temporary directory; none is committed.
@@ -99,13 +102,31 @@ fn real_tcp_master_authenticates_us_and_its_cli_gets_answers() {
         &mdir,
         &format!(
             "id: {id}\nmaster: {IP}:{}\ntransport: tcp\npki_dir: {}/pki\n\
-             acceptance_wait_time: 1\n",
+             acceptance_wait_time: 1\nrecon_default: 200\nrecon_max: 1000\n",
             master.ret_port,
             mdir.display()
         ),
     );
     let first = jobs_are_answered(&master, id, &mdir);
     eprintln!("tcp: first test.ping answered {first:?} after the key was accepted");
+    // A restarted master has a new publish key: after the reconnect the minion authenticates
+    // again and says hello with the new key, or the master would never send it a targeted job.
+    master.guard = None;
+    master.spawn();
+    wait_ready_tcp(&mut master, None);
+    let restarted = Instant::now();
+    wait_for(
+        Duration::from_secs(40),
+        "test.ping after a master restart",
+        || {
+            let v = master.salt(3, &[id, "test.ping"]);
+            (v == json!({ id: true })).then_some(())
+        },
+    );
+    eprintln!(
+        "tcp: answered {:?} after the master restarted",
+        restarted.elapsed()
+    );
 }
 
 /// Writes a test CA, a server certificate for `ip` and a client certificate for `id` into `dir`.
