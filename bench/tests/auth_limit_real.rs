@@ -89,6 +89,7 @@ async fn five_hundred_minions_authenticate_behind_a_small_max_in_flight() {
             acceptance_wait_time: Duration::from_secs(10),
             publish_port: Some(publish.port()),
             pillar: false,
+            transport: Default::default(),
         },
         stop_rx,
     ));

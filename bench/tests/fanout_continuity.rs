@@ -219,6 +219,7 @@ async fn no_minion_misses_a_job_when_a_master_crashes_or_hangs_in_fanout_mode() 
             acceptance_wait_time: Duration::from_secs(1),
             publish_port: Some(PORTS.publish),
             pillar: false,
+            transport: Default::default(),
         },
         swarm_stop_rx,
     ));

@@ -79,6 +79,7 @@ fn a_burst_of_900_returns_from_300_minions_all_arrive() {
             acceptance_wait_time: Duration::from_secs(1),
             publish_port: None,
             pillar: false,
+            transport: Default::default(),
         };
         let swarm = tokio::spawn(run_swarm(opts, stop));
 

@@ -101,6 +101,10 @@ pub struct MinionConfig {
     pub always_verify_signature: bool,
     /// `master_sign_key_name` (default `master_sign`): the verification key's file stem.
     pub master_sign_key_name: String,
+    /// `transport`: zeromq (Salt's default) or tcp.
+    pub transport: crate::transport::SaltTransport,
+    /// `ssl` (tcp only): TLS to the masters, Salt's keys.
+    pub ssl: Option<crate::transport::SslConfig>,
 }
 
 /// A static grain value from the config file.
@@ -148,6 +152,8 @@ impl Default for MinionConfig {
             verify_master_pubkey_sign: false,
             always_verify_signature: false,
             master_sign_key_name: MASTER_SIGN_KEY_NAME.into(),
+            transport: Default::default(),
+            ssl: None,
         }
     }
 }
@@ -293,7 +299,6 @@ impl<'de> Deserialize<'de> for RawDoc {
 
 /// Salt minion keys saltgate-minion knows it does not implement (warned as "ignored").
 const KNOWN_IGNORED: &[&str] = &[
-    "transport",
     "log_level",
     "log_file",
     "log_level_logfile",
@@ -458,6 +463,9 @@ fn show(r: &Raw) -> String {
 
 pub use crate::addr::split_host_port;
 
+#[path = "salt_minion_transport.rs"]
+mod keys;
+
 /// Reads and validates a Salt minion configuration file.
 pub fn load_minion(path: &Path) -> Result<LoadedMinion, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -500,6 +508,7 @@ pub fn parse_minion(text: &str, file: Option<&Path>) -> Result<LoadedMinion, Con
     let mut cfg = MinionConfig::default();
     let mut master: Option<&Spanned<Raw>> = None;
     let mut failback_interval = None;
+    let mut ssl_node = None;
     let mut seen: Vec<&str> = Vec::new();
     for (k, v) in &doc.0 {
         let key = k.value.as_str();
@@ -645,6 +654,9 @@ pub fn parse_minion(text: &str, file: Option<&Path>) -> Result<LoadedMinion, Con
                     }
                 }
             }
+            "transport" => cfg.transport = keys::transport(&mut c, v).unwrap_or_default(),
+            "ssl" => (ssl_node, cfg.ssl) = (Some(v), keys::ssl(&mut c, v)),
+            "disable_aes_with_tls" => keys::disable_aes_with_tls(&mut c, v),
             "recon_default" => cfg.recon_default = c.millis(v, key).unwrap_or(cfg.recon_default),
             "recon_max" => cfg.recon_max = c.millis(v, key).unwrap_or(cfg.recon_max),
             "recon_randomize" => cfg.recon_randomize = c.boolean(v, key).unwrap_or(true),
@@ -675,6 +687,7 @@ pub fn parse_minion(text: &str, file: Option<&Path>) -> Result<LoadedMinion, Con
             }),
         }
     }
+    keys::check(&mut c, cfg.transport, ssl_node);
     if let Some(v) = master {
         let entries: Vec<&Raw> = match &v.value {
             Raw::List(l) => {

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use saltgate_wire::crypticle::{Crypticle, CrypticleKey};
 use saltgate_wire::envelope::{self, map, text, Reply, RequestEnvelope, Value};
 use saltgate_wire::rsa::{EncAlgo, SigAlgo};
+use saltgate_wire::salt_tcp::client::TlsClient;
 use saltgate_wire::transport::{
     AnyRequestClient, RequestClient, RequestClientOptions, RequestError, Transport,
 };
@@ -70,8 +71,10 @@ pub struct Identity {
 pub struct ReqChannel {
     ident: Identity,
     addr: SocketAddr,
-    /// The master's transport (ZeroMQ until the minion reads `transport`, issue 27).
+    /// The master's transport (Salt's `transport`).
     transport: Transport,
+    /// TLS to the master (Salt's `ssl`, `tcp` only).
+    tls: Option<TlsClient>,
     req: Option<AnyRequestClient>,
     /// Keep the request connection open between requests (Salt does). A swarm closes it to
     /// save a file descriptor and the connection's buffers per idle minion.
@@ -95,6 +98,7 @@ impl ReqChannel {
             ident,
             addr,
             transport: Transport::default(),
+            tls: None,
             req: None,
             keep_open,
             token: CrypticleKey::generate().to_key_string(),
@@ -108,6 +112,13 @@ impl ReqChannel {
         ReqChannel::new(self.ident.clone(), self.addr, false)
             .with_source(self.source)
             .with_transport(self.transport)
+            .with_tls(self.tls.clone())
+    }
+
+    /// Speaks TLS to the master (Salt's `ssl`) when given.
+    pub fn with_tls(mut self, tls: Option<TlsClient>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Speaks `transport` to the master (Salt's `transport` option).
@@ -125,6 +136,7 @@ impl ReqChannel {
     fn options(&self) -> RequestClientOptions {
         RequestClientOptions {
             source: self.source,
+            tls: self.tls.clone(),
             ..RequestClientOptions::default()
         }
     }
@@ -290,6 +302,22 @@ impl ReqChannel {
         })
         .await
         .map_err(|e| ChannelError::Decode(format!("pillar task: {e}")))?
+    }
+
+    /// Salt's `send_id` for the `tcp` publish connection: `{"enc": "aes", "load": <{"id", "tok"}
+    /// encrypted with the publish key>, "version": 3}`. The master checks `tok` and from then on
+    /// sends the publishes aimed at this id to that connection.
+    pub fn publish_hello(&self, aes: &Crypticle) -> Vec<u8> {
+        let load = map(vec![
+            ("id", text(&self.ident.id)),
+            ("tok", envelope::bin(&self.ident.key.tok)),
+        ]);
+        let ct = aes.dumps(&envelope::salt_compat(load), None);
+        envelope::encode(&map(vec![
+            ("enc", text("aes")),
+            ("load", envelope::bin(&ct)),
+            ("version", Value::from(3)),
+        ]))
     }
 
     /// Salt's clear `ping` on this channel (what `status.ping_master` does): true if answered.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use saltgate_wire::crypticle::{Crypticle, CrypticleError};
 use saltgate_wire::envelope::{self, text, PublishEnvelope, Value};
 use saltgate_wire::rsa::{PublicKey, SigAlgo};
+use saltgate_wire::salt_tcp::client::TlsClient;
 use saltgate_wire::transport::{
     Heartbeat, PublishClient, PublishClientOptions, ReconnectPolicy, Transport,
 };
@@ -78,8 +79,10 @@ pub struct LinkConfig {
     /// 0 = no liveness checks.
     pub alive_interval: Duration,
     pub recon: ReconnectPolicy,
-    /// The master's transport (Salt's `transport`; ZeroMQ until the minion reads it, issue 27).
+    /// The master's transport (Salt's `transport`: zeromq or tcp).
     pub transport: Transport,
+    /// TLS to the master (Salt's `ssl`; tcp only), for both channels.
+    pub tls: Option<TlsClient>,
     pub keep_req_open: bool,
     /// Timeout of one `_return`/`_pillar` request (Salt: 60 s).
     pub request_timeout: Duration,
@@ -108,6 +111,7 @@ impl LinkConfig {
             alive_interval: Duration::ZERO,
             recon: ReconnectPolicy::default(),
             transport: Transport::default(),
+            tls: None,
             keep_req_open: true,
             request_timeout: Duration::from_secs(60),
             return_tries: 3,
@@ -188,7 +192,8 @@ impl Link {
     ) -> Self {
         let chan = ReqChannel::new(ident, cfg.req_addr, cfg.keep_req_open)
             .with_source(cfg.source)
-            .with_transport(cfg.transport);
+            .with_transport(cfg.transport)
+            .with_tls(cfg.tls.clone());
         Link {
             cfg,
             chan,
@@ -331,8 +336,14 @@ impl Link {
             // Our id on the SUB's READY (libzmq sends none there): saltgate's fan-out knows us
             // by it to replay what we missed, even behind a shared address.
             identity: bytes::Bytes::copy_from_slice(self.ctx.id.as_bytes()),
+            tls: self.cfg.tls.clone(),
             ..PublishClientOptions::default()
         };
+        // tcp: Salt's `send_id` on each connect, or the master sends us no targeted publish.
+        let says_hello = self.cfg.transport == Transport::Tcp;
+        if says_hello {
+            opts.hello = Some(self.chan.publish_hello(&est.aes).into());
+        }
         if !alive.is_zero() {
             opts.heartbeat = Some(Heartbeat {
                 interval: (alive / 2).max(Duration::from_millis(50)),
@@ -360,6 +371,8 @@ impl Link {
         let mut running: Vec<Job> = Vec::new();
         let mut down_checks = 0u32;
         let mut last_ping = tokio::time::Instant::now();
+        // Connections whose hello holds the current key (tcp).
+        let mut hello_for = 1u64;
         loop {
             tokio::select! {
                 msg = sub.recv() => {
@@ -384,6 +397,17 @@ impl Link {
                 _ = tick.tick() => {
                     let up = sub.is_connected();
                     self.set_conn(up);
+                    if says_hello && up && sub.connect_count() > hello_for {
+                        // A reconnect: the master may have restarted with a new publish key, and
+                        // a hello it cannot decrypt leaves us out of its targeted publishes.
+                        // Re-authenticate first, as Salt's `send_id(force_auth=True)`.
+                        hello_for = sub.connect_count();
+                        if Box::pin(self.refresh_keys(&mut est)).await {
+                            sub.set_hello(self.chan.publish_hello(&est.aes).into());
+                        } else {
+                            hello_for -= 1;
+                        }
+                    }
                     if alive.is_zero() {
                         continue;
                     }
@@ -399,6 +423,28 @@ impl Link {
                     }
                 }
                 _ = stop.changed() => return ServeEnd::Stopped,
+            }
+        }
+    }
+
+    /// One authentication round after a tcp reconnect; true when the keys are fresh.
+    async fn refresh_keys(&mut self, est: &mut Established) -> bool {
+        match self.chan.authenticate(self.cfg.auth_timeout).await {
+            Ok(AuthOutcome::Accepted(s)) => {
+                est.session = Crypticle::new(s.session);
+                est.aes = Crypticle::new(s.aes);
+                est.master_pub = s.master_pub;
+                true
+            }
+            Ok(other) => {
+                tracing::warn!(master = %self.cfg.req_addr, outcome = ?other,
+                    "re-authentication after a reconnect was not accepted");
+                false
+            }
+            Err(e) => {
+                tracing::debug!(master = %self.cfg.req_addr, error = %e,
+                    "re-authentication after a reconnect failed; trying again");
+                false
             }
         }
     }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use saltgate_config::salt_minion::{load_minion, split_host_port, MasterAddr};
 use saltgate_minion::link::Stats;
 use saltgate_minion::swarm::{self, SwarmOptions};
+use saltgate_wire::transport::Transport;
 use tokio::sync::watch;
 
 #[derive(Parser)]
@@ -84,6 +85,9 @@ enum Cmd {
         /// Request pillar after each authentication, as a real minion does (costly on the master).
         #[arg(long)]
         pillar: bool,
+        /// The master's transport (Salt's `transport`): zeromq or tcp (plain; no TLS in a swarm).
+        #[arg(long, default_value = "zeromq")]
+        transport: String,
     },
 }
 
@@ -204,7 +208,15 @@ async fn serve(cmd: Cmd) -> anyhow::Result<()> {
             acceptance_wait_time,
             publish_port,
             pillar,
+            transport,
         } => {
+            let transport = match transport.parse::<Transport>() {
+                Ok(t @ (Transport::Zeromq | Transport::Tcp)) => t,
+                Ok(t) => bail!(
+                    "--transport {t}: not supported by saltgate-minion yet; use zeromq or tcp"
+                ),
+                Err(e) => bail!("--{e}"),
+            };
             let (host, port) = split_host_port(&master)
                 .map_err(|e| anyhow::anyhow!("--master: {e}; write HOST or HOST:PORT"))?;
             if count == 0 {
@@ -227,6 +239,7 @@ async fn serve(cmd: Cmd) -> anyhow::Result<()> {
                 acceptance_wait_time: secs(acceptance_wait_time, "--acceptance-wait-time")?,
                 publish_port,
                 pillar,
+                transport,
             };
             let stop = stop_signal();
             let summary = if processes > 1 {
@@ -288,6 +301,7 @@ async fn multi_process(
         if opts.pillar {
             c.arg("--pillar");
         }
+        c.args(["--transport", opts.transport.as_str()]);
         if let Some(p) = opts.publish_port {
             c.args(["--publish-port", &p.to_string()]);
         }

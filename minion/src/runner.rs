@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use saltgate_config::salt_minion::{MasterAddr, MasterType, MinionConfig};
-use saltgate_wire::transport::ReconnectPolicy;
+use saltgate_config::transport::{CertReqs as SslCertReqs, SslConfig};
+use saltgate_wire::salt_tcp::client::TlsClient;
+use saltgate_wire::salt_tcp::tls::{self, CertReqs, TlsSettings};
+use saltgate_wire::transport::{ReconnectPolicy, Transport};
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -29,6 +32,60 @@ pub enum RunError {
     Resolve(String, String),
     #[error("key task failed: {0}")]
     Task(String),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
+
+/// Salt's `ssl`, loaded once (the files are read here): the client configuration, and the name
+/// each master's certificate must carry (its address, as Salt checks the `master_ip` it dials,
+/// unless `ssl.server_name` says otherwise).
+#[derive(Clone)]
+pub struct MinionTls {
+    config: Arc<tls::rustls::ClientConfig>,
+    settings: TlsSettings,
+}
+
+impl MinionTls {
+    pub fn load(ssl: &SslConfig) -> Result<Self, RunError> {
+        let settings = TlsSettings {
+            certfile: ssl.certfile.clone(),
+            keyfile: ssl.keyfile.clone(),
+            ca_certs: ssl.ca_certs.clone(),
+            cert_reqs: match ssl.cert_reqs {
+                SslCertReqs::None => CertReqs::None,
+                SslCertReqs::Optional => CertReqs::Optional,
+                SslCertReqs::Required => CertReqs::Required,
+            },
+            server_name: ssl.server_name.clone(),
+        };
+        // A bad `server_name` is told now, not at the first connect.
+        tls::server_name(&settings, std::net::Ipv4Addr::LOCALHOST.into())?;
+        Ok(MinionTls {
+            config: tls::client_config(&settings)?,
+            settings,
+        })
+    }
+
+    /// The TLS client for the master at `ip`.
+    pub fn client_for(&self, ip: std::net::IpAddr) -> Option<TlsClient> {
+        let server_name = tls::server_name(&self.settings, ip).ok()?;
+        Some(TlsClient {
+            config: self.config.clone(),
+            server_name,
+        })
+    }
+}
+
+/// The minion's transport (`transport`), as the wire names it.
+pub fn transport_of(cfg: &MinionConfig) -> Transport {
+    Transport::parse(cfg.transport.as_str()).unwrap_or_default()
+}
+
+/// [`link_config`] with the TLS client for that master.
+pub fn link_for(cfg: &MinionConfig, addr: SocketAddr, tls: Option<&MinionTls>) -> LinkConfig {
+    let mut l = link_config(cfg, addr);
+    l.tls = tls.and_then(|t| t.client_for(addr.ip()));
+    l
 }
 
 /// The link settings a minion config implies for one master.
@@ -47,6 +104,7 @@ pub fn link_config(cfg: &MinionConfig, req_addr: SocketAddr) -> LinkConfig {
     };
     l.source = cfg.source_address;
     l.reauth_delay = cfg.random_reauth_delay;
+    l.transport = transport_of(cfg);
     l
 }
 
@@ -77,6 +135,7 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), RunError> {
     let id: Arc<str> = cfg.id.clone().unwrap_or_else(default_id).into();
+    let tls = cfg.ssl.as_ref().map(MinionTls::load).transpose()?;
     let pki = cfg.pki_dir.clone();
     let key = tokio::task::spawn_blocking(move || MinionKey::load_or_create(&pki, "minion"))
         .await
@@ -110,7 +169,8 @@ pub async fn run(
     for m in &masters {
         addrs.push(resolve(m).await?);
     }
-    tracing::info!(%id, masters = ?addrs, mode = ?cfg.master_type, "minion starting");
+    tracing::info!(%id, masters = ?addrs, mode = ?cfg.master_type,
+        transport = %transport_of(&cfg), tls = tls.is_some(), "minion starting");
     // Type=notify: the key is loaded and every master resolved; from here the minion connects
     // and reconnects by itself. READY does not wait for a master to answer, so a master that
     // is down does not fail the unit's start (docs/install.md).
@@ -119,7 +179,7 @@ pub async fn run(
         MasterType::Str => {
             let mut tasks = tokio::task::JoinSet::new();
             for addr in addrs {
-                let lc = Arc::new(link_config(&cfg, addr));
+                let lc = Arc::new(link_for(&cfg, addr, tls.as_ref()));
                 let mut link =
                     Link::new(lc, ident.clone(), ctx.clone(), jids.clone(), stats.clone());
                 let mut stop = stop.clone();
@@ -139,15 +199,27 @@ pub async fn run(
             while tasks.join_next().await.is_some() {}
         }
         MasterType::Failover => {
-            failover(&cfg, addrs, ident, ctx, jids, stats, &mut stop).await;
+            failover(
+                &cfg,
+                tls.as_ref(),
+                addrs,
+                ident,
+                ctx,
+                jids,
+                stats,
+                &mut stop,
+            )
+            .await;
         }
     }
     Ok(())
 }
 
 /// Failover: one active master at a time.
+#[allow(clippy::too_many_arguments)]
 async fn failover(
     cfg: &MinionConfig,
+    tls: Option<&MinionTls>,
     mut order: Vec<SocketAddr>,
     ident: Identity,
     ctx: ExecContext,
@@ -163,7 +235,7 @@ async fn failover(
         let mut connected = false;
         for i in 0..order.len() {
             let addr = order[i];
-            let lc = Arc::new(link_config(cfg, addr));
+            let lc = Arc::new(link_for(cfg, addr, tls));
             let mut link = Link::new(lc, ident.clone(), ctx.clone(), jids.clone(), stats.clone());
             let est = tokio::select! {
                 est = link.establish(true) => est,
@@ -181,7 +253,7 @@ async fn failover(
                 let fb = first.unwrap_or(addr);
                 tokio::select! {
                     end = link.serve(est, stop, true) => Some(end),
-                    _ = failback_ready(ident.clone(), fb, cfg) => None,
+                    _ = failback_ready(ident.clone(), link_for(cfg, fb, tls), cfg) => None,
                 }
             } else {
                 Some(link.serve(est, stop, true).await)
@@ -215,9 +287,12 @@ async fn failover(
 
 /// Resolves once `master` answers a clear `ping` (checked every `interval`), as Salt's
 /// `status.ping_master` failback job.
-async fn failback_ready(ident: Identity, master: SocketAddr, cfg: &MinionConfig) {
+async fn failback_ready(ident: Identity, master: LinkConfig, cfg: &MinionConfig) {
     let interval = cfg.master_failback_interval;
-    let mut chan = ReqChannel::new(ident, master, false).with_source(cfg.source_address);
+    let mut chan = ReqChannel::new(ident, master.req_addr, false)
+        .with_source(cfg.source_address)
+        .with_transport(master.transport)
+        .with_tls(master.tls);
     loop {
         tokio::time::sleep(interval).await;
         if chan.ping(interval.max(Duration::from_secs(1))).await {
@@ -253,5 +328,29 @@ mod tests {
         assert!(waits.iter().all(|w| *w <= max), "{waits:?}");
         let distinct: std::collections::BTreeSet<_> = waits.iter().collect();
         assert!(distinct.len() > 20, "the wait is random: {distinct:?}");
+    }
+
+    #[test]
+    fn transport_and_ssl_reach_every_link() {
+        let cfg = saltgate_config::salt_minion::parse_minion(
+            "master: 127.0.0.1\ntransport: tcp\nssl: {cert_reqs: CERT_NONE}\n",
+            None,
+        )
+        .unwrap()
+        .config;
+        let tls = MinionTls::load(cfg.ssl.as_ref().unwrap()).unwrap();
+        let lc = link_for(&cfg, "127.0.0.1:4506".parse().unwrap(), Some(&tls));
+        assert_eq!(lc.transport, Transport::Tcp);
+        assert!(lc.tls.is_some());
+        let d = link_config(&MinionConfig::default(), "127.0.0.1:4506".parse().unwrap());
+        assert_eq!(d.transport, Transport::Zeromq);
+        assert!(d.tls.is_none());
+        // A file that is not there is told at start, naming the key.
+        let missing = SslConfig {
+            ca_certs: Some("/nonexistent/ca.pem".into()),
+            ..SslConfig::default()
+        };
+        let e = MinionTls::load(&missing).err().unwrap().to_string();
+        assert!(e.contains("ssl.ca_certs"), "{e}");
     }
 }

@@ -48,6 +48,8 @@ pub struct SwarmOptions {
     /// compiles pillar per request (~0.1-0.5 s of master CPU each), which would make the swarm a
     /// pillar benchmark.
     pub pillar: bool,
+    /// The master's transport (zeromq or tcp).
+    pub transport: saltgate_wire::transport::Transport,
 }
 
 #[derive(Debug, Error)]
@@ -209,6 +211,7 @@ pub async fn run_swarm(
     lc.publish_port = opts.publish_port;
     lc.acceptance_wait_time = opts.acceptance_wait_time;
     lc.pillar = opts.pillar;
+    lc.transport = opts.transport;
     lc.sig_cache = Some(Arc::default());
     let lc = Arc::new(lc);
     let host = Arc::new(HostGrains::collect());

@@ -230,6 +230,7 @@ async fn demo(args: &Args, root: &Path, tally: &mut Tally) -> Result<()> {
         acceptance_wait_time: Duration::from_secs(1),
         publish_port: Some(gate.publish.port()),
         pillar: false,
+        transport: Default::default(),
     };
     let swarm = tokio::spawn(run_swarm(swarm_opts, swarm_stop_rx));
     let _swarm_guard = StopOnDrop(swarm_stop);

@@ -8,10 +8,14 @@
 //! * [`FrameDecoder`] — bytes in, [`TcpMessage`]s out, for any split of the stream; every buffer is
 //!   bounded and bad input is an error naming the byte offset or field, never a panic.
 //! * [`encode_message`] / [`request_frame`] — the frames Salt's client sends.
+//! * [`client`] / [`subscriber`] — the seam's request and publish clients for `transport: tcp`
+//!   ([`crate::transport`]), TLS included.
 //! * [`probe`] — the Salt-aware health probes for `tcp` and `ws` (clear `ping`), TLS included
 //!   (feature `tls`, module [`tls`]).
 
+pub mod client;
 pub mod probe;
+pub mod subscriber;
 #[cfg(feature = "tls")]
 pub mod tls;
 
@@ -262,3 +266,7 @@ pub fn looks_like_zmtp(b: &[u8]) -> bool {
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod client_tests;

@@ -17,10 +17,13 @@ use super::{
     RequestServerOptions, SaltPingReply, Targets, Transport, TransportError, Verdict,
 };
 use crate::envelope::{Reply, RequestEnvelope};
+use crate::salt_tcp::client::TcpRequestClient;
+use crate::salt_tcp::subscriber::TcpSubscriber;
 
 /// A [`RequestClient`] of any transport.
 pub enum AnyRequestClient {
     Zeromq(zeromq::ReqSocket),
+    Tcp(TcpRequestClient),
 }
 
 /// A [`RequestServer`] of any transport.
@@ -42,6 +45,7 @@ pub enum AnyPublishServer {
 /// A [`PublishClient`] of any transport.
 pub enum AnyPublishClient {
     Zeromq(zeromq::Subscriber),
+    Tcp(TcpSubscriber),
 }
 
 /// A [`Peek`] of any transport.
@@ -61,10 +65,17 @@ impl Transport {
         opts: &RequestClientOptions,
     ) -> Result<AnyRequestClient, TransportError> {
         match self {
-            Transport::Zeromq => Ok(AnyRequestClient::Zeromq(zeromq::ReqSocket::new(
-                addr,
-                opts.into(),
-            ))),
+            Transport::Zeromq => {
+                #[cfg(feature = "tls")]
+                if opts.tls.is_some() {
+                    return Err(TransportError::TlsUnsupported(Transport::Zeromq));
+                }
+                Ok(AnyRequestClient::Zeromq(zeromq::ReqSocket::new(
+                    addr,
+                    opts.into(),
+                )))
+            }
+            Transport::Tcp => Ok(AnyRequestClient::Tcp(TcpRequestClient::new(addr, opts))),
             t => Err(t.unsupported()),
         }
     }
@@ -106,7 +117,14 @@ impl Transport {
         opts: &PublishClientOptions,
     ) -> Result<AnyPublishClient, TransportError> {
         match self {
-            Transport::Zeromq => Ok(AnyPublishClient::Zeromq(zeromq::subscribe_all(addr, opts))),
+            Transport::Zeromq => {
+                #[cfg(feature = "tls")]
+                if opts.tls.is_some() {
+                    return Err(TransportError::TlsUnsupported(Transport::Zeromq));
+                }
+                Ok(AnyPublishClient::Zeromq(zeromq::subscribe_all(addr, opts)))
+            }
+            Transport::Tcp => Ok(AnyPublishClient::Tcp(TcpSubscriber::connect(addr, opts))),
             t => Err(t.unsupported()),
         }
     }
@@ -124,12 +142,14 @@ impl RequestClient for AnyRequestClient {
     fn peer_addr(&self) -> SocketAddr {
         match self {
             AnyRequestClient::Zeromq(s) => RequestClient::peer_addr(s),
+            AnyRequestClient::Tcp(s) => RequestClient::peer_addr(s),
         }
     }
 
     async fn send(&mut self, payload: Bytes, timeout: Duration) -> Result<Bytes, RequestError> {
         match self {
             AnyRequestClient::Zeromq(s) => RequestClient::send(s, payload, timeout).await,
+            AnyRequestClient::Tcp(s) => RequestClient::send(s, payload, timeout).await,
         }
     }
 }
@@ -230,12 +250,28 @@ impl PublishClient for AnyPublishClient {
     async fn recv(&mut self) -> Option<Bytes> {
         match self {
             AnyPublishClient::Zeromq(s) => PublishClient::recv(s).await,
+            AnyPublishClient::Tcp(s) => PublishClient::recv(s).await,
         }
     }
 
     fn is_connected(&self) -> bool {
         match self {
             AnyPublishClient::Zeromq(s) => PublishClient::is_connected(s),
+            AnyPublishClient::Tcp(s) => PublishClient::is_connected(s),
+        }
+    }
+
+    fn connect_count(&self) -> u64 {
+        match self {
+            AnyPublishClient::Zeromq(s) => PublishClient::connect_count(s),
+            AnyPublishClient::Tcp(s) => PublishClient::connect_count(s),
+        }
+    }
+
+    fn set_hello(&self, hello: Bytes) {
+        match self {
+            AnyPublishClient::Zeromq(s) => PublishClient::set_hello(s, hello),
+            AnyPublishClient::Tcp(s) => PublishClient::set_hello(s, hello),
         }
     }
 }

@@ -16,6 +16,11 @@
 //! | (none; saltgate's) | [`Prober`]: Salt's clear `ping`, staged ([`ProbeStage`]) | [`crate::probe`] |
 //! | (none; saltgate's) | [`Peek`]: the minion id of a request stream | [`crate::sniff`] |
 //!
+//! `tcp` has its clients ([`crate::salt_tcp::client::TcpRequestClient`],
+//! [`crate::salt_tcp::subscriber::TcpSubscriber`], TLS through the options' `tls`, feature `tls`);
+//! its servers, probes through the seam and peek are still to come (they fail with
+//! [`TransportError::NotImplemented`]). `ws` has none yet.
+//!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
 //! the framing around them is the transport's. Users pick an implementation at run time with
 //! [`Transport`]'s constructors ([`Transport::request_client`], [`Transport::bind_request_server`],
@@ -136,6 +141,8 @@ pub enum TransportError {
     Unknown(String),
     #[error("transport: {0} is not supported yet; use transport: zeromq")]
     NotImplemented(Transport),
+    #[error("ssl: Salt's `ssl` applies to the tcp and ws transports, not {0}; set transport: tcp (the master's own) or remove ssl")]
+    TlsUnsupported(Transport),
 }
 
 /// Why a request got no reply. After any of these a client re-dials on its next request.
@@ -169,6 +176,9 @@ pub struct RequestClientOptions {
     pub source: Option<IpAddr>,
     /// Largest reply accepted.
     pub max_payload: usize,
+    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::salt_tcp::probe::TlsClient>,
 }
 
 impl Default for RequestClientOptions {
@@ -179,6 +189,8 @@ impl Default for RequestClientOptions {
             keepalive: z.keepalive,
             source: z.source,
             max_payload: z.max_frame_size,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -369,6 +381,12 @@ pub struct PublishClientOptions {
     /// The minion's id, sent where the transport can carry it (ZeroMQ: the SUB's READY
     /// `Identity`, which libzmq leaves out); empty: none.
     pub identity: Bytes,
+    /// A message sent to the publisher on each connect, where the transport has one (`tcp`:
+    /// Salt's `send_id`, a msgpack Salt message; ZeroMQ: none); `None`: nothing is sent.
+    pub hello: Option<Bytes>,
+    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::salt_tcp::probe::TlsClient>,
 }
 
 impl Default for PublishClientOptions {
@@ -382,6 +400,9 @@ impl Default for PublishClientOptions {
             queue: z.queue,
             source: z.source,
             identity: Bytes::new(),
+            hello: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -393,6 +414,12 @@ pub trait PublishClient: Send {
     fn recv(&mut self) -> impl Future<Output = Option<Bytes>> + Send;
     /// Whether a connection is up now.
     fn is_connected(&self) -> bool;
+    /// Connections made so far (1 after the first, one more per reconnect).
+    fn connect_count(&self) -> u64;
+    /// Replaces the hello ([`PublishClientOptions::hello`]) and sends it at once when connected
+    /// (`tcp`: after a re-authentication, whose new key the hello is encrypted with). A
+    /// transport without a hello ignores it.
+    fn set_hello(&self, hello: Bytes);
 }
 
 /// How far a probe got: the stages of [`ProbeError`], each a different diagnosis.
