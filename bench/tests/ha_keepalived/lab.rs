@@ -290,7 +290,7 @@ impl Lab {
     /// to a pid file, which keepalived's check reads.
     fn start_haproxy(&mut self, n: &str) {
         let mut c = String::from(
-            "global\n    maxconn 20000\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout check 2s\n    retries 3\n    option redispatch\n\n",
+            "global\n    maxconn 8000\n\ndefaults\n    mode tcp\n    timeout connect 5s\n    timeout check 2s\n    retries 3\n    option redispatch\n\n",
         );
         for (name, port, timeout) in [
             ("salt-master-pub", PORTS.publish, "1d"),
