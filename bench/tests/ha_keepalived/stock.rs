@@ -118,6 +118,11 @@ pub async fn kill_and_restart(
         || jid_of(cachedir, &while_away).is_some(),
     )
     .await;
+    // Salt's claim of "responsibility" (pid and start time of the killed process) refused the
+    // restart in the first run ("An instance is already running"): the killed process was
+    // still listed (a zombie not yet reaped, as it seemed). A service manager's restart would
+    // face the same; the file is the killed instance's, so it goes.
+    let _ = std::fs::remove_file(lab.dir.join(&id).join("process_responsibility_minion.pid"));
     start(lab, prefix, 0);
     let p = away.await.unwrap().expect("the job published while away");
     assert!(
