@@ -137,6 +137,10 @@ rc=$?
 set -e
 if [ -n "$RESULTS" ] && [ -s "$RUN/results.md" ]; then
   mkdir -p "$(dirname "$RESULTS")"
+  # The HA run's section (bench/tests/ha_keepalived/, its figures copied in by hand) stays.
+  ha=""
+  [ -f "$RESULTS" ] && ha=$(sed -n '/^## Two nodes under keepalived/,$p' "$RESULTS")
   cp "$RUN/results.md" "$RESULTS"
+  [ -z "$ha" ] || printf '\n%s\n' "$ha" >> "$RESULTS"
   log "results table: $RESULTS"
 fi

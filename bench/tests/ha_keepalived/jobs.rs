@@ -1,0 +1,154 @@
+//! The job stream (a `test.echo` a second through master1) and what it tells: who answered,
+//! who missed what, and whether a minion answered a job twice (the job cache).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use saltgate_bench::lab::publish;
+use serde_json::Value;
+
+use crate::JOB_TIMEOUT_S;
+
+/// One job of the stream: when it was published, its jid and who answered (None until it
+/// finished).
+pub struct Job {
+    pub at: Instant,
+    pub jid: Option<String>,
+    pub answered: Option<BTreeSet<String>>,
+}
+
+pub type Jobs = Arc<Mutex<Vec<Job>>>;
+
+/// Publishes a job every second through `socket` until `stop`.
+pub fn stream(socket: PathBuf, tgt: String, jobs: Jobs, stop: tokio::sync::watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut k = 0u64;
+        while !*stop.borrow() {
+            tick.tick().await;
+            let word = format!("job-{k}");
+            k += 1;
+            let i = {
+                let mut j = jobs.lock().unwrap();
+                j.push(Job {
+                    at: Instant::now(),
+                    jid: None,
+                    answered: None,
+                });
+                j.len() - 1
+            };
+            let (socket, jobs, tgt) = (socket.clone(), jobs.clone(), tgt.clone());
+            tokio::spawn(async move {
+                let p = publish(
+                    &socket,
+                    &tgt,
+                    "test.echo",
+                    &[Value::from(word.as_str())],
+                    JOB_TIMEOUT_S,
+                )
+                .await;
+                let jid = p.as_ref().ok().map(|p| p.jid.clone());
+                let got = p
+                    .map(|p| {
+                        p.returns
+                            .into_iter()
+                            .filter(|(_, (_, v))| v.as_str() == Some(word.as_str()))
+                            .map(|(id, _)| id)
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut j = jobs.lock().unwrap();
+                j[i].jid = jid;
+                j[i].answered = Some(got);
+            });
+        }
+    });
+}
+
+/// The first job published after `t0` that every one of `ids` answered: when it was published.
+pub fn all_answered_after(jobs: &Jobs, t0: Instant, ids: &BTreeSet<String>) -> Option<Duration> {
+    jobs.lock()
+        .unwrap()
+        .iter()
+        .filter(|j| j.at >= t0)
+        .find(|j| j.answered.as_ref().is_some_and(|a| a.is_superset(ids)))
+        .map(|j| j.at - t0)
+}
+
+/// Jobs missed per minion among the finished jobs published in `[from, to)`.
+pub fn misses(
+    jobs: &Jobs,
+    from: Instant,
+    to: Instant,
+    ids: &BTreeSet<String>,
+) -> BTreeMap<String, usize> {
+    let mut out: BTreeMap<String, usize> = ids.iter().map(|i| (i.clone(), 0)).collect();
+    for j in jobs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|j| j.at >= from && j.at < to)
+    {
+        if let Some(a) = &j.answered {
+            for id in ids.difference(a) {
+                *out.get_mut(id).unwrap() += 1;
+            }
+        }
+    }
+    out
+}
+
+/// "lo-hi" (or "n") of the values of `m` whose key is in `ids`.
+pub fn range(m: &BTreeMap<String, usize>, ids: &BTreeSet<String>) -> String {
+    let v: Vec<usize> = m
+        .iter()
+        .filter(|(k, _)| ids.contains(*k))
+        .map(|(_, n)| *n)
+        .collect();
+    let (lo, hi) = (
+        v.iter().min().copied().unwrap_or(0),
+        v.iter().max().copied().unwrap_or(0),
+    );
+    if lo == hi {
+        format!("{lo}")
+    } else {
+        format!("{lo}-{hi}")
+    }
+}
+
+/// Returns stored more than once for one job by one of `ids`: (jid, minion, count). Read from
+/// master1's returns log in the cluster's job cache (`<cachedir>/jobs/<jid>/returns.master1.jsonl`,
+/// master-core/src/jobs.rs): master1 published every job, so it stores every return once,
+/// whichever member the minion returned to (the others forward it). A minion that runs a job
+/// twice returns it twice.
+pub fn returned_twice(cachedir: &Path, ids: &BTreeSet<String>) -> Vec<(String, String, usize)> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(cachedir.join("jobs")) else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let jid = e.file_name().to_string_lossy().into_owned();
+        let Ok(text) = std::fs::read_to_string(e.path().join("returns.master1.jsonl")) else {
+            continue;
+        };
+        let mut n: BTreeMap<String, usize> = BTreeMap::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if let Some(id) = v.get("id").and_then(Value::as_str) {
+                if ids.contains(id) {
+                    *n.entry(id.to_string()).or_default() += 1;
+                }
+            }
+        }
+        out.extend(
+            n.into_iter()
+                .filter(|(_, c)| *c > 1)
+                .map(|(id, c)| (jid.clone(), id, c)),
+        );
+    }
+    out
+}

@@ -1,0 +1,248 @@
+//! One scenario: the two nodes in one mode, the minions, the job stream, the failovers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use saltgate_bench::lab::publish;
+
+use crate::jobs::{all_answered_after, misses, returned_twice, stream, Jobs};
+use crate::lab::{bin, holds_vip, in_ns, until, Lab};
+use crate::stock::{self, Restarted};
+use crate::{Mode, JOB_TIMEOUT_S, PORTS, STOCK, SWARM, VIP};
+
+/// What one mode measured.
+pub struct Report {
+    pub mode: Mode,
+    pub stock: BTreeSet<String>,
+    pub swarm: BTreeSet<String>,
+    pub vip_a_to_b: Duration,
+    /// Until every stock minion, and every swarm minion, answered a job published after the
+    /// kill (the first such job: when it was published).
+    pub reconnect_a_to_b: (Duration, Duration),
+    pub missed_a_dies: BTreeMap<String, usize>,
+    pub vip_b_to_a: Duration,
+    pub reconnect_b_to_a: (Duration, Duration),
+    pub missed_b_dies: BTreeMap<String, usize>,
+    /// Replay: the stock minion killed and restarted; the stream's misses per minion from B's
+    /// restart to the kill (the killed one may have received a job it had not answered yet: by
+    /// the rule, that one is not sent again) and from the kill on.
+    pub restarted: Option<(Restarted, [BTreeMap<String, usize>; 2])>,
+    /// (jid, minion, returns) of every job a minion answered more than once.
+    pub twice: Vec<(String, String, usize)>,
+}
+
+/// When the first job after `t0` was answered by all of `stock`, and by all of `swarm`.
+fn reconnected(
+    jobs: &Jobs,
+    t0: Instant,
+    stock: &BTreeSet<String>,
+    swarm: &BTreeSet<String>,
+) -> (Duration, Duration) {
+    (
+        all_answered_after(jobs, t0, stock).unwrap_or_default(),
+        all_answered_after(jobs, t0, swarm).unwrap_or_default(),
+    )
+}
+
+pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Path) -> Report {
+    let mode = how.name();
+    println!("== {mode}");
+    lab.nonlocal_bind(how == Mode::Haproxy);
+    for n in ["a", "b"] {
+        lab.start_proxy(n, how);
+    }
+    for n in ["a", "b"] {
+        lab.wait_ready(n, how).await;
+    }
+    lab.start_keepalived("a", how);
+    until(Duration::from_secs(30), "the VIP on A", || {
+        holds_vip(&lab.ns("a"))
+    })
+    .await;
+    lab.start_keepalived("b", how);
+
+    // The minions: the stock ones (each in its own namespace) and the swarm, all at once.
+    let prefix = how.prefix();
+    for i in 0..STOCK {
+        stock::start(lab, prefix, i);
+    }
+    let swarm_log = lab.dir.join(format!("swarm-{prefix}.log"));
+    let pki = lab.dir.join("swarm");
+    let swarm = in_ns(
+        &lab.ns("c"),
+        "swarm",
+        &bin("saltgate-minion"),
+        &[
+            "swarm",
+            "--count",
+            &SWARM.to_string(),
+            "--master",
+            &format!("{VIP}:{}", PORTS.request),
+            "--publish-port",
+            &PORTS.publish.to_string(),
+            "--id-prefix",
+            prefix,
+            "--pki-dir",
+            pki.to_str().unwrap(),
+            "--shared-key",
+            "--acceptance-wait-time",
+            "1",
+            "--report-every",
+            "3600",
+            "--json",
+        ],
+        &swarm_log,
+    );
+    lab.procs.insert("swarm".into(), swarm);
+    let swarm_ids: BTreeSet<String> = (0..SWARM)
+        .map(|i| saltgate_minion::swarm::minion_id(prefix, i))
+        .collect();
+    let stock_ids = stock::stock_set(prefix);
+    let ids: BTreeSet<String> = swarm_ids.union(&stock_ids).cloned().collect();
+
+    // Warm-up: one job answered by every minion.
+    let t0 = Instant::now();
+    loop {
+        let p = publish(cli_socket, &format!("{prefix}*"), "test.ping", &[], 5).await;
+        if p.is_ok_and(|p| p.returns.keys().cloned().collect::<BTreeSet<_>>() == ids) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{mode}: not every minion answered within 120 s; see {} and the lab's {prefix}stock*.stderr",
+            swarm_log.display()
+        );
+    }
+
+    let jobs: Jobs = Arc::default();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    stream(
+        cli_socket.to_path_buf(),
+        format!("{prefix}*"),
+        jobs.clone(),
+        stop_rx,
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // 1. Node A dies: its load balancer and keepalived SIGKILLed.
+    let killed_a = Instant::now();
+    lab.kill("proxy-a");
+    lab.kill("keepalived-a");
+    let nb = lab.ns("b");
+    let vip_a_to_b = until(Duration::from_secs(20), "the VIP on B", || holds_vip(&nb)).await;
+    let (j2, ids2) = (jobs.clone(), ids.clone());
+    until(
+        Duration::from_secs(90),
+        "every minion answering through B",
+        || all_answered_after(&j2, killed_a, &ids2).is_some(),
+    )
+    .await;
+    let reconnect_a_to_b = reconnected(&jobs, killed_a, &stock_ids, &swarm_ids);
+    println!("{mode}: A killed; the VIP moved to B in {vip_a_to_b:.1?}; every stock / swarm minion answered a job published {:.1?} / {:.1?} after", reconnect_a_to_b.0, reconnect_a_to_b.1);
+
+    // 2. A comes back: its load balancer first, keepalived once it is ready. The VIP stays on B.
+    lab.start_proxy("a", how);
+    lab.wait_ready("a", how).await;
+    lab.start_keepalived("a", how);
+    let klog = lab.dir.join("keepalived-a.log");
+    until(Duration::from_secs(30), "A's keepalived in BACKUP", || {
+        std::fs::read_to_string(&klog).is_ok_and(|t| t.contains("Entering BACKUP STATE"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        holds_vip(&lab.ns("b")) && !holds_vip(&lab.ns("a")),
+        "{mode}: nopreempt: the VIP stays on B when A returns"
+    );
+
+    // 3. B's load balancer alone dies: B's track_script fails and keepalived moves the VIP to A.
+    let killed_b = Instant::now();
+    lab.kill("proxy-b");
+    let na = lab.ns("a");
+    let vip_b_to_a = until(Duration::from_secs(20), "the VIP back on A", || {
+        holds_vip(&na)
+    })
+    .await;
+    let (j2, ids2) = (jobs.clone(), ids.clone());
+    until(
+        Duration::from_secs(90),
+        "every minion answering through A",
+        || all_answered_after(&j2, killed_b, &ids2).is_some(),
+    )
+    .await;
+    let reconnect_b_to_a = reconnected(&jobs, killed_b, &stock_ids, &swarm_ids);
+    println!("{mode}: B's load balancer killed; the VIP moved to A in {vip_b_to_a:.1?}; every stock / swarm minion answered a job published {:.1?} / {:.1?} after", reconnect_b_to_a.0, reconnect_b_to_a.1);
+
+    // 4. B's load balancer is restarted (its keepalived stays BACKUP: nopreempt).
+    lab.start_proxy("b", how);
+    lab.wait_ready("b", how).await;
+
+    // 5. Replay: a stock minion killed while it runs a job, restarted within the window.
+    let mut restarted = None;
+    let b_window_end = Instant::now();
+    if how == Mode::Replay {
+        let r = stock::kill_and_restart(lab, prefix, cli_socket, cachedir).await;
+        println!(
+            "{mode}: {} killed while running a job and restarted; the job published while it was away returned {:.1?} after the kill",
+            r.id, r.answered_after
+        );
+        restarted = Some((r, b_window_end));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = stop_tx.send(true);
+    let last = Instant::now();
+    let j2 = jobs.clone();
+    until(
+        Duration::from_secs(JOB_TIMEOUT_S + 20),
+        "the last jobs to finish",
+        || j2.lock().unwrap().iter().all(|j| j.answered.is_some()),
+    )
+    .await;
+    let missed_a_dies = misses(&jobs, killed_a, killed_b, &ids);
+    let missed_b_dies = misses(&jobs, killed_b, b_window_end, &ids);
+    let restarted = restarted.map(|(r, from)| {
+        let m = [
+            misses(&jobs, from, r.killed, &ids),
+            misses(&jobs, r.killed, last, &ids),
+        ];
+        (r, m)
+    });
+    // After both failovers every minion answers again: the last job.
+    let final_ok = jobs
+        .lock()
+        .unwrap()
+        .last()
+        .is_some_and(|j| j.answered.as_ref() == Some(&ids));
+    assert!(
+        final_ok,
+        "{mode}: the last job was not answered by every minion"
+    );
+    let twice = returned_twice(cachedir, &ids);
+
+    let mut names = vec![
+        "swarm".to_string(),
+        "keepalived-a".into(),
+        "keepalived-b".into(),
+        "proxy-a".into(),
+        "proxy-b".into(),
+    ];
+    names.extend((0..STOCK).map(|i| format!("stock-{i}")));
+    for name in names {
+        lab.kill(&name);
+    }
+    Report {
+        mode: how,
+        stock: stock_ids,
+        swarm: swarm_ids,
+        vip_a_to_b,
+        reconnect_a_to_b,
+        missed_a_dies,
+        vip_b_to_a,
+        reconnect_b_to_a,
+        missed_b_dies,
+        restarted,
+        twice,
+    }
+}
