@@ -32,7 +32,8 @@
 //! other node's admin address; docs/ha.md), and prints for each: the time the VIP took to move,
 //! the time until every stock and every swarm minion answered again (the first job published
 //! after the kill that they all answered; 1 s resolution), and the jobs missed per stock and
-//! per swarm minion. With replay every minion must miss 0 jobs, and none may answer a job twice
+//! per swarm minion. With replay every swarm minion must miss 0 jobs (a stock minion too, except in a
+//! failover: docs/ha.md, "What can still be lost"), and none may answer a job twice
 //! (master1's returns log in the job cache).
 //!
 //! Needs root, `ip`, keepalived and haproxy (.ci/run installs keepalived, scripts/test.sh
@@ -226,12 +227,12 @@ fn print_reports(reports: &[Report]) {
     }
 }
 
-/// What must hold: with replay, 0 missed and no job run twice; the VIP moves in time in every
-/// mode. HAProxy, L4 and plain fan-out are references for the misses.
+/// What must hold: with replay, 0 missed (for a stock minion, outside a failover: see the loop)
+/// and no job run twice; the VIP moves in time in every mode. HAProxy, L4 and plain fan-out are references for the misses.
 fn check(reports: &[Report]) {
     for r in reports.iter().filter(|r| r.mode == Mode::Replay) {
         // (when, misses per minion, a minion whose misses there are allowed)
-        let mut windows = vec![
+        let mut windows: Vec<(&str, &BTreeMap<String, usize>, Option<&str>)> = vec![
             ("A dies", &r.missed_a_dies, None),
             ("B's saltgate dies", &r.missed_b_dies, None),
         ];
@@ -246,9 +247,19 @@ fn check(reports: &[Report]) {
             windows.push(("a stock minion killed and restarted", after, None));
         }
         for (when, missed, spared) in windows {
+            // A stock minion is known to a node only by presence (its SUB sends no Identity):
+            // after a failover, its SUB may reach the survivor before its `_auth` does, and then
+            // it is not replayed to (docs/ha.md, "What can still be lost"; the figures above
+            // show its misses). Swarm minions send their id and must miss nothing.
+            let failover = when != "a stock minion killed and restarted"
+                && when != "before a stock minion is killed";
             let lost: Vec<_> = missed
                 .iter()
-                .filter(|(id, n)| **n > 0 && spared != Some(id.as_str()))
+                .filter(|(id, n)| {
+                    **n > 0
+                        && spared != Some(id.as_str())
+                        && !(failover && r.stock.contains(id.as_str()))
+                })
                 .collect();
             assert!(
                 lost.is_empty(),

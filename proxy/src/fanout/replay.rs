@@ -3,10 +3,14 @@
 //! live traffic, the ones it missed. docs/ha.md, "Replay on reconnect", states the rule and
 //! what it cannot cover.
 //!
-//! - **Identity.** A minion is known by the ZMTP `Identity` of its publish session: a Salt
-//!   minion sets it to its id on its SUB socket (`salt/transport/zeromq.py`), saltgate-minion
-//!   too. A session without one is never replayed to (several minions may share an address
-//!   behind NAT: the address is no identity).
+//! - **Identity.** A minion is known by the ZMTP `Identity` of its publish session's READY:
+//!   saltgate-minion and its swarm send their id there. libzmq sends none from a SUB socket, so
+//!   a stock Salt minion's session has none; for it the session falls back to presence, the id
+//!   seen in the `_auth` from the session's address when exactly one minion uses that address
+//!   ([`crate::fanout::session`]). A session with neither is never replayed to (several minions
+//!   may share an address behind NAT: the address is no identity). The fallback is decided
+//!   when the session opens: a stock minion whose new `_auth` has not reached this node by then
+//!   is not replayed to (docs/ha.md, "When a job can still be lost").
 //! - **The rule.** When a session ends, the sequence number of the last job written to it is
 //!   remembered under its identity for the window. When a session of that identity comes back
 //!   within the window, it is sent the kept jobs after that number, in order, that match its
