@@ -42,7 +42,8 @@ pub enum RunError {
 #[derive(Clone)]
 pub struct MinionTls {
     config: Arc<tls::rustls::ClientConfig>,
-    settings: TlsSettings,
+    /// `ssl.server_name`, checked once at load; `None`: each master's address.
+    server_name: Option<tls::rustls::pki_types::ServerName<'static>>,
 }
 
 impl MinionTls {
@@ -59,20 +60,25 @@ impl MinionTls {
             server_name: ssl.server_name.clone(),
         };
         // A bad `server_name` is told now, not at the first connect.
-        tls::server_name(&settings, std::net::Ipv4Addr::LOCALHOST.into())?;
+        let server_name = match settings.server_name {
+            Some(_) => Some(tls::server_name(
+                &settings,
+                std::net::Ipv4Addr::LOCALHOST.into(),
+            )?),
+            None => None,
+        };
         Ok(MinionTls {
             config: tls::client_config(&settings)?,
-            settings,
+            server_name,
         })
     }
 
-    /// The TLS client for the master at `ip`.
-    pub fn client_for(&self, ip: std::net::IpAddr) -> Option<TlsClient> {
-        let server_name = tls::server_name(&self.settings, ip).ok()?;
-        Some(TlsClient {
+    /// The TLS client for the master at `ip` (never a fallback to plain text).
+    pub fn client_for(&self, ip: std::net::IpAddr) -> TlsClient {
+        TlsClient {
             config: self.config.clone(),
-            server_name,
-        })
+            server_name: self.server_name.clone().unwrap_or_else(|| ip.into()),
+        }
     }
 }
 
@@ -84,7 +90,7 @@ pub fn transport_of(cfg: &MinionConfig) -> Transport {
 /// [`link_config`] with the TLS client for that master.
 pub fn link_for(cfg: &MinionConfig, addr: SocketAddr, tls: Option<&MinionTls>) -> LinkConfig {
     let mut l = link_config(cfg, addr);
-    l.tls = tls.and_then(|t| t.client_for(addr.ip()));
+    l.tls = tls.map(|t| t.client_for(addr.ip()));
     l
 }
 
