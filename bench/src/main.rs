@@ -263,6 +263,44 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The context of the real-Salt benches (`master`, `authstorm`): binaries given on the command
+/// line, else those `built` (a directory of release binaries), else found on PATH; the swarm's
+/// start rate defaults to `default_rate`.
+fn salt_ctx(
+    cli: &Cli,
+    net: Net,
+    built: Option<PathBuf>,
+    haproxy: PathBuf,
+    default_rate: u32,
+) -> Result<Ctx> {
+    let bin = |given: &Option<PathBuf>, name: &str| {
+        given.clone().unwrap_or_else(|| {
+            built
+                .as_ref()
+                .map(|d| d.join(name))
+                .unwrap_or_else(|| PathBuf::from(name))
+        })
+    };
+    Ok(Ctx {
+        net,
+        bins: Binaries {
+            saltgate: bin(&cli.saltgate_bin, "saltgate"),
+            haproxy,
+            master: bin(&cli.master_bin, "saltgate-master"),
+            minion: bin(&cli.minion_bin, "saltgate-minion"),
+        },
+        exe: std::env::current_exe().context("path of this executable")?,
+        quick: cli.quick,
+        settings: ProxySettings::default(),
+        swarm: SwarmSize {
+            minions: 0,
+            processes: cli.swarm_processes.max(1),
+            gates: 1,
+            start_rate: cli.swarm_start_rate.unwrap_or(default_rate),
+        },
+    })
+}
+
 /// `saltgate-bench master`: salt-master 3008.5 beside saltgate-master (its own report).
 fn master_bench(cli: Cli, args: &[String]) -> Result<()> {
     if cli.scenarios.len() != 1 {
@@ -283,34 +321,7 @@ fn master_bench(cli: Cli, args: &[String]) -> Result<()> {
     } else {
         None
     };
-    let from_build = |name: &str| {
-        built
-            .as_ref()
-            .map(|d| d.join(name))
-            .unwrap_or_else(|| PathBuf::from(name))
-    };
-    let ctx = Ctx {
-        net,
-        bins: Binaries {
-            saltgate: PathBuf::from("saltgate"),
-            haproxy: PathBuf::from("haproxy"),
-            master: cli
-                .master_bin
-                .unwrap_or_else(|| from_build("saltgate-master")),
-            minion: cli
-                .minion_bin
-                .unwrap_or_else(|| from_build("saltgate-minion")),
-        },
-        exe: std::env::current_exe().context("path of this executable")?,
-        quick: cli.quick,
-        settings: ProxySettings::default(),
-        swarm: SwarmSize {
-            minions: 0,
-            processes: cli.swarm_processes.max(1),
-            gates: 1,
-            start_rate: cli.swarm_start_rate.unwrap_or(100),
-        },
-    };
+    let ctx = salt_ctx(&cli, net, built, PathBuf::from("haproxy"), 100)?;
     let repeat = if cli.quick { 1 } else { cli.repeat };
     let command = format!("saltgate-bench {}", args[1..].join(" "));
     let kinds = master::parse_kinds(&cli.master_kinds).map_err(BenchError::Usage)?;
@@ -374,39 +385,12 @@ fn authstorm_bench(cli: Cli, args: &[String]) -> Result<()> {
     } else {
         None
     };
-    let from_build = |name: &str| {
-        built
-            .as_ref()
-            .map(|d| d.join(name))
-            .unwrap_or_else(|| PathBuf::from(name))
-    };
     let haproxy = if ways.contains(&authstorm::Way::Haproxy) {
-        find_haproxy(cli.haproxy_bin)?
+        find_haproxy(cli.haproxy_bin.clone())?
     } else {
         PathBuf::from("haproxy")
     };
-    let ctx = Ctx {
-        net,
-        bins: Binaries {
-            saltgate: cli.saltgate_bin.unwrap_or_else(|| from_build("saltgate")),
-            haproxy,
-            master: cli
-                .master_bin
-                .unwrap_or_else(|| from_build("saltgate-master")),
-            minion: cli
-                .minion_bin
-                .unwrap_or_else(|| from_build("saltgate-minion")),
-        },
-        exe: std::env::current_exe().context("path of this executable")?,
-        quick: cli.quick,
-        settings: ProxySettings::default(),
-        swarm: SwarmSize {
-            minions: 0,
-            processes: cli.swarm_processes.max(1),
-            gates: 1,
-            start_rate: cli.swarm_start_rate.unwrap_or(1000),
-        },
-    };
+    let ctx = salt_ctx(&cli, net, built, haproxy, 1000)?;
     let opts = authstorm::Options {
         sizes,
         ways,
