@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use saltgate_config::{ListenerConfig, OnMasterDown, Role};
 use tokio::net::TcpStream;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
 use crate::data::close::CloseReason;
 use crate::data::listener::{tune, Permits};
@@ -167,19 +167,20 @@ async fn place(
 /// pump's small state and the permits: setting up (selection, connect, queue wait) and the
 /// `migrate` relay run in boxed futures of their own, freed when done or allocated only when
 /// used. Not an `async fn`: its arguments would stay in the future after set-up took them (they
-/// go into the set-up's box here, before the future starts). The whole task runs in the
-/// session's span ([`crate::session::span`]), entered per poll of the task, not per byte.
+/// go into the set-up's box here, before the future starts). Returns the session's span
+/// ([`crate::session::span`]) beside the future: the caller runs the whole task in it (entered
+/// per poll of the task, not per byte) when it is enabled ([`in_span`]).
 pub(crate) fn handle(
     ctx: Arc<DataPlane>,
     role: Role,
     client: TcpStream,
     peer: SocketAddr,
     permits: crate::data::listener::Permits,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
+) -> (impl std::future::Future<Output = ()> + Send + 'static, Span) {
     let id = ctx.session_id();
     let span = session_span(id, role, peer);
     let setup = Box::pin(establish(ctx, role, client, peer, id));
-    async move {
+    let run = async move {
         let _permits = permits;
         // Run in place (`as_mut`): moving it out would keep a second copy in this future.
         let mut session = setup.await;
@@ -190,8 +191,25 @@ pub(crate) fn handle(
         if let Some(s) = session.take() {
             s.finish(reason);
         }
+    };
+    (run, span)
+}
+
+/// Spawns a session's task on `tracker`, in its span when that span is enabled. A disabled span
+/// (log level above `info`, or `saltgate_proxy::session_span=off`) is not kept in the task at
+/// all: it would add 40 B to every session's task, and tokio allocates a task in steps of 128 B
+/// (its task cell is cache-line aligned on x86_64 and aarch64), so those 40 B cost an idle
+/// session 128 (issue 26's before/after bench: +120 B per idle session). See
+/// [`tests::an_idle_sessions_task_stays_within_1024_bytes`].
+fn in_span<F>(tracker: &TaskTracker, (run, span): (F, Span))
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if span.is_disabled() {
+        tracker.spawn(run);
+    } else {
+        tracker.spawn(run.instrument(span));
     }
-    .instrument(span)
 }
 
 /// A plain session, connected and registered: everything it keeps while bytes flow.
@@ -414,7 +432,8 @@ pub struct L4Session {
 
 impl Serve for L4Session {
     fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()> {
-        Box::pin(handle(ctx, self.role, stream, peer, Permits::none()))
+        let (run, span) = handle(ctx, self.role, stream, peer, Permits::none());
+        Box::pin(run.instrument(span))
     }
 
     fn kind(&self) -> &'static str {
@@ -430,7 +449,7 @@ impl Serve for L4Session {
         peer: SocketAddr,
         permits: Permits,
     ) {
-        tracker.spawn(handle(ctx, self.role, stream, peer, permits));
+        in_span(tracker, handle(ctx, self.role, stream, peer, permits));
     }
 }
 
@@ -442,6 +461,15 @@ mod tests {
         std::mem::size_of::<F>()
     }
 
+    /// What tokio 1.54 allocates for a task whose future is `future` bytes: its `Cell` is
+    /// `#[repr(C)]` and aligned to 128 B on x86_64 and aarch64 (so its size is a multiple of
+    /// 128): a 32 B `Header`, the `Core` (scheduler handle 8 B, task id 8 B, the `#[repr(C)]`
+    /// `Stage` enum: an 8 B tag and the future), a 48 B `Trailer` (list pointers, join waker,
+    /// hooks).
+    fn task_cell(future: usize) -> usize {
+        (32 + 8 + 8 + 8 + future + 48).div_ceil(128) * 128
+    }
+
     /// What an idle session's task holds (docs/performance.md, "Changes since the latest full
     /// run"): 2,928 B before the pump was one poll-driven future and set-up was boxed. Not a
     /// timing: a size, the same on every run of one compiler.
@@ -449,11 +477,34 @@ mod tests {
     fn an_idle_sessions_task_future_stays_small() {
         type Args = (Arc<DataPlane>, Role, TcpStream, SocketAddr);
         let handle = future_size(|a: Args| {
-            handle(a.0, a.1, a.2, a.3, crate::data::listener::Permits::none())
+            handle(a.0, a.1, a.2, a.3, crate::data::listener::Permits::none()).0
         });
         let plain = std::mem::size_of::<Plain>();
         let run = future_size(|p: &mut Plain| p.run());
         eprintln!("session future {handle} B: Plain {plain} B + run {run} B");
         assert!(handle <= 960, "the session future grew to {handle} B");
+    }
+
+    /// The task tokio allocates for an idle session, with its span off (as the bench runs) and
+    /// on: 1,024 B and 1,152 B. Growing the future by a few bytes can cost 128 (issue 26).
+    #[test]
+    fn an_idle_sessions_task_stays_within_1024_bytes() {
+        type Args = (Arc<DataPlane>, Role, TcpStream, SocketAddr);
+        let bare = future_size(|a: Args| {
+            handle(a.0, a.1, a.2, a.3, crate::data::listener::Permits::none()).0
+        });
+        let spanned = future_size(|a: Args| {
+            let (run, span) = handle(a.0, a.1, a.2, a.3, crate::data::listener::Permits::none());
+            run.instrument(span)
+        });
+        let (bare_cell, spanned_cell) = (task_cell(bare), task_cell(spanned));
+        eprintln!(
+            "idle session task: future {bare} B, cell {bare_cell} B; in its span {spanned} B, cell {spanned_cell} B"
+        );
+        assert!(
+            bare_cell <= 1024,
+            "an idle session's task grew to {bare_cell} B (its future is {bare} B; at most {} fits in 1,024)",
+            1024 - task_cell(0) + 128
+        );
     }
 }
