@@ -310,3 +310,57 @@ async fn a_held_auth_older_than_max_wait_is_dropped_and_its_connection_closed() 
     a.await.unwrap().expect("the first is answered");
     assert_eq!(m.got(), ["_auth:first"]);
 }
+
+/// A minion that gives up after its `_auth` reached the master does not free the place: the
+/// master still works on it (Salt cannot cancel a request), so the next `_auth` waits for that
+/// answer, which saltgate reads and drops (`saltgate_auth_orphaned_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_auth_whose_minion_left_keeps_its_place_until_the_master_answers() {
+    let m = SlowMaster::start("127.31.0.5").await;
+    let (r, _stop) = proxy(&m, limit(1)).await;
+    let admin = r.admin_addr().unwrap();
+    let mut gone = minion(&r);
+    let a = tokio::spawn(async move { gone.request(request("clear", "_auth", "gone"), T).await });
+    wait_for("the first _auth at the master", || {
+        m.got() == ["_auth:gone"]
+    })
+    .await;
+    // Its minion gives up: its socket and connection go while the master works.
+    a.abort();
+    wait_for_metric(
+        admin,
+        "saltgate_auth_orphaned_total",
+        &[("master", "m")],
+        1.0,
+    )
+    .await;
+    let mut next = minion(&r);
+    let b = tokio::spawn(async move { next.request(request("clear", "_auth", "next"), T).await });
+    wait_for_metric(admin, "saltgate_auth_queued", &[("master", "m")], 1.0).await;
+    assert_eq!(
+        value(
+            &scrape(admin).await,
+            "saltgate_auth_in_flight",
+            &[("master", "m")]
+        ),
+        1.0,
+        "the master still works on the first"
+    );
+    assert_eq!(m.got(), ["_auth:gone"], "the next waits in saltgate");
+    // The master answers the one nobody waits for: the place passes to the next.
+    m.release.add_permits(1);
+    wait_for("the next _auth at the master", || {
+        m.got() == ["_auth:gone", "_auth:next"]
+    })
+    .await;
+    m.release.add_permits(1);
+    b.await.unwrap().expect("the next is answered");
+    let s = scrape(admin).await;
+    assert_eq!(
+        value(&s, "saltgate_auth_in_flight", &[("master", "m")]),
+        0.0
+    );
+    let (code, v) = common::api::json(admin, "GET", "/api/v1/masters", None).await;
+    assert_eq!(code, 200);
+    assert_eq!(v["auth_limit"][0]["orphaned"].as_u64(), Some(1));
+}

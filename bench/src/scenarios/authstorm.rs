@@ -129,6 +129,9 @@ pub struct WayRun {
     /// saltgate's `_auth` admitted to the master and dropped (the limited way).
     pub gate_admitted: Option<f64>,
     pub gate_dropped: Option<f64>,
+    /// Admitted `_auth` whose minion left before the master answered (the master's wasted work
+    /// the gate let through).
+    pub gate_orphaned: Option<f64>,
     pub swarm_auth_timeouts: i64,
     pub swarm_auth_retries: i64,
     pub rotation: Option<Rotation>,
@@ -256,18 +259,24 @@ impl Front {
         })
     }
 
-    /// saltgate's metrics: (DOWN flips, `_auth` admitted, `_auth` dropped).
-    async fn gate_counts(&self) -> (Option<u64>, Option<f64>, Option<f64>) {
+    /// saltgate's metrics: (DOWN flips, `_auth` admitted, dropped, orphaned).
+    async fn gate_counts(&self) -> (Option<u64>, Option<f64>, Option<f64>, Option<f64>) {
         let Some(admin) = self.admin else {
-            return (None, None, None);
+            return (None, None, None, None);
         };
         let Ok(text) = http_get(admin, "/metrics").await else {
-            return (None, None, None);
+            return (None, None, None, None);
         };
         let downs = metric(&text, "saltgate_master_state_changes_total", "to=\"down\"");
         let admitted = metric(&text, "saltgate_auth_admitted_total", "");
         let dropped = metric(&text, "saltgate_auth_dropped_total", "");
-        (Some(downs as u64), Some(admitted), Some(dropped))
+        let orphaned = metric(&text, "saltgate_auth_orphaned_total", "");
+        (
+            Some(downs as u64),
+            Some(admitted),
+            Some(dropped),
+            Some(orphaned),
+        )
     }
 
     async fn stop(self) {
@@ -400,7 +409,7 @@ async fn measure(
     let s1 = procfs::sys_sample()?;
     let a1 = count_lines(&log, AUTH_LINE);
     let cpu = c1.saturating_sub(c0);
-    let (downs, admitted, dropped) = front.gate_counts().await;
+    let (downs, admitted, dropped, orphaned) = front.gate_counts().await;
     let authenticated = t.authenticated.max(0) as usize;
     eprintln!(
         "saltgate-bench: authstorm {} n={n}: {authenticated} authenticated in {}, master CPU {:.1} s, {} _auth processed, DOWN {downs:?}, swarm timeouts {} retries {}",
@@ -421,6 +430,7 @@ async fn measure(
         downs,
         gate_admitted: admitted,
         gate_dropped: dropped,
+        gate_orphaned: orphaned,
         swarm_auth_timeouts: t.auth_timeouts,
         swarm_auth_retries: t.auth_retries,
         rotation: None,
@@ -458,7 +468,7 @@ async fn rotation(
         .parent()
         .map(|d| d.join("cache/.dfn"))
         .ok_or_else(|| BenchError::Io("salt-master's cachedir".into()))?;
-    let (downs0, _, _) = front.gate_counts().await;
+    let (downs0, ..) = front.gate_counts().await;
     let t0 = Instant::now();
     let out = tokio::process::Command::new(venv.join("bin/salt-key"))
         .arg("-c")
@@ -494,7 +504,7 @@ async fn rotation(
         .then(|| after.last().map(Duration::as_secs_f64))
         .flatten();
     let c1 = proctree::sample(root)?.ticks;
-    let (downs1, _, _) = front.gate_counts().await;
+    let (downs1, ..) = front.gate_counts().await;
     let r = Rotation {
         secs_to_rotate,
         secs_to_all_pinged,

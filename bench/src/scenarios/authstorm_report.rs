@@ -198,7 +198,7 @@ pub fn markdown(r: &AuthstormReport) -> String {
     for w in &r.runs {
         let _ = writeln!(
             s,
-            "- {} {}: other processes' CPU {:.0} % of the machine, loadavg `{}`; swarm `_auth` retries {}; saltgate `_auth` admitted {} dropped {}{}",
+            "- {} {}: other processes' CPU {:.0} % of the machine, loadavg `{}`; swarm `_auth` retries {}; saltgate `_auth` admitted {} dropped {} orphaned {}{}",
             w.way.label(),
             count_label(w.minions),
             w.foreign_cpu_pct,
@@ -206,6 +206,7 @@ pub fn markdown(r: &AuthstormReport) -> String {
             w.swarm_auth_retries,
             o(w.gate_admitted),
             o(w.gate_dropped),
+            o(w.gate_orphaned),
             w.rotation.as_ref().map_or(String::new(), |x| format!(
                 "; rotation: key rotated {:.1} s after salt-key -d, {} returns, DOWN {}",
                 x.secs_to_rotate,
@@ -235,6 +236,7 @@ mod tests {
             downs: matches!(way, Way::SaltgateL4 | Way::SaltgateLimit).then_some(0),
             gate_admitted: None,
             gate_dropped: None,
+            gate_orphaned: None,
             swarm_auth_timeouts: 0,
             swarm_auth_retries: 0,
             rotation: None,

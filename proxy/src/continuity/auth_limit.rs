@@ -66,6 +66,7 @@ pub struct AuthMetrics {
     in_flight: IntGaugeVec,
     limit: IntGaugeVec,
     wait: HistogramVec,
+    orphaned: IntCounterVec,
 }
 
 impl AuthMetrics {
@@ -81,6 +82,7 @@ impl AuthMetrics {
             queued: reg(r, IntGaugeVec::new(Opts::new("saltgate_auth_queued", "_auth requests held in saltgate, waiting for their master's auth_limit."), m).expect("valid metric")),
             in_flight: reg(r, IntGaugeVec::new(Opts::new("saltgate_auth_in_flight", "_auth requests sent to the master and not yet answered (paced by auth_limit)."), m).expect("valid metric")),
             limit: reg(r, IntGaugeVec::new(Opts::new("saltgate_auth_limit", "The master's current max_in_flight (fixed, or adapted by auto)."), m).expect("valid metric")),
+            orphaned: reg(r, IntCounterVec::new(Opts::new("saltgate_auth_orphaned_total", "Admitted _auth requests whose minion left before the master answered: the master's work wasted (the place stays taken until the answer)."), m).expect("valid metric")),
             wait: reg(r, HistogramVec::new(HistogramOpts::new("saltgate_auth_wait_seconds", "How long admitted _auth requests waited in saltgate before going to the master.").buckets(vec![0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0]), m).expect("valid metric")),
         }
     }
@@ -116,6 +118,7 @@ pub struct Gate {
     g_in_flight: IntGauge,
     g_limit: IntGauge,
     wait: Histogram,
+    orphaned: IntCounter,
 }
 
 /// What a gate's figures are now (admin JSON, status page).
@@ -130,6 +133,8 @@ pub struct GateView {
     pub dropped_minion_closed: u64,
     pub dropped_max_wait: u64,
     pub dropped_queue_full: u64,
+    /// Admitted `_auth` whose minion left before the master answered.
+    pub orphaned: u64,
 }
 
 fn initial(cfg: &AuthLimit) -> u32 {
@@ -162,6 +167,7 @@ impl Gate {
             g_in_flight: m.in_flight.with_label_values(&[master]),
             g_limit: m.limit.with_label_values(&[master]),
             wait: m.wait.with_label_values(&[master]),
+            orphaned: m.orphaned.with_label_values(&[master]),
         };
         g.g_limit.set(limit.into());
         Arc::new(g)
@@ -195,6 +201,7 @@ impl Gate {
             dropped_minion_closed: self.dropped[0].get(),
             dropped_max_wait: self.dropped[1].get(),
             dropped_queue_full: self.dropped[2].get(),
+            orphaned: self.orphaned.get(),
         }
     }
 
@@ -416,6 +423,11 @@ impl AuthPermit {
                 })
             });
         self.gate.adapt(took, n);
+    }
+
+    /// Its minion left before the answer: counted (the place stays taken, [`super::auth_drain`]).
+    pub fn orphaned(&self) {
+        self.gate.orphaned.inc();
     }
 }
 

@@ -10,6 +10,7 @@
 //! frame boundaries as bytes pass. The one copy kept is the minion's unanswered request, up to
 //! `migrate_buffer` bytes, dropped as soon as its reply starts.
 
+mod auth_drain;
 pub mod auth_hold;
 pub mod auth_limit;
 mod auth_relay;
@@ -200,6 +201,12 @@ pub(crate) async fn serve(
     if let Some(s) = skip {
         m.skipped(s).inc();
     }
+    // The minion left with its `_auth` at the master: the place stays taken until the answer.
+    if matches!(reason, CloseReason::ClientEof | CloseReason::ClientReset) {
+        if let Some(p) = r.permit.take() {
+            auth_drain::spawn(&up.stream, std::mem::take(&mut r.down), p);
+        }
+    }
     let bytes = (
         moved_bytes.0 + ctl.bytes_in.load(Ordering::Relaxed),
         moved_bytes.1 + ctl.bytes_out.load(Ordering::Relaxed),
@@ -303,6 +310,11 @@ impl Relay<'_> {
                     let n = match read_some(client, &mut buf) {
                         Ok(0) => {
                             self.client_eof = true;
+                            if self.permit.is_some() {
+                                // Its `_auth` is at the master, unanswered: the session ends
+                                // and the connection is kept for the answer (auth_drain).
+                                return Stop::Close(CloseReason::ClientEof);
+                            }
                             let _ = master.shutdown().await;
                             continue;
                         }
