@@ -3,8 +3,9 @@
 //! while it was away, in order, before any live message, and never a job already written to it;
 //! a minion this node never served gets nothing old; with replay on, the hub's upstreams open
 //! before any minion (a backup node keeps its window warm). Fake master: a wire `Publisher`;
-//! minions: raw ZMTP SUB connections with an `Identity`, as a Salt minion's. Addresses
-//! 127.0.5.4x.
+//! minions: raw ZMTP SUB connections with no `Identity`, as a Salt minion's (named by their
+//! `_auth` at the same address, before or after the SUB), or with one, as saltgate-minion's.
+//! Addresses 127.0.5.40-54.
 
 mod common;
 
@@ -72,6 +73,12 @@ async fn tcp_from(from: &str, to: SocketAddr) -> TcpStream {
 /// (presence reads the id), then its SUB connection, subscribed to everything (a Salt
 /// minion's SUB socket sends no identity).
 async fn minion(r: &Running, id: &str, from: &str) -> Connection {
+    auth(r, id, from).await;
+    sub(r, from).await
+}
+
+/// An `_auth` of `id` from `from` through saltgate's request listener, answered.
+async fn auth(r: &Running, id: &str, from: &str) {
     let req = tcp_from(from, r.local_addrs(Role::Request)[0]).await;
     let mut req = Connection::handshake(req, &HandshakeConfig::new(SocketType::Req))
         .await
@@ -89,6 +96,10 @@ async fn minion(r: &Running, id: &str, from: &str) -> Connection {
             _ => continue,
         }
     }
+}
+
+/// A SUB connection from `from`, with no identity, subscribed to everything.
+async fn sub(r: &Running, from: &str) -> Connection {
     let sub = tcp_from(from, r.local_addrs(Role::Publish)[0]).await;
     let mut c = Connection::handshake(sub, &HandshakeConfig::new(SocketType::Sub))
         .await
@@ -285,6 +296,138 @@ async fn behind_one_address_only_a_minion_that_names_itself_is_replayed_to() {
         got.starts_with("live:"),
         "replayed to an ambiguous address: {got}"
     );
+}
+
+/// Publishes `tag:n` (noted in `published`) until `c` receives a `tag:` message; everything it
+/// receives meanwhile is added to `got`, in order.
+async fn publish_until(
+    master: &Publisher,
+    c: &mut Connection,
+    tag: &str,
+    published: &mut Vec<String>,
+    got: &mut Vec<String>,
+) {
+    let deadline = tokio::time::Instant::now() + T;
+    for n in 1.. {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{tag}: nothing received; got {got:?}"
+        );
+        let job = format!("{tag}:{n}");
+        master.publish(vec![Bytes::from(job.clone())]);
+        published.push(job);
+        while let Ok(Ok(f)) = tokio::time::timeout(Duration::from_millis(50), c.read_frame()).await
+        {
+            if let Frame::Message { body, .. } = f {
+                got.push(String::from_utf8_lossy(&body).into_owned());
+            }
+        }
+        if got.iter().any(|g| g.starts_with(&format!("{tag}:"))) {
+            return;
+        }
+    }
+}
+
+/// Issue 24: a stock minion's SUB (no Identity) reaches the node before its `_auth`. It gets
+/// live jobs at once; when its `_auth` arrives, presence names it, and it is sent the jobs it
+/// missed that it did not already have live: after the end, every job published since it left
+/// was received exactly once, the older ones never.
+async fn sub_then_auth_gets_the_gap_once(
+    r: &Running,
+    master: &Publisher,
+    id: &str,
+    from: &str,
+    published: &mut Vec<String>,
+) {
+    let admin = r.admin_addr().unwrap();
+    let view = || async move {
+        common::api::json(admin, "GET", "/api/v1/fanout", None)
+            .await
+            .1
+    };
+    let mut c = sub(r, from).await;
+    wait_until_async("the session waits for its id", || async {
+        view().await["replay"]["sessions_awaiting_identity"] == 1
+    })
+    .await;
+    let mut got = Vec::new();
+    publish_until(master, &mut c, "live", published, &mut got).await;
+    assert!(got[0].starts_with("live:"), "live traffic first: {got:?}");
+    auth(r, id, from).await;
+    wait_until_async("the late replay", || async {
+        view().await["replay"]["late_identity_replays"] == 1
+    })
+    .await;
+    // Everything written since, up to the first `end`, comes in order on the connection.
+    publish_until(master, &mut c, "end", published, &mut got).await;
+    for job in published.iter() {
+        let n = got.iter().filter(|g| *g == job).count();
+        assert_eq!(n, 1, "{job} received {n} times: {got:?}");
+    }
+    assert_eq!(got.len(), published.len(), "only those: {got:?}");
+    let v = view().await;
+    assert_eq!(v["replay"]["sessions_awaiting_identity"], 0, "{v}");
+    assert!(v["replay"]["jobs_replayed"].as_u64() >= Some(2), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minion_whose_sub_comes_before_its_auth_gets_the_gap_once_when_its_id_arrives() {
+    let (master, m, _task) = master("127.0.5.50").await;
+    let (r, _stop) = run(&m, Some(ReplayConfig::with_window(T))).await;
+    wait_until("the hub's upstream", T, || master.subscriber_count() == 1).await;
+    let mut a = minion(&r, "late-a", "127.0.5.51").await;
+    until_received(&master, &mut a, "before").await;
+    drop(a);
+    wait_until_async("its session ended", || async { sessions(&r).await == 0.0 }).await;
+    let mut published = vec!["gap:1".to_string(), "gap:2".to_string()];
+    for job in &published {
+        master.publish(vec![Bytes::from(job.clone())]);
+    }
+    // It comes back from another address, where presence knows no id yet.
+    sub_then_auth_gets_the_gap_once(&r, &master, "late-a", "127.0.5.52", &mut published).await;
+}
+
+/// The same after a failover: node B never served the minion, A is down (`replay_peer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_minion_whose_sub_comes_first_gets_the_gap_once() {
+    let (master, m, _task) = master("127.0.5.53").await;
+    let window = ReplayConfig::with_window(T);
+    let (a, stop_a) = run(&m, Some(window)).await;
+    let peer = ReplayConfig {
+        peer: a.admin_addr(),
+        ..window
+    };
+    let (b, _stop_b) = run(&m, Some(peer)).await;
+    let b_admin = b.admin_addr().unwrap();
+    let view = || async move {
+        common::api::json(b_admin, "GET", "/api/v1/fanout", None)
+            .await
+            .1
+    };
+    wait_until("both hubs' upstreams", T, || master.subscriber_count() == 2).await;
+    let mut c = minion(&a, "late-f", "127.0.5.54").await;
+    until_received(&master, &mut c, "before").await;
+    let before_done = tokio::time::Instant::now();
+    // B's last sight of A ready is later than the replay margin after the "before" jobs.
+    wait_until_async("B saw A ready well after the last 'before' job", || async {
+        let v = view().await;
+        let ago = v["replay"]["peer"]["last_ready_s_ago"]
+            .as_f64()
+            .unwrap_or(f64::MAX);
+        before_done.elapsed().as_secs_f64() - ago > 2.5
+    })
+    .await;
+    drop(stop_a);
+    wait_until_async("B sees A not ready", || async {
+        view().await["replay"]["peer"]["ready"] == false
+    })
+    .await;
+    drop(c);
+    let mut published = vec!["gap:1".to_string(), "gap:2".to_string()];
+    for job in &published {
+        master.publish(vec![Bytes::from(job.clone())]);
+    }
+    sub_then_auth_gets_the_gap_once(&b, &master, "late-f", "127.0.5.54", &mut published).await;
 }
 
 /// Without `replay_window` (the default) a returning minion gets only live traffic.

@@ -100,6 +100,38 @@ pub fn misses(
     out
 }
 
+/// [`misses`], but a job that a minion with an entry in `ran` started to run (by jid) is not
+/// counted: it received the job, and its return was lost (a stock minion drops the returns
+/// queued on a request connection that breaks: "RequestClient is closed").
+pub fn not_run(
+    jobs: &Jobs,
+    from: Instant,
+    to: Instant,
+    ids: &BTreeSet<String>,
+    ran: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, usize> {
+    let mut out: BTreeMap<String, usize> = ids.iter().map(|i| (i.clone(), 0)).collect();
+    for j in jobs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|j| j.at >= from && j.at < to)
+    {
+        if let Some(a) = &j.answered {
+            for id in ids.difference(a) {
+                let received = j
+                    .jid
+                    .as_ref()
+                    .is_some_and(|jid| ran.get(id).is_some_and(|r| r.contains(jid)));
+                if !received {
+                    *out.get_mut(id).unwrap() += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// "lo-hi" (or "n") of the values of `m` whose key is in `ids`.
 pub fn range(m: &BTreeMap<String, usize>, ids: &BTreeSet<String>) -> String {
     let v: Vec<usize> = m

@@ -134,12 +134,17 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// `cmd` run inside namespace `ns`, as its own process group, output to `log`. `ip netns exec`
+/// `cmd` run inside namespace `ns`, as its own process group, output appended to `log` (a
+/// restarted process keeps its earlier log: `SALTGATE_KEEP=1` shows both). `ip netns exec`
 /// execs the program: the guard's pid is the program's.
 pub fn in_ns(ns: &str, name: &str, program: &Path, args: &[&str], log: &Path) -> ProcGuard {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns]).arg(program).args(args);
-    let f = std::fs::File::create(log).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
     c.stdout(f.try_clone().unwrap())
         .stderr(f)
         .stdin(Stdio::null());
@@ -174,6 +179,26 @@ fn ready(ns: &str, saltgate: &Path) -> (bool, String) {
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
+/// Replay mode: the counters of node `ns`'s `GET /api/v1/fanout` `replay` section (its admin
+/// listener takes no token there), through curl inside the namespace; why not, when it cannot.
+pub fn replay_counters(ns: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-s", "--max-time", "2"])
+        .arg("http://127.0.0.1:9505/api/v1/fanout")
+        .output();
+    let body = match out {
+        Ok(o) if o.status.success() => o.stdout,
+        Ok(o) => return format!("curl failed: {}", o.status),
+        Err(e) => return format!("no curl: {e}"),
+    };
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let r = &v["replay"];
+    format!(
+        "replays {}, jobs replayed {}, of which late-identity replays {}, sessions awaiting an identity {}",
+        r["replays"], r["jobs_replayed"], r["late_identity_replays"], r["sessions_awaiting_identity"]
     )
 }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use saltgate_bench::lab::publish;
 
-use crate::jobs::{all_answered_after, misses, returned_twice, stream, Jobs};
-use crate::lab::{bin, holds_vip, in_ns, until, Lab};
+use crate::jobs::{all_answered_after, misses, not_run, returned_twice, stream, Jobs};
+use crate::lab::{bin, holds_vip, in_ns, replay_counters, until, Lab};
 use crate::stock::{self, Restarted};
 use crate::{Mode, JOB_TIMEOUT_S, PORTS, STOCK, SWARM, VIP};
 
@@ -25,10 +25,15 @@ pub struct Report {
     pub vip_b_to_a: Duration,
     pub reconnect_b_to_a: (Duration, Duration),
     pub missed_b_dies: BTreeMap<String, usize>,
-    /// Replay: the stock minion killed and restarted; the stream's misses per minion from B's
-    /// restart to the kill (the killed one may have received a job it had not answered yet: by
-    /// the rule, that one is not sent again) and from the kill on.
-    pub restarted: Option<(Restarted, [BTreeMap<String, usize>; 2])>,
+    /// The same, but counting for a stock minion only the jobs it did not even start to run
+    /// (its log): the others reached it, and their return was lost.
+    pub not_run_a_dies: BTreeMap<String, usize>,
+    pub not_run_b_dies: BTreeMap<String, usize>,
+    /// Replay: the stock minion killed and restarted; the stream's jobs not run per minion from
+    /// B's restart to the kill (the killed one may have received a job it had not answered yet:
+    /// by the rule, that one is not sent again), from the kill until both nodes closed its
+    /// sessions (a job written to the dead session counts as delivered), and from then on.
+    pub restarted: Option<(Restarted, [BTreeMap<String, usize>; 3])>,
     /// (jid, minion, returns) of every job a minion answered more than once.
     pub twice: Vec<(String, String, usize)>,
 }
@@ -141,14 +146,22 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
     .await;
     let reconnect_a_to_b = reconnected(&jobs, killed_a, &stock_ids, &swarm_ids);
     println!("{mode}: A killed; the VIP moved to B in {vip_a_to_b:.1?}; every stock / swarm minion answered a job published {:.1?} / {:.1?} after", reconnect_a_to_b.0, reconnect_a_to_b.1);
+    if how == Mode::Replay {
+        println!("{mode}: B: {}", replay_counters(&nb));
+    }
 
     // 2. A comes back: its load balancer first, keepalived once it is ready. The VIP stays on B.
     lab.start_proxy("a", how);
     lab.wait_ready("a", how).await;
-    lab.start_keepalived("a", how);
+    // Its log is appended to: only what the new keepalived wrote counts.
     let klog = lab.dir.join("keepalived-a.log");
+    let from = std::fs::metadata(&klog).map_or(0, |m| m.len() as usize);
+    lab.start_keepalived("a", how);
     until(Duration::from_secs(30), "A's keepalived in BACKUP", || {
-        std::fs::read_to_string(&klog).is_ok_and(|t| t.contains("Entering BACKUP STATE"))
+        std::fs::read(&klog).is_ok_and(|t| {
+            String::from_utf8_lossy(t.get(from..).unwrap_or_default())
+                .contains("Entering BACKUP STATE")
+        })
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -174,6 +187,9 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
     .await;
     let reconnect_b_to_a = reconnected(&jobs, killed_b, &stock_ids, &swarm_ids);
     println!("{mode}: B's load balancer killed; the VIP moved to A in {vip_b_to_a:.1?}; every stock / swarm minion answered a job published {:.1?} / {:.1?} after", reconnect_b_to_a.0, reconnect_b_to_a.1);
+    if how == Mode::Replay {
+        println!("{mode}: A: {}", replay_counters(&na));
+    }
 
     // 4. B's load balancer is restarted (its keepalived stays BACKUP: nopreempt).
     lab.start_proxy("b", how);
@@ -202,10 +218,17 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
     .await;
     let missed_a_dies = misses(&jobs, killed_a, killed_b, &ids);
     let missed_b_dies = misses(&jobs, killed_b, b_window_end, &ids);
+    let ran: BTreeMap<String, BTreeSet<String>> = stock_ids
+        .iter()
+        .map(|id| (id.clone(), stock::ran_jids(&lab.dir, id)))
+        .collect();
+    let not_run_a_dies = not_run(&jobs, killed_a, killed_b, &ids, &ran);
+    let not_run_b_dies = not_run(&jobs, killed_b, b_window_end, &ids, &ran);
     let restarted = restarted.map(|(r, from)| {
         let m = [
-            misses(&jobs, from, r.killed, &ids),
-            misses(&jobs, r.killed, last, &ids),
+            not_run(&jobs, from, r.killed, &ids, &ran),
+            not_run(&jobs, r.killed, r.closed, &ids, &ran),
+            not_run(&jobs, r.closed, last, &ids, &ran),
         ];
         (r, m)
     });
@@ -242,6 +265,8 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
         vip_b_to_a,
         reconnect_b_to_a,
         missed_b_dies,
+        not_run_a_dies,
+        not_run_b_dies,
         restarted,
         twice,
     }

@@ -50,6 +50,9 @@ pub struct Restarted {
     pub while_away: String,
     /// When it was killed.
     pub killed: Instant,
+    /// When both nodes had closed its sessions: until then a job written to its old session
+    /// counts as delivered (docs/ha.md, "What can still be lost").
+    pub closed: Instant,
     /// From the kill to the return of the job published while it was away.
     pub answered_after: Duration,
 }
@@ -108,6 +111,7 @@ pub async fn kill_and_restart(
         || established_with(&na, STOCK_IPS[0]) + established_with(&nb, STOCK_IPS[0]) == 0,
     )
     .await;
+    let closed = Instant::now();
     let cmd = format!("echo {while_away} >> {}", file.display());
     let (c, t) = (cli.to_path_buf(), id.clone());
     let away =
@@ -136,8 +140,22 @@ pub async fn kill_and_restart(
         started,
         while_away,
         killed,
+        closed,
         answered_after: killed.elapsed(),
     }
+}
+
+/// The jids stock minion `id` started to run (its log file: "Executing command ... with jid
+/// JID"): it received them, whether or not its return reached a master.
+pub fn ran_jids(dir: &Path, id: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(dir.join(id).join("minion.log")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("Executing command"))
+        .filter_map(|l| {
+            l.split_once(" with jid ")
+                .map(|(_, j)| j.trim().to_string())
+        })
+        .collect()
 }
 
 /// The stock ids of `prefix` as a set.

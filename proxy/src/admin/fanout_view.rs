@@ -145,6 +145,8 @@ fn replay_view(hub: &Hub, m: &crate::fanout::FanoutMetrics) -> Value {
         "sessions_remembered": departed,
         "replays": m.replays.get(),
         "jobs_replayed": m.replayed_jobs.get(),
+        "late_identity_replays": m.late_replays.get(),
+        "sessions_awaiting_identity": hub.awaiting_identity.load(std::sync::atomic::Ordering::Relaxed),
     })
 }
 

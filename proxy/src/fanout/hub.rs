@@ -52,8 +52,11 @@ pub(crate) struct Slot {
     pub(crate) id: u64,
     /// The minion's address (the admin view lists sessions that drop).
     pub(crate) peer: SocketAddr,
-    /// The ZMTP `Identity` of its READY (a Salt minion's id; empty when it sent none).
+    /// Who it is for replay when it opened: the ZMTP `Identity` of its READY, or the one
+    /// minion id presence knew at its address (empty: neither).
     pub(crate) identity: Bytes,
+    /// The id presence learned at its address after it opened (`late.rs`).
+    pub(crate) late_identity: OnceLock<Bytes>,
     pub(crate) topics: Mutex<TopicSet>,
     pub(crate) tx: mpsc::Sender<Queued>,
     pub(crate) dropped: AtomicU64,
@@ -62,6 +65,16 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// Who it is for replay (empty: unknown).
+    pub(crate) fn identity(&self) -> &Bytes {
+        self.late_identity.get().unwrap_or(&self.identity)
+    }
+
+    /// Sets the identity learned after the session opened (once).
+    pub(crate) fn set_identity(&self, id: Bytes) {
+        let _ = self.late_identity.set(id);
+    }
+
     pub(crate) fn topics(&self) -> std::sync::MutexGuard<'_, TopicSet> {
         self.topics.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -129,6 +142,8 @@ pub(crate) struct Hub {
     pub(crate) seq: AtomicU64,
     /// The jobs kept for returning sessions (`listeners.publish.replay_window`).
     pub(crate) replay: ReplayLog,
+    /// Sessions with no identity yet, waiting for presence to learn one (`late.rs`).
+    pub(crate) awaiting_identity: AtomicU64,
 }
 
 impl Hub {
@@ -144,6 +159,7 @@ impl Hub {
             upstreams: Mutex::new(Default::default()),
             seq: AtomicU64::new(0),
             replay: ReplayLog::default(),
+            awaiting_identity: AtomicU64::new(0),
         }
     }
 
@@ -166,6 +182,7 @@ impl Hub {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             peer,
             identity,
+            late_identity: OnceLock::new(),
             topics: Mutex::new(TopicSet::new(topics)),
             tx,
             dropped: AtomicU64::new(0),
@@ -188,7 +205,7 @@ impl Hub {
         self.sessions
             .rcu(|v| v.iter().filter(|s| s.id != id).cloned().collect::<Vec<_>>());
         self.replay
-            .departed(&slot.identity, slot.delivered.load(Ordering::Relaxed));
+            .departed(slot.identity(), slot.delivered.load(Ordering::Relaxed));
         if let Some(m) = self.metrics() {
             m.sessions.dec();
         }

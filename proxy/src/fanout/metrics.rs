@@ -46,6 +46,9 @@ pub struct FanoutMetrics {
     pub replays: IntCounter,
     /// `saltgate_fanout_replayed_jobs_total`: jobs sent again by those replays.
     pub replayed_jobs: IntCounter,
+    /// `saltgate_fanout_late_identity_replays_total`: those of the replays whose session
+    /// learned its identity after it opened (a stock minion's SUB before its `_auth`).
+    pub late_replays: IntCounter,
 }
 
 impl FanoutMetrics {
@@ -124,6 +127,10 @@ impl FanoutMetrics {
             replayed_jobs: counter(
                 "saltgate_fanout_replayed_jobs_total",
                 "Jobs sent again to returning minion publish sessions (listeners.publish.replay_window).",
+            ),
+            late_replays: counter(
+                "saltgate_fanout_late_identity_replays_total",
+                "Replays (also counted in saltgate_fanout_replays_total) to a minion publish session whose minion id presence learned after it opened: a Salt minion's SUB that reached this node before its _auth.",
             ),
         }
     }

@@ -20,6 +20,7 @@ pub mod cluster_check;
 mod clusterkey;
 pub(crate) mod dedup;
 pub mod hub;
+mod late;
 pub mod metrics;
 pub mod pubhub;
 pub(crate) mod replay;

@@ -8,9 +8,11 @@
 //!   a stock Salt minion's session has none; for it the session falls back to presence, the id
 //!   seen in the `_auth` from the session's address when exactly one minion uses that address
 //!   ([`crate::fanout::session`]). A session with neither is never replayed to (several minions
-//!   may share an address behind NAT: the address is no identity). The fallback is decided
-//!   when the session opens: a stock minion whose new `_auth` has not reached this node by then
-//!   is not replayed to (docs/ha.md, "When a job can still be lost").
+//!   may share an address behind NAT: the address is no identity). A session that opens with
+//!   no identity waits, for at most the window, for presence to learn the id at its address (a
+//!   stock minion's SUB often reaches the surviving node before its new `_auth`): then the same
+//!   rule decides, and it is sent what it is owed but the jobs it already had live
+//!   ([`crate::fanout::late`]).
 //! - **The rule.** When a session ends, the sequence number of the last job written to it is
 //!   remembered under its identity for the window. When a session of that identity comes back
 //!   within the window, it is sent the kept jobs after that number, in order, that match its
@@ -238,21 +240,21 @@ impl ReplayLog {
         self.lock().peer
     }
 
-    /// The kept jobs after `after` that `matches` accepts, in order, and the highest sequence
-    /// number kept now (queued copies up to it are not sent again).
+    /// The kept jobs after `after` that `matches` accepts (given each one's sequence number and
+    /// topic), in order, with their sequence numbers, and the highest sequence number kept now.
     pub(crate) fn batch(
         &self,
         after: u64,
-        mut matches: impl FnMut(&[u8]) -> bool,
-    ) -> (Vec<Bytes>, Replayed) {
+        mut matches: impl FnMut(u64, &[u8]) -> bool,
+    ) -> (Vec<(u64, Bytes)>, Replayed) {
         let mut g = self.lock();
         g.trim(Instant::now());
         let upto = g.kept.back().map_or(after, |k| k.seq.max(after));
-        let jobs: Vec<Bytes> = g
+        let jobs: Vec<(u64, Bytes)> = g
             .kept
             .iter()
-            .filter(|k| k.seq > after && matches(&k.topic))
-            .map(|k| k.encoded.clone())
+            .filter(|k| k.seq > after && matches(k.seq, &k.topic))
+            .map(|k| (k.seq, k.encoded.clone()))
             .collect();
         let n = jobs.len();
         (jobs, Replayed { jobs: n, upto })
@@ -322,10 +324,14 @@ mod tests {
         Bytes::copy_from_slice(s.as_bytes())
     }
 
+    fn bodies(jobs: Vec<(u64, Bytes)>) -> Vec<Bytes> {
+        jobs.into_iter().map(|(_, j)| j).collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_returning_session_gets_what_followed_its_last_job_and_never_that_job() {
         let l = log(30, 100);
-        let all = |_: &[u8]| true;
+        let all = |_: u64, _: &[u8]| true;
         for seq in 1..=3 {
             l.keep(seq, &b(""), &b(&format!("job{seq}")));
         }
@@ -336,7 +342,7 @@ mod tests {
             .returning(&b("web-01"))
             .expect("served here within the window");
         let (jobs, r) = l.batch(after, all);
-        assert_eq!(jobs, vec![b("job3"), b("job4")]);
+        assert_eq!(bodies(jobs), vec![b("job3"), b("job4")]);
         assert_eq!(r, Replayed { jobs: 2, upto: 4 });
         assert_eq!(l.returning(&b("web-01")), None, "one replay per return");
         assert_eq!(
@@ -368,9 +374,9 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         l.keep(3, &b(""), &b("gap"));
         let after = l.returning(&b("moved")).expect("peer down: replay");
-        let (jobs, _) = l.batch(after, |_| true);
+        let (jobs, _) = l.batch(after, |_, _| true);
         assert_eq!(
-            jobs,
+            bodies(jobs),
             vec![b("late"), b("gap")],
             "from the margin before its last ready"
         );
@@ -396,12 +402,16 @@ mod tests {
         // Subscriptions: only matching topics are replayed.
         l.keep(6, &b("aaaa"), &b("for-a"));
         l.keep(7, &b("bbbb"), &b("for-b"));
-        let (jobs, r) = l.batch(5, |t| t.starts_with(b"bbbb"));
-        assert_eq!((jobs, r.upto), (vec![b("for-b")], 7));
+        let (jobs, r) = l.batch(5, |_, t| t.starts_with(b"bbbb"));
+        assert_eq!((bodies(jobs), r.upto), (vec![b("for-b")], 7));
+        // A late identity: what was written live is excluded by sequence number.
+        l.keep(8, &b("bbbb"), &b("live"));
+        let (jobs, _) = l.batch(5, |seq, t| seq != 8 && t.starts_with(b"bbbb"));
+        assert_eq!(jobs, vec![(7, b("for-b"))]);
         // Off: nothing kept, nothing remembered.
         l.configure(None);
-        l.keep(8, &b(""), &b("x"));
-        l.departed(&b("m"), 8);
+        l.keep(9, &b(""), &b("x"));
+        l.departed(&b("m"), 9);
         assert_eq!(l.sizes(), (0, 0, 0));
     }
 }

@@ -31,6 +31,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::hub::Hub;
+use super::late::{Due, Late};
 use crate::session::context::DataPlane;
 
 /// Minion sessions closed on an error: at most one line per interval (a network blip can close
@@ -243,6 +244,7 @@ async fn serve(
     let dec = FrameDecoder::new(limits.max_frame);
     let mut rbuf = BytesMut::new();
     let stop = hub.stop.clone();
+    let opened = Instant::now();
     let hs = tokio::select! {
         r = tokio::time::timeout(opts.handshake_timeout, handshake(&mut io, &mut rbuf, &dec)) => r,
         _ = stop.cancelled() => return End::Shutdown,
@@ -256,17 +258,14 @@ async fn serve(
     // Who it is, for replay: the ZMTP Identity if it sent one; else the one minion presence
     // saw `_auth` from at its address (a Salt minion's SUB socket does not send its identity:
     // libzmq sends it on REQ, DEALER and ROUTER sockets only). Several minions behind one
-    // address, or none known: no identity, no replay.
-    let identity = if identity.is_empty() && hub.replay.enabled() {
-        presence
-            .and_then(|p| p.sole_id_at(peer.ip()))
-            .map(Bytes::from)
-            .unwrap_or_default()
-    } else {
-        identity
-    };
+    // address, or none known: no identity, no replay; with none known yet, the session waits
+    // (for the replay window) for presence to learn one (`late.rs`).
+    let (identity, late) = super::late::at_open(hub, presence, peer.ip(), identity, opened);
     // A session this node served within the replay window is owed what followed its last job.
-    let owed = hub.replay.returning(&identity);
+    let owed = hub.replay.returning(&identity).map(|after| Due {
+        after,
+        ..Due::default()
+    });
     let (slot, mut rx) = hub.attach(peer, identity, limits.hwm, limits.topics);
     let end = drive(
         hub,
@@ -279,6 +278,7 @@ async fn serve(
             peer_3_1,
             frame_timeout: limits.frame_timeout,
             owed,
+            late,
         },
         &stop,
         &shutdown,
@@ -290,42 +290,63 @@ async fn serve(
 }
 
 /// What a session's loop needs to know of its peer.
-struct Flow {
+struct Flow<'a> {
     /// The peer speaks ZMTP 3.1 (PING/PONG).
     peer_3_1: bool,
     frame_timeout: Duration,
-    /// Replay: the sequence number after which the kept jobs are owed to this session, sent
-    /// once its first subscriptions are in (before any live message).
-    owed: Option<u64>,
+    /// Replay: the jobs owed to this session, sent once its first subscriptions are in (before
+    /// any live message).
+    owed: Option<Due>,
+    /// No identity yet: waiting for presence to learn one (`late.rs`).
+    late: Option<Late<'a>>,
 }
 
-/// Sends the kept jobs owed to a returning session (those its subscriptions match), in order;
-/// returns the sequence number up to which queued copies are not to be sent again.
+/// What a replay wrote: the sequence numbers (sorted) whose queued copies are not to be sent
+/// again, up to the highest one.
+#[derive(Default)]
+struct Sent {
+    seqs: Vec<u64>,
+    upto: u64,
+}
+
+impl Sent {
+    /// A queued copy of a job the replay already wrote.
+    fn has(&self, seq: u64) -> bool {
+        seq <= self.upto && self.seqs.binary_search(&seq).is_ok()
+    }
+}
+
+/// Sends the kept jobs `due` to the session (those its subscriptions match), in order.
 async fn replay(
     hub: &Hub,
     slot: &super::hub::Slot,
-    after: u64,
+    due: Due,
     io: &mut TcpStream,
     write_timeout: Option<Duration>,
     stop: &CancellationToken,
     shutdown: &CancellationToken,
-) -> Result<u64, End> {
-    let (jobs, done) = hub.replay.batch(after, |t| slot.topics().matches(t));
-    for job in &jobs {
+) -> Result<Sent, End> {
+    let (jobs, _) = hub.replay.batch(due.after, |seq, t| {
+        due.except.binary_search(&seq).is_err() && slot.topics().matches(t)
+    });
+    for (_, job) in &jobs {
         write(io, job, write_timeout, stop, shutdown).await?;
     }
+    let seqs: Vec<u64> = jobs.iter().map(|(seq, _)| *seq).collect();
+    let upto = seqs.last().copied().unwrap_or(0);
     slot.delivered
-        .fetch_max(done.upto, std::sync::atomic::Ordering::Relaxed);
-    if let Some(m) = hub.metrics() {
-        if done.jobs > 0 {
-            m.replays.inc();
-            m.replayed_jobs.inc_by(done.jobs as u64);
+        .fetch_max(upto, std::sync::atomic::Ordering::Relaxed);
+    if let (Some(m), false) = (hub.metrics(), seqs.is_empty()) {
+        m.replays.inc();
+        m.replayed_jobs.inc_by(seqs.len() as u64);
+        if due.late {
+            m.late_replays.inc();
         }
     }
-    if done.jobs > 0 {
-        tracing::debug!(target: "saltgate_proxy::pubhub::session", client = %slot.peer, identity = %String::from_utf8_lossy(&slot.identity), jobs = done.jobs, "fanout: returning session sent the jobs it missed");
+    if !seqs.is_empty() {
+        tracing::debug!(target: "saltgate_proxy::pubhub::session", client = %slot.peer, identity = %String::from_utf8_lossy(slot.identity()), jobs = seqs.len(), late = due.late, "fanout: returning session sent the jobs it missed");
     }
-    Ok(done.upto)
+    Ok(Sent { seqs, upto })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -336,7 +357,7 @@ async fn drive(
     io: &mut TcpStream,
     mut rbuf: BytesMut,
     dec: &FrameDecoder,
-    flow: Flow,
+    flow: Flow<'_>,
     stop: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> End {
@@ -344,9 +365,10 @@ async fn drive(
         peer_3_1,
         frame_timeout,
         mut owed,
+        mut late,
     } = flow;
-    // Queued copies up to this sequence number went out with the replay.
-    let mut replayed_upto = 0u64;
+    // Queued copies of these went out with the replay.
+    let mut sent = Sent::default();
     // A ZMTP 3.0 peer does not know PING: never send it one, never time it out.
     let hb: Option<Heartbeat> = hub
         .opts
@@ -429,10 +451,10 @@ async fn drive(
             // A returning session's replay goes out once the subscriptions that came with this
             // read are in (a Salt minion sends them all at once after READY), before any live
             // message.
-            if let Some(after) = owed.filter(|_| !slot.topics().is_empty()) {
-                owed = None;
-                match replay(hub, slot, after, io, write_timeout, stop, shutdown).await {
-                    Ok(upto) => replayed_upto = upto,
+            if owed.is_some() && !slot.topics().is_empty() {
+                let due = owed.take().unwrap_or_default();
+                match replay(hub, slot, due, io, write_timeout, stop, shutdown).await {
+                    Ok(s) => sent = s,
                     Err(end) => return end,
                 }
             }
@@ -463,15 +485,33 @@ async fn drive(
                 decode_now = true;
             }
             msg = rx.recv() => match msg {
-                Some((seq, _)) if seq <= replayed_upto => {}
+                Some((seq, _)) if sent.has(seq) => {}
                 Some((seq, m)) => {
                     if let Err(end) = write(io, &m, write_timeout, stop, shutdown).await {
                         return end;
                     }
                     slot.delivered.store(seq, std::sync::atomic::Ordering::Relaxed);
+                    if let Some(l) = late.as_mut() {
+                        l.written(seq);
+                    }
                 }
                 None => return End::Shutdown,
             },
+            // Presence may have learned who this session is: what it is owed, but the jobs it
+            // already had live, goes out now (after those live ones), or with its first
+            // subscriptions if none are in yet.
+            wake = async { match late.as_ref() { Some(l) => l.wake().await, None => std::future::pending().await } }, if late.is_some() => {
+                if let Some(due) = late.take().and_then(|l| l.decide(hub, slot, wake)) {
+                    if slot.topics().is_empty() {
+                        owed = Some(due);
+                    } else {
+                        match replay(hub, slot, due, io, write_timeout, stop, shutdown).await {
+                            Ok(s) => sent = s,
+                            Err(end) => return end,
+                        }
+                    }
+                }
+            }
             _ = async { match ping.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending().await } } => {
                 let ttl = hb.map(|h| (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16).unwrap_or(0);
                 w.clear();
@@ -491,274 +531,5 @@ async fn drive(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fanout::hub::HubOptions;
-    use saltgate_wire::transport::zeromq::{Connection, HandshakeConfig, TopicLimits};
-
-    async fn hub_and_minion(
-        opts: HubOptions,
-    ) -> (Arc<Hub>, Connection, tokio::task::JoinHandle<End>) {
-        hub_and_minion_with(opts, SessionLimits::default()).await
-    }
-
-    async fn hub_and_minion_with(
-        opts: HubOptions,
-        limits: SessionLimits,
-    ) -> (Arc<Hub>, Connection, tokio::task::JoinHandle<End>) {
-        let (hub, addr, task) = hub_listening(opts, limits).await;
-        let c = Connection::connect(addr, &HandshakeConfig::new(SocketType::Sub))
-            .await
-            .unwrap();
-        (hub, c, task)
-    }
-
-    /// A hub serving one session on a loopback port: the session's end comes out of the task.
-    async fn hub_listening(
-        opts: HubOptions,
-        limits: SessionLimits,
-    ) -> (Arc<Hub>, SocketAddr, tokio::task::JoinHandle<End>) {
-        let hub = Arc::new(Hub::new(opts));
-        let l = tokio::net::TcpListener::bind("127.0.5.20:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let h = hub.clone();
-        let task = tokio::spawn(async move {
-            let (s, peer) = l.accept().await.unwrap();
-            serve(&h, CancellationToken::new(), None, s, peer, limits).await
-        });
-        (hub, addr, task)
-    }
-
-    /// The session's end, which must come within 10 s (a hostile minion that is never cut
-    /// fails here).
-    async fn ends(task: tokio::task::JoinHandle<End>) -> End {
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the hub never cut this minion")
-            .unwrap()
-    }
-
-    /// A raw client past the greeting and READY as a SUB: what follows is up to the test.
-    async fn raw_sub(addr: SocketAddr) -> TcpStream {
-        let mut c = TcpStream::connect(addr).await.unwrap();
-        let mut out = BytesMut::new();
-        out.extend_from_slice(&Greeting::ours(false).encode());
-        Command::Ready(Properties::default().with("Socket-Type", "SUB")).encode_frame(&mut out);
-        c.write_all(&out).await.unwrap();
-        c
-    }
-
-    /// Issue 31 item 1: a 60 MiB frame header used to be accepted and its body held for ever.
-    #[tokio::test]
-    async fn a_frame_over_max_frame_is_cut_at_its_header() {
-        let (_hub, addr, task) =
-            hub_listening(HubOptions::default(), SessionLimits::default()).await;
-        let mut c = raw_sub(addr).await;
-        let mut hdr = vec![0x02u8];
-        hdr.extend_from_slice(&(60u64 << 20).to_be_bytes());
-        c.write_all(&hdr).await.unwrap();
-        c.write_all(&[0u8; 1024]).await.unwrap();
-        let end = ends(task).await;
-        assert_eq!(end.cut(), Some("oversized"), "{end:?}");
-    }
-
-    /// Issue 31 item 1: one byte every so often kept a half-sent frame (and its buffer) alive:
-    /// each byte is traffic, so the heartbeat never fired.
-    #[tokio::test]
-    async fn a_frame_trickled_a_byte_at_a_time_is_cut_at_frame_timeout() {
-        let limits = SessionLimits {
-            frame_timeout: Duration::from_millis(300),
-            ..SessionLimits::default()
-        };
-        let (_hub, addr, task) = hub_listening(HubOptions::default(), limits).await;
-        let mut c = raw_sub(addr).await;
-        // A SUBSCRIBE of 200 bytes, one byte every 20 ms: 4 s in all, 13 x the deadline.
-        let mut f = BytesMut::new();
-        Command::Subscribe(Bytes::from(vec![b'x'; 190])).encode_frame(&mut f);
-        let trickle = tokio::spawn(async move {
-            for b in f.iter() {
-                if c.write_all(&[*b]).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            std::future::pending::<()>().await;
-        });
-        let end = ends(task).await;
-        trickle.abort();
-        assert_eq!(end.cut(), Some("frame_timeout"), "{end:?}");
-    }
-
-    /// Issue 31 items 1 and 4: any number of SUBSCRIBEs used to be kept (in a Vec scanned per
-    /// SUBSCRIBE: quadratic CPU).
-    #[tokio::test]
-    async fn subscribing_past_max_topics_or_max_topic_bytes_cuts_the_session() {
-        for (limits, topic_len, reason) in [
-            (
-                TopicLimits {
-                    max_topics: 8,
-                    max_bytes: 1 << 20,
-                },
-                4,
-                "topics",
-            ),
-            (
-                TopicLimits {
-                    max_topics: 1000,
-                    max_bytes: 256,
-                },
-                100,
-                "topic_bytes",
-            ),
-        ] {
-            let limits = SessionLimits {
-                topics: limits,
-                ..SessionLimits::default()
-            };
-            let (_hub, addr, task) = hub_listening(HubOptions::default(), limits).await;
-            let mut c = raw_sub(addr).await;
-            let mut out = BytesMut::new();
-            for i in 0..2000u32 {
-                let mut t = format!("{i:0>width$}", width = topic_len).into_bytes();
-                t.truncate(topic_len.max(4));
-                Command::Subscribe(Bytes::from(t)).encode_frame(&mut out);
-            }
-            // The hub may close while we write: that is the point.
-            let _ = c.write_all(&out).await;
-            let end = ends(task).await;
-            assert_eq!(end.cut(), Some(reason), "{end:?}");
-        }
-    }
-
-    /// Issue 31 item 6: a blocked write stopped the heartbeat check, and a minion that neither
-    /// reads nor speaks lived until the kernel gave up (65 s), not the heartbeat timeout.
-    #[tokio::test]
-    async fn a_minion_that_neither_reads_nor_speaks_is_closed_within_the_heartbeat_timeout() {
-        let timeout = Duration::from_millis(400);
-        let (hub, mut c, task) = hub_and_minion(HubOptions {
-            heartbeat: Some(Heartbeat {
-                interval: Duration::from_millis(100),
-                timeout,
-                ttl: Duration::ZERO,
-            }),
-            ..HubOptions::default()
-        })
-        .await;
-        c.send_command(&Command::Subscribe(Bytes::new()))
-            .await
-            .unwrap();
-        // Never read, never answer: fill the kernel's buffers both ways (1 MiB messages).
-        let big = Bytes::from(vec![7u8; 1 << 20]);
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs(10);
-        let mut queued = 0;
-        while queued < 64 && Instant::now() < deadline {
-            queued += hub.publish(std::slice::from_ref(&big)).queued;
-            tokio::task::yield_now().await;
-        }
-        let end = ends(task).await;
-        assert!(
-            matches!(end.cut(), Some("heartbeat_timeout" | "write_timeout")),
-            "{end:?}"
-        );
-        drop(c);
-    }
-
-    #[tokio::test]
-    async fn the_hub_pings_a_minion_and_closes_it_when_it_stays_silent() {
-        let (_hub, mut c, task) = hub_and_minion(HubOptions {
-            heartbeat: Some(Heartbeat {
-                interval: Duration::from_millis(50),
-                timeout: Duration::from_millis(200),
-                ttl: Duration::ZERO,
-            }),
-            ..HubOptions::default()
-        })
-        .await;
-        let t = Duration::from_secs(10);
-        let mut pinged = false;
-        // Read (never answer) until the hub closes the connection.
-        let end = tokio::time::timeout(t, async {
-            loop {
-                match c.read_frame().await {
-                    Ok(Frame::Command(body)) => {
-                        if matches!(Command::parse(&body), Ok(Command::Ping { .. })) {
-                            pinged = true;
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => return e,
-                }
-            }
-        })
-        .await
-        .expect("the hub closes a silent minion");
-        assert!(pinged, "PINGs came first; then: {end}");
-        let why = tokio::time::timeout(t, task).await.unwrap().unwrap();
-        assert!(matches!(why, End::HeartbeatTimeout), "{why:?}");
-    }
-
-    #[tokio::test]
-    async fn a_minion_gets_only_what_its_subscriptions_match() {
-        let (hub, mut c, _task) = hub_and_minion(HubOptions::default()).await;
-        c.send_command(&Command::Subscribe(Bytes::from_static(b"top")))
-            .await
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while hub
-            .publish(&[Bytes::from_static(b"topic"), Bytes::from_static(b"x")])
-            .queued
-            == 0
-        {
-            assert!(Instant::now() < deadline, "the subscription never applied");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert_eq!(hub.publish(&[Bytes::from_static(b"other")]).queued, 0);
-        let f = tokio::time::timeout(Duration::from_secs(10), c.read_frame())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            f,
-            Frame::Message {
-                body: Bytes::from_static(b"topic"),
-                more: true
-            }
-        );
-    }
-
-    #[tokio::test]
-    async fn a_subscribe_in_the_same_segment_as_ready_applies_at_once() {
-        let hub = Arc::new(Hub::new(HubOptions::default()));
-        let l = tokio::net::TcpListener::bind("127.0.5.20:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let h = hub.clone();
-        tokio::spawn(async move {
-            let (s, peer) = l.accept().await.unwrap();
-            serve(
-                &h,
-                CancellationToken::new(),
-                None,
-                s,
-                peer,
-                SessionLimits::default(),
-            )
-            .await
-        });
-        // What libzmq often does: greeting, READY and SUBSCRIBE in one write, then nothing.
-        let mut out = BytesMut::new();
-        out.extend_from_slice(&Greeting::ours(false).encode());
-        Command::Ready(Properties::default().with("Socket-Type", "SUB")).encode_frame(&mut out);
-        Command::Subscribe(Bytes::new()).encode_frame(&mut out);
-        let mut c = TcpStream::connect(addr).await.unwrap();
-        c.write_all(&out).await.unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while hub.publish(&[Bytes::from_static(b"job")]).queued == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "the SUBSCRIBE that came with READY was never applied"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-}
+#[path = "session_tests.rs"]
+mod tests;

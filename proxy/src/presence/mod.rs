@@ -18,7 +18,8 @@
 
 pub mod table;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
@@ -28,6 +29,7 @@ use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use saltgate_config::{PresenceConfig, Role};
 use saltgate_wire::transport::{AnyPeeker, GiveUp, Peek, Source, Transport, Verdict};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::data::pump::Tap;
@@ -57,6 +59,10 @@ pub struct Presence {
     table: Mutex<Table>,
     inspections: Inspections,
     evicted: IntCounter,
+    /// Publish sessions waiting to learn the minion id at their address ([`IdWait`]).
+    id_waiters: Mutex<HashMap<IpAddr, Vec<Arc<Notify>>>>,
+    /// How many are registered (a request session's identification skips the lock when 0).
+    id_waiting: AtomicUsize,
 }
 
 impl Presence {
@@ -87,6 +93,8 @@ impl Presence {
             table: Mutex::new(Table::new(cfg.max_minions as usize, cfg.expire_after)),
             inspections,
             evicted,
+            id_waiters: Mutex::new(HashMap::new()),
+            id_waiting: AtomicUsize::new(0),
         });
         p.configure(cfg);
         p
@@ -199,6 +207,51 @@ impl Presence {
         self.lock().sole_id_at(ip).map(str::to_string)
     }
 
+    /// Registers a publish session from `ip` that has no minion id yet: the returned guard is
+    /// woken each time a request session from `ip` is identified, until it is dropped. Register
+    /// before asking [`Presence::sole_id_at`], so an identification in between is not missed.
+    /// (Fan-out replay: a stock minion's SUB may reach a node before its `_auth` does.)
+    pub(crate) fn wait_for_id(&self, ip: IpAddr) -> IdWait<'_> {
+        let notify = Arc::new(Notify::new());
+        self.id_waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ip)
+            .or_default()
+            .push(notify.clone());
+        self.id_waiting.fetch_add(1, Ordering::AcqRel);
+        IdWait {
+            presence: self,
+            ip,
+            notify,
+        }
+    }
+
+    /// Wakes the publish sessions waiting for an id at `ip` (a request session from it was
+    /// just identified). Free when none waits.
+    fn wake_id_waiters(&self, ip: IpAddr) {
+        if self.id_waiting.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let w = self.id_waiters.lock().unwrap_or_else(|e| e.into_inner());
+        for n in w.get(&ip).into_iter().flatten() {
+            n.notify_one();
+        }
+    }
+
+    /// What a request session's tap does when it reads `id` (tests of the modules presence
+    /// notifies).
+    #[cfg(test)]
+    pub(crate) fn identify_for_test(&self, session: u64, client: SocketAddr, id: &str) {
+        let s = saltgate_wire::transport::Sighting {
+            id: id.to_string(),
+            source: Source::Auth,
+        };
+        self.lock()
+            .identified(session, client, "test", &s, Instant::now(), now_ms());
+        self.wake_id_waiters(client.ip());
+    }
+
     /// A page of minions (see [`api`]).
     pub fn page(
         &self,
@@ -219,6 +272,44 @@ impl Presence {
     pub fn limits(&self) -> (std::time::Duration, usize) {
         let t = self.lock();
         (t.expire, t.max)
+    }
+}
+
+/// A publish session waiting to learn the minion id at its address
+/// ([`Presence::wait_for_id`]); unregistered when dropped.
+pub(crate) struct IdWait<'a> {
+    presence: &'a Presence,
+    ip: IpAddr,
+    notify: Arc<Notify>,
+}
+
+impl IdWait<'_> {
+    /// Resolves once a request session from the address was identified since the last call
+    /// (or since registration); cancel-safe (a wake that finds no waiter is kept).
+    pub(crate) async fn identified(&self) {
+        self.notify.notified().await
+    }
+
+    /// The one minion id known at the address now ([`Presence::sole_id_at`]).
+    pub(crate) fn sole_id(&self) -> Option<String> {
+        self.presence.sole_id_at(self.ip)
+    }
+}
+
+impl Drop for IdWait<'_> {
+    fn drop(&mut self) {
+        let mut w = self
+            .presence
+            .id_waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = w.get_mut(&self.ip) {
+            list.retain(|n| !Arc::ptr_eq(n, &self.notify));
+            if list.is_empty() {
+                w.remove(&self.ip);
+            }
+        }
+        self.presence.id_waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -290,7 +381,9 @@ impl Tap for RequestTap {
                     now_ms(),
                 );
                 p.sync_evicted(&t);
+                drop(t);
                 self.identified.store(true, Ordering::Release);
+                p.wake_id_waiters(self.client.ip());
             }
             Verdict::GaveUp(g) => {
                 tracing::debug!(client = %self.client, reason = g.as_str(), "presence: no minion id on this request session");
