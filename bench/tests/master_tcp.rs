@@ -147,7 +147,7 @@ fn a_tcp_master_serves_tcp_minions_and_sends_a_targeted_job_only_to_its_minion()
         // B's minions got B's rounds and the last glob, none of A's jobs (a broadcast would
         // have added 3 x (a_rounds + LIST_JOBS)).
         assert!(got(&sb) <= 3 * (b_rounds + 1), "{sb}");
-        assert!(got(&sa) >= LIST_JOBS + 1, "{sa}");
+        assert!(got(&sa) > LIST_JOBS, "{sa}");
         assert!(got(&sa) <= a_rounds + LIST_JOBS + 1, "{sa}");
         master.kill().await;
     });

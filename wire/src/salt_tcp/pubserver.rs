@@ -54,7 +54,10 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// proves, if any: the master's `presence_callback`. It may block (RSA, a key file): the server
 /// runs it on the blocking pool.
 #[derive(Clone)]
-pub struct PresenceCheck(pub Arc<dyn Fn(&[u8]) -> Option<String> + Send + Sync>);
+pub struct PresenceCheck(pub Arc<VerifyHello>);
+
+/// What a [`PresenceCheck`] runs: a hello's body in, the proved minion id out.
+pub type VerifyHello = dyn Fn(&[u8]) -> Option<String> + Send + Sync;
 
 impl PresenceCheck {
     pub fn new(f: impl Fn(&[u8]) -> Option<String> + Send + Sync + 'static) -> Self {

@@ -369,8 +369,9 @@ pub enum Targets<'a> {
     /// Every subscriber.
     All,
     /// Only these minions, where the transport can tell them apart (`tcp`: by the id each
-    /// connection announced; ZeroMQ with `zmq_filtering`: by topic). Transports that cannot
-    /// send to all, and each minion filters (Salt does the same).
+    /// connection proved, [`PresenceCheck`]; an empty list is every connection, as Salt's `if
+    /// topic_list:`). Transports that cannot send to all, and each minion filters (Salt does
+    /// the same).
     Minions(&'a [&'a str]),
 }
 
