@@ -97,6 +97,9 @@ const KNOWN_KEYS: &[&str] = &[
     "master_sign_key_name",
     "master_pubkey_signature",
     "master_use_pubkey_signature",
+    "transport",
+    "ssl",
+    "disable_aes_with_tls",
 ];
 
 /// Keys that do not change what a stock minion sees, accepted silently (common in real files).
@@ -151,6 +154,9 @@ struct RawSaltMaster {
     master_sign_key_name: Option<Sp<String>>,
     master_pubkey_signature: Option<Sp<Option<String>>>,
     master_use_pubkey_signature: Option<Sp<bool>>,
+    transport: Option<Sp<String>>,
+    ssl: Option<Sp<Option<transport_keys::RawSsl>>>,
+    disable_aes_with_tls: Option<Sp<bool>>,
 }
 
 /// MultiMaster-PKI: how the master signs its public key in `_auth` replies (Salt's
@@ -245,6 +251,8 @@ pub struct SaltMasterConfig {
     pub signing: PubkeySigning,
     /// What an unauthenticated client can make the master hold (saltgate extensions).
     pub limits: MasterLimits,
+    /// `transport`, `ssl`, `disable_aes_with_tls`.
+    pub transport: MasterTransport,
 }
 
 pub use crate::salt_master_limits::MasterLimits;
@@ -289,6 +297,7 @@ impl SaltMasterConfig {
             metrics_bind: None,
             limits: MasterLimits::default(),
             signing: PubkeySigning::default(),
+            transport: MasterTransport::default(),
         }
     }
 
@@ -723,6 +732,12 @@ pub fn parse_salt_master(
             message: "cluster_peers: ignored without cluster_id".to_string(),
         });
     }
+    let raw_transport = transport_keys::RawTransport {
+        transport: raw.transport.as_ref(),
+        ssl: raw.ssl.as_ref(),
+        disable_aes_with_tls: raw.disable_aes_with_tls.as_ref(),
+    };
+    c.transport = transport_keys::read(raw_transport, file, &mut errors, &mut warnings);
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
@@ -742,54 +757,13 @@ fn safe_name(s: &str) -> bool {
             .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '-' | '_' | '.'))
 }
 
-/// The top-level keys of a block-style YAML mapping with their 1-based lines.
-fn top_level_keys(text: &str) -> Vec<(String, u32)> {
-    let mut out = Vec::new();
-    for (no, line) in text.lines().enumerate() {
-        let Some(first) = line.chars().next() else {
-            continue;
-        };
-        if first.is_whitespace() || matches!(first, '#' | '-' | '{' | '[' | '}' | ']') {
-            continue;
-        }
-        if let Some((key, _)) = line.split_once(':') {
-            let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
-            if !key.is_empty() {
-                out.push((key.to_string(), u32::try_from(no + 1).unwrap_or(u32::MAX)));
-            }
-        }
-    }
-    out
-}
+#[path = "salt_master_yaml.rs"]
+mod yaml_text;
+use yaml_text::{serde_error, top_level_keys};
 
-fn serde_error(e: &serde_saphyr::Error, text: &str, file: Option<&Path>) -> ConfigError {
-    let (line, column) = e
-        .location()
-        .map(|l| {
-            (
-                u32::try_from(l.line()).unwrap_or(u32::MAX),
-                u32::try_from(l.column()).unwrap_or(u32::MAX),
-            )
-        })
-        .unwrap_or((0, 0));
-    let display = e.to_string();
-    let first = display.lines().next().unwrap_or("invalid YAML").trim();
-    let message = first
-        .strip_prefix("error: ")
-        .map(|rest| match rest.split_once(": ") {
-            Some((p, m)) if p.starts_with("line ") => m,
-            _ => rest,
-        })
-        .unwrap_or(first)
-        .to_string();
-    let field = crate::yaml::yaml_path_at(text, line);
-    let fix = if line == 0 {
-        "check that the file is YAML"
-    } else {
-        "write a value of the type Salt expects for this key (see docs/master.md)"
-    };
-    ConfigError::new(Position::new(file, line, column), field, message, fix)
-}
+#[path = "salt_master_transport.rs"]
+mod transport_keys;
+pub use transport_keys::MasterTransport;
 
 #[cfg(test)]
 #[path = "salt_master_tests.rs"]

@@ -17,6 +17,7 @@
 //!   [`peerproto`] — its hello and acks, and the fallback for an old peer; [`peerserve`] — the
 //!   receiving side (the peer port); [`peerwire`] — the framing all of them share;
 //! * [`signing`] — MultiMaster-PKI: `pub_sig` in `_auth` replies, `key gen-signature`;
+//! * [`presence`] — Salt's `presence_callback`: the ids `tcp` publish connections prove;
 //! * [`rotate`] — publish-key rotation (key deleted or rejected, `publish_session`);
 //! * [`metrics`] — refusals by reason, request outcomes, and the opt-in Prometheus endpoint.
 //!
@@ -38,6 +39,7 @@ pub mod peerproto;
 pub mod peerserve;
 pub mod peerwire;
 pub mod pillar;
+pub mod presence;
 pub mod publish;
 pub mod request;
 pub mod rotate;

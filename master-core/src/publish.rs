@@ -92,18 +92,41 @@ impl Publish {
         self.publisher.as_ref()
     }
 
-    /// Seals `job` and queues it on the publish port; `None` without a publisher. Serial
-    /// order and queue order are the same (see `publish_order`).
+    /// Seals `job` and queues it on the publish port for the accepted minions it `targets`;
+    /// `None` without a publisher. Serial order and queue order are the same (see
+    /// `publish_order`).
+    ///
+    /// The targets are Salt's `topic_lst` (`PubServerChannel.wrap_payload`): with glob, pcre
+    /// and list targets (all saltgate-master takes) the accepted minions that match. `tcp`
+    /// sends the publish only to their connections, and an empty list to every connection, as
+    /// Salt does; ZeroMQ sends to every subscriber either way.
     fn seal_and_publish(
         &self,
         job: &Value,
+        targets: &[String],
     ) -> Result<Option<saltgate_wire::transport::PublishReport>, saltgate_wire::rsa::RsaError> {
         let _order = lock(&self.publish_order);
         let frame = self.seal_publish(job)?;
+        let ids: Vec<&str> = targets.iter().map(String::as_str).collect();
         Ok(self
             .publisher
             .as_ref()
-            .map(|p| p.publish(bytes::Bytes::from(frame), Targets::All)))
+            .map(|p| p.publish(bytes::Bytes::from(frame), Targets::Minions(&ids))))
+    }
+
+    /// The accepted minions a job load's `tgt` and `tgt_type` match (none when they do not
+    /// parse: then every subscriber gets it, as with Salt's empty `topic_lst`).
+    fn targets_of(&self, job: &Value) -> Vec<String> {
+        let tgt = envelope::get(job, "tgt").and_then(envelope::as_str);
+        let kind = envelope::get(job, "tgt_type")
+            .and_then(envelope::as_str)
+            .and_then(TargetType::parse);
+        match (tgt, kind) {
+            (Some(tgt), Some(kind)) => Target::new(kind, tgt)
+                .map(|t| self.ring.expected_minions(&t))
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
 
     /// Encrypts and signs a job for the publish port (`{"enc":"aes","load","sig_algo","sig"}`);
@@ -150,7 +173,7 @@ impl Publish {
         }
         self.jobs.mark_published(jid, id);
         let report = self
-            .seal_and_publish(&job)
+            .seal_and_publish(&job, &expected)
             .map_err(|e| format!("cannot sign the publish: {e}"))?;
         if let Some(r) = report {
             tracing::info!(%jid, fun = %req.fun, tgt = %req.tgt, expected = expected.len(),
@@ -185,7 +208,7 @@ impl Publish {
                 tracing::warn!(%jid, error = %e, "peer job not recorded; its returns will be dropped");
             }
         }
-        match self.seal_and_publish(job) {
+        match self.seal_and_publish(job, &self.targets_of(job)) {
             Ok(Some(r)) => {
                 tracing::info!(%jid, %origin, queued = r.queued, "published for a cluster peer");
             }

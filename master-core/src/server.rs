@@ -1,4 +1,5 @@
-//! `saltgate-master run`: binds the request ROUTER, the publish PUB and the local CLI socket,
+//! `saltgate-master run`: binds the request and publish ports in the master file's `transport`
+//! (ZeroMQ's ROUTER and PUB, or Salt's `tcp`, over TLS with `ssl`) and the local CLI socket,
 //! and serves until the shutdown future resolves.
 //!
 //! Requests are handled on the blocking pool (RSA and small file reads), replies go back
@@ -13,6 +14,9 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use saltgate_config::salt_master::SaltMasterConfig;
+use saltgate_config::transport::{CertReqs, SaltTransport};
+use saltgate_wire::salt_tcp::tls::{CertReqs as TlsReqs, TlsSettings};
+use saltgate_wire::salt_tcp::tls_server::TlsServer;
 use saltgate_wire::transport::{
     AnyPublishServer, AnyReplier, Incoming, PublishServer, PublishServerOptions, Replier,
     RequestServer, RequestServerOptions, Transport,
@@ -49,6 +53,9 @@ pub enum ServeError {
     },
     #[error("cluster setup: {0}")]
     Cluster(String),
+    /// Salt's `ssl` of the master file cannot be used (the message names the key).
+    #[error("{0}")]
+    Tls(String),
     #[error("cannot bind the CLI socket {path}: {source}")]
     Socket {
         path: PathBuf,
@@ -156,8 +163,8 @@ pub async fn run(
         connections = budget.map_or("unlimited".to_string(), |b| b.to_string()),
         "request and publish ports: connection budget from the open-file limit"
     );
-    // ZeroMQ until saltgate-master reads `transport` (issue 27).
-    let transport = Transport::default();
+    let (transport, tls) = transport_of(&config)?;
+    let presence = crate::presence::LateRing::default();
     let router_opts = RequestServerOptions {
         max_payload: MAX_REQUEST_FRAME,
         untrusted_max_payload: Some(lim.untrusted_max_frame),
@@ -167,6 +174,7 @@ pub async fn run(
         payload_timeout: Some(Duration::from_secs(lim.frame_timeout_secs)),
         write_timeout: Some(Duration::from_secs(lim.write_timeout_secs)),
         queue: INBOUND_QUEUE,
+        tls: tls.clone(),
     };
     let mut router = transport
         .bind_request_server(ret_addr, &router_opts)
@@ -179,6 +187,8 @@ pub async fn run(
     let pub_opts = PublishServerOptions {
         max_connections: lim.publish_max_connections,
         shared_limit: Some(shared_limit),
+        presence: Some(presence.check()),
+        tls,
         ..PublishServerOptions::default()
     };
     let publisher = transport
@@ -222,6 +232,7 @@ pub async fn run(
     )
     .await?;
     let master = Arc::new(master);
+    presence.set(master.ring.clone());
     master.ring.keys.ensure_dirs()?;
     let bound = Bound {
         ret: router.local_addr(),
@@ -231,7 +242,8 @@ pub async fn run(
         metrics: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
     };
     tracing::info!(ret = %bound.ret, publish = %bound.publish, socket = %sock_path.display(),
-        metrics = ?bound.metrics, id = %master.config.id, "saltgate-master ready");
+        metrics = ?bound.metrics, id = %master.config.id, transport = %transport,
+        tls = master.config.transport.ssl.is_some(), "saltgate-master ready");
     on_ready(&bound);
 
     let cli_task = tokio::spawn(crate::cli::serve(
@@ -356,6 +368,38 @@ pub async fn run(
     let _ = std::fs::remove_file(&sock_path);
     tracing::info!("saltgate-master stopped");
     Ok(())
+}
+
+/// The transport of the master file, and its TLS server side (Salt's `ssl`, read once here).
+fn transport_of(config: &SaltMasterConfig) -> Result<(Transport, Option<TlsServer>), ServeError> {
+    let t = &config.transport;
+    let transport = match t.kind {
+        SaltTransport::Zeromq => Transport::Zeromq,
+        SaltTransport::Tcp => Transport::Tcp,
+        SaltTransport::Ws => {
+            return Err(ServeError::Tls(
+                "transport: ws is not supported by saltgate-master; use tcp or zeromq".into(),
+            ))
+        }
+    };
+    let tls = match &t.ssl {
+        None => None,
+        Some(ssl) => {
+            let settings = TlsSettings {
+                certfile: ssl.certfile.clone(),
+                keyfile: ssl.keyfile.clone(),
+                ca_certs: ssl.ca_certs.clone(),
+                cert_reqs: match ssl.cert_reqs {
+                    CertReqs::None => TlsReqs::None,
+                    CertReqs::Optional => TlsReqs::Optional,
+                    CertReqs::Required => TlsReqs::Required,
+                },
+                server_name: None,
+            };
+            Some(TlsServer::new(&settings).map_err(|e| ServeError::Tls(e.to_string()))?)
+        }
+    };
+    Ok((transport, tls))
 }
 
 async fn report_loop(c: Arc<RequestCounters>, router: AnyReplier) {

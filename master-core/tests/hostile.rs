@@ -262,3 +262,56 @@ async fn the_request_port_serves_at_most_its_max_connections() {
     drop(b);
     m.stop().await;
 }
+
+/// Issue 27: the same limits hold on `transport: tcp` (Salt's `{head, body}` msgpack stream, no
+/// length prefix), and its cuts are counted under the same reasons: a message announcing 60 MiB
+/// before the connection is trusted, a request trickled past `saltgate_frame_timeout`, and bytes
+/// that are not Salt's framing (a ZeroMQ minion's greeting, counted as `zmtp_protocol`).
+#[tokio::test]
+async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_counted() {
+    let (m, _dir) =
+        master("transport: tcp\nsaltgate_untrusted_max_frame: 65536\nsaltgate_frame_timeout: 1\n")
+            .await;
+    let addr = m.bound.ret;
+    // A clear ping over tcp is answered (the port speaks tcp).
+    let mut c = saltgate_wire::transport::Transport::Tcp
+        .request_client(addr, &Default::default())
+        .unwrap();
+    let reply = saltgate_wire::transport::RequestClient::send(
+        &mut c,
+        Bytes::from(ping(16)),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let v = envelope::decode(&reply).unwrap();
+    assert!(envelope::get(&v, "pad").is_some(), "a small ping is echoed");
+
+    let mut big = saltgate_wire::salt_tcp::request_frame("m", Value::Nil);
+    big.pop();
+    big.extend_from_slice(&[0xc6, 0x03, 0xc0, 0, 0]);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&big).await.unwrap();
+    assert_eq!(counted(&m, "request/oversized").await, 1);
+
+    let frame = saltgate_wire::salt_tcp::request_frame("m", envelope::decode(&ping(300)).unwrap());
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        for b in frame {
+            if s.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert_eq!(counted(&m, "request/frame_timeout").await, 1);
+    trickle.abort();
+
+    let mut z = TcpStream::connect(addr).await.unwrap();
+    z.write_all(&saltgate_wire::zmtp::Greeting::ours(false).encode())
+        .await
+        .unwrap();
+    // The label keeps its ZeroMQ-era name on tcp (docs/master.md, Metrics).
+    assert_eq!(counted(&m, "request/zmtp_protocol").await, 1);
+    m.stop().await;
+}

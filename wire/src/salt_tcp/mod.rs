@@ -10,14 +10,21 @@
 //! * [`encode_message`] / [`request_frame`] — the frames Salt's client sends.
 //! * [`client`] / [`subscriber`] — the seam's request and publish clients for `transport: tcp`
 //!   ([`crate::transport`]), TLS included.
+//! * [`server`] / [`pubserver`] — the seam's request and publish servers (saltgate-master on
+//!   `transport: tcp`), on the raw framing of [`frame_raw`]; TLS from [`tls_server`].
 //! * [`probe`] — the Salt-aware health probes for `tcp` and `ws` (clear `ping`), TLS included
 //!   (feature `tls`, module [`tls`]).
 
 pub mod client;
+pub mod frame_raw;
 pub mod probe;
+pub mod pubserver;
+pub mod server;
 pub mod subscriber;
 #[cfg(feature = "tls")]
 pub mod tls;
+#[cfg(feature = "tls")]
+pub mod tls_server;
 
 use thiserror::Error;
 

@@ -63,7 +63,10 @@ pub enum TlsError {
     Config(String),
 }
 
-fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn certs(
+    key: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs: Vec<_> = CertificateDer::pem_file_iter(path)
         .map_err(|e| TlsError::Read {
             key,

@@ -18,6 +18,8 @@ use super::{
 };
 use crate::envelope::{Reply, RequestEnvelope};
 use crate::salt_tcp::client::TcpRequestClient;
+use crate::salt_tcp::pubserver::TcpPublisher;
+use crate::salt_tcp::server::{TcpReplier, TcpRequestServer};
 use crate::salt_tcp::subscriber::TcpSubscriber;
 
 /// A [`RequestClient`] of any transport.
@@ -29,17 +31,20 @@ pub enum AnyRequestClient {
 /// A [`RequestServer`] of any transport.
 pub enum AnyRequestServer {
     Zeromq(zeromq::Router),
+    Tcp(TcpRequestServer),
 }
 
 /// A [`Replier`] of any transport.
 #[derive(Clone)]
 pub enum AnyReplier {
     Zeromq(zeromq::RouterSender),
+    Tcp(TcpReplier),
 }
 
 /// A [`PublishServer`] of any transport.
 pub enum AnyPublishServer {
     Zeromq(zeromq::Publisher),
+    Tcp(TcpPublisher),
 }
 
 /// A [`PublishClient`] of any transport.
@@ -55,6 +60,14 @@ pub enum AnyPeeker {
 
 fn not_yet(t: Transport) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::Unsupported, t.unsupported())
+}
+
+#[cfg(feature = "tls")]
+fn tls_unsupported() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        TransportError::TlsUnsupported(Transport::Zeromq),
+    )
 }
 
 impl Transport {
@@ -88,8 +101,17 @@ impl Transport {
         opts: &RequestServerOptions,
     ) -> std::io::Result<AnyRequestServer> {
         match self {
-            Transport::Zeromq => Ok(AnyRequestServer::Zeromq(
-                zeromq::Router::bind(addr, opts.into()).await?,
+            Transport::Zeromq => {
+                #[cfg(feature = "tls")]
+                if opts.tls.is_some() {
+                    return Err(tls_unsupported());
+                }
+                Ok(AnyRequestServer::Zeromq(
+                    zeromq::Router::bind(addr, opts.into()).await?,
+                ))
+            }
+            Transport::Tcp => Ok(AnyRequestServer::Tcp(
+                TcpRequestServer::bind(addr, opts).await?,
             )),
             t => Err(not_yet(t)),
         }
@@ -102,9 +124,16 @@ impl Transport {
         opts: &PublishServerOptions,
     ) -> std::io::Result<AnyPublishServer> {
         match self {
-            Transport::Zeromq => Ok(AnyPublishServer::Zeromq(
-                zeromq::Publisher::bind(addr, opts.into()).await?,
-            )),
+            Transport::Zeromq => {
+                #[cfg(feature = "tls")]
+                if opts.tls.is_some() {
+                    return Err(tls_unsupported());
+                }
+                Ok(AnyPublishServer::Zeromq(
+                    zeromq::Publisher::bind(addr, opts.into()).await?,
+                ))
+            }
+            Transport::Tcp => Ok(AnyPublishServer::Tcp(TcpPublisher::bind(addr, opts).await?)),
             t => Err(not_yet(t)),
         }
     }
@@ -160,24 +189,28 @@ impl RequestServer for AnyRequestServer {
     fn local_addr(&self) -> SocketAddr {
         match self {
             AnyRequestServer::Zeromq(s) => RequestServer::local_addr(s),
+            AnyRequestServer::Tcp(s) => RequestServer::local_addr(s),
         }
     }
 
     async fn recv(&mut self) -> Option<Incoming> {
         match self {
             AnyRequestServer::Zeromq(s) => RequestServer::recv(s).await,
+            AnyRequestServer::Tcp(s) => RequestServer::recv(s).await,
         }
     }
 
     fn replier(&self) -> AnyReplier {
         match self {
             AnyRequestServer::Zeromq(s) => AnyReplier::Zeromq(s.replier()),
+            AnyRequestServer::Tcp(s) => AnyReplier::Tcp(s.replier()),
         }
     }
 
     fn refusals(&self) -> Arc<ProtocolRefusals> {
         match self {
             AnyRequestServer::Zeromq(s) => RequestServer::refusals(s),
+            AnyRequestServer::Tcp(s) => RequestServer::refusals(s),
         }
     }
 }
@@ -186,30 +219,35 @@ impl Replier for AnyReplier {
     async fn reply(&self, to: &ReplyTo, payload: Bytes) -> Result<(), ReplyError> {
         match self {
             AnyReplier::Zeromq(s) => Replier::reply(s, to, payload).await,
+            AnyReplier::Tcp(s) => Replier::reply(s, to, payload).await,
         }
     }
 
     fn trust(&self, to: &ReplyTo) {
         match self {
             AnyReplier::Zeromq(s) => Replier::trust(s, to),
+            AnyReplier::Tcp(s) => Replier::trust(s, to),
         }
     }
 
     fn is_connected(&self, to: &ReplyTo) -> bool {
         match self {
             AnyReplier::Zeromq(s) => Replier::is_connected(s, to),
+            AnyReplier::Tcp(s) => Replier::is_connected(s, to),
         }
     }
 
     fn paused_inbound(&self) -> u64 {
         match self {
             AnyReplier::Zeromq(s) => Replier::paused_inbound(s),
+            AnyReplier::Tcp(s) => Replier::paused_inbound(s),
         }
     }
 
     fn peer_count(&self) -> usize {
         match self {
             AnyReplier::Zeromq(s) => Replier::peer_count(s),
+            AnyReplier::Tcp(s) => Replier::peer_count(s),
         }
     }
 }
@@ -218,30 +256,35 @@ impl PublishServer for AnyPublishServer {
     fn local_addr(&self) -> SocketAddr {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::local_addr(s),
+            AnyPublishServer::Tcp(s) => PublishServer::local_addr(s),
         }
     }
 
     fn publish(&self, payload: Bytes, targets: Targets<'_>) -> PublishReport {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::publish(s, payload, targets),
+            AnyPublishServer::Tcp(s) => PublishServer::publish(s, payload, targets),
         }
     }
 
     fn subscriber_count(&self) -> usize {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::subscriber_count(s),
+            AnyPublishServer::Tcp(s) => PublishServer::subscriber_count(s),
         }
     }
 
     fn dropped_total(&self) -> u64 {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::dropped_total(s),
+            AnyPublishServer::Tcp(s) => PublishServer::dropped_total(s),
         }
     }
 
     fn refusals(&self) -> Arc<ProtocolRefusals> {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::refusals(s),
+            AnyPublishServer::Tcp(s) => PublishServer::refusals(s),
         }
     }
 }

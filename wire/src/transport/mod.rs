@@ -17,8 +17,10 @@
 //! | (none; saltgate's) | [`Peek`]: the minion id of a request stream | [`crate::sniff`] |
 //!
 //! `tcp` has its clients ([`crate::salt_tcp::client::TcpRequestClient`],
-//! [`crate::salt_tcp::subscriber::TcpSubscriber`], TLS through the options' `tls`, feature `tls`);
-//! its servers, probes through the seam and peek are still to come (they fail with
+//! [`crate::salt_tcp::subscriber::TcpSubscriber`]) and servers
+//! ([`crate::salt_tcp::server::TcpRequestServer`], [`crate::salt_tcp::pubserver::TcpPublisher`],
+//! whose targeted publishes need the master's [`PresenceCheck`]), TLS through the options' `tls`
+//! (feature `tls`); its probes through the seam and peek are still to come (they fail with
 //! [`TransportError::NotImplemented`]). `ws` has none yet.
 //!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
@@ -78,6 +80,9 @@ pub use crate::zmtp::ProtocolRefusals;
 pub use crate::zmtp::PublishReport;
 /// How a client re-dials (Salt's `recon_default`, `recon_max`, `recon_randomize`).
 pub use crate::zmtp::ReconnectPolicy;
+
+/// The master's `presence_callback` for the `tcp` publish server.
+pub use crate::salt_tcp::pubserver::PresenceCheck;
 
 pub use any::{
     AnyPeeker, AnyPublishClient, AnyPublishServer, AnyReplier, AnyRequestClient, AnyRequestServer,
@@ -230,6 +235,9 @@ pub struct RequestServerOptions {
     /// Requests received and not yet taken by [`RequestServer::recv`]; beyond it peers are not
     /// read (backpressure, nothing dropped).
     pub queue: usize,
+    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
 
 impl Default for RequestServerOptions {
@@ -244,6 +252,8 @@ impl Default for RequestServerOptions {
             payload_timeout: z.frame_timeout,
             write_timeout: z.write_timeout,
             queue: z.queue,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -251,8 +261,10 @@ impl Default for RequestServerOptions {
 /// Where a reply goes: the connection a request came on (and, for `tcp`, its message id).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReplyTo {
-    /// ZeroMQ: the ROUTER's routing id of the peer.
+    /// ZeroMQ: the ROUTER's routing id of the peer; `tcp`: the connection's number.
     pub(crate) peer: Bytes,
+    /// `tcp`: the request's `head` as it came (msgpack), echoed by the reply; else empty.
+    pub(crate) head: Bytes,
 }
 
 /// A request as the server received it.
@@ -326,6 +338,13 @@ pub struct PublishServerOptions {
     /// A connection budget shared with other servers (the request and publish ports together).
     pub shared_limit: Option<Arc<ConnectionLimit>>,
     pub keepalive: Option<Keepalive>,
+    /// Reads a subscriber's hello into the minion id it proves (`tcp`: Salt's
+    /// `presence_callback`, which targeted publishes need); `None`: no subscriber is tagged, and
+    /// a targeted publish reaches none (ZeroMQ ignores it).
+    pub presence: Option<PresenceCheck>,
+    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    #[cfg(feature = "tls")]
+    pub tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
 
 impl Default for PublishServerOptions {
@@ -337,6 +356,9 @@ impl Default for PublishServerOptions {
             max_connections: z.max_connections,
             shared_limit: z.shared_limit,
             keepalive: z.keepalive,
+            presence: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -347,8 +369,9 @@ pub enum Targets<'a> {
     /// Every subscriber.
     All,
     /// Only these minions, where the transport can tell them apart (`tcp`: by the id each
-    /// connection announced; ZeroMQ with `zmq_filtering`: by topic). Transports that cannot
-    /// send to all, and each minion filters (Salt does the same).
+    /// connection proved, [`PresenceCheck`]; an empty list is every connection, as Salt's `if
+    /// topic_list:`). Transports that cannot send to all, and each minion filters (Salt does
+    /// the same).
     Minions(&'a [&'a str]),
 }
 

@@ -129,7 +129,10 @@ pub(crate) fn incoming(msg: RouterMessage) -> Incoming {
     }
     let payload = frames.pop().unwrap_or_default();
     Incoming::Request(Request {
-        reply_to: ReplyTo { peer: msg.peer },
+        reply_to: ReplyTo {
+            peer: msg.peer,
+            head: Bytes::new(),
+        },
         payload,
         received: msg.received,
     })

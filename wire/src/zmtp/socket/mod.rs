@@ -143,6 +143,32 @@ impl ProtocolRefusals {
         }
     }
 
+    /// Counts a cut made by a server of another transport (Salt's `tcp`) under `class`, and
+    /// logs it as the ZMTP sockets' cuts are (a warning per 10 s, the rest at debug).
+    pub(crate) fn note_cut(
+        &self,
+        peer: SocketAddr,
+        what: &str,
+        class: Cut,
+        detail: &dyn std::fmt::Display,
+    ) {
+        let counter = match class {
+            Cut::Oversized => &self.oversized,
+            Cut::Malformed => &self.malformed,
+            Cut::Slow => &self.slow,
+            Cut::Stalled => &self.stalled,
+            Cut::Handshake => &self.handshake_timeout,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if self.may_warn() {
+            tracing::warn!(%peer, error = %detail, oversized = self.oversized(),
+                malformed = self.malformed(),
+                "{what} cut: it broke the protocol or a limit (one warning per 10 s, all counted)");
+        } else {
+            tracing::debug!(%peer, error = %detail, "{what} cut: it broke the protocol or a limit");
+        }
+    }
+
     fn warn_throttled(&self, peer: SocketAddr, what: &str, e: &ZmtpError) {
         if self.may_warn() {
             tracing::warn!(%peer, error = %e, oversized = self.oversized(),
@@ -152,6 +178,21 @@ impl ProtocolRefusals {
             tracing::debug!(%peer, error = %e, "{what} cut: it broke the protocol or a limit");
         }
     }
+}
+
+/// The classes of [`ProtocolRefusals`], for servers that are not ZMTP's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// A message over the size limit.
+    Oversized,
+    /// Not the transport's framing (or a failed TLS handshake).
+    Malformed,
+    /// A message not completed within its deadline.
+    Slow,
+    /// A write that made no progress within its deadline.
+    Stalled,
+    /// A handshake (TLS) or first message not completed within its deadline.
+    Handshake,
 }
 
 #[cfg(test)]
