@@ -10,10 +10,12 @@
 //! * [`encode_message`] / [`request_frame`] — the frames Salt's client sends.
 //! * [`client`] / [`subscriber`] — the seam's request and publish clients for `transport: tcp`
 //!   ([`crate::transport`]), TLS included.
+//! * [`peek`] — presence: the minion id of a request stream (a clear `_auth`, an `aes` envelope).
 //! * [`probe`] — the Salt-aware health probes for `tcp` and `ws` (clear `ping`), TLS included
 //!   (feature `tls`, module [`tls`]).
 
 pub mod client;
+pub mod peek;
 pub mod probe;
 pub mod subscriber;
 #[cfg(feature = "tls")]
