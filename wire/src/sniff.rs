@@ -297,7 +297,7 @@ pub(crate) fn examine_envelope(v: &Value) -> Option<Verdict> {
     }
     let (id, source) = match envelope::get(v, "enc").and_then(envelope::as_bytes) {
         Some(b"clear") => {
-            let load = envelope::get(&v, "load")?;
+            let load = envelope::get(v, "load")?;
             if envelope::get(load, "cmd").and_then(envelope::as_bytes) != Some(b"_auth") {
                 return None;
             }
