@@ -99,9 +99,14 @@ pub(crate) fn conflicts(cfg: &Config) -> Vec<(String, String, String)> {
     if t != SaltTransport::Zeromq {
         let name = t.as_str();
         if cfg.publish.mode == ListenerMode::Fanout {
+            let why = match (t, cfg.global.ssl.is_some()) {
+                (_, true) => format!("under TLS (`ssl`) the publish stream is encrypted end to end between each minion and its master: a hub in the middle would have to end TLS with the masters' keys (`transport: {name}`)"),
+                (SaltTransport::Tcp, false) => "Salt's tcp publish server sends a targeted job only to the connections whose minion proved its id (`id` and `tok`, per connection): a hub's one connection per master would never receive the jobs aimed at the minions behind it".to_string(),
+                _ => "Salt's ws publish server sends every job to every client, so a plain-ws hub could work, but the hub speaks ZMTP only: not built".to_string(),
+            };
             out.push((
                 "listeners.publish.mode".into(),
-                format!("fan-out speaks ZMTP to the minions; it cannot serve `transport: {name}` (Salt's {name} publish server sends targeted jobs only to the matching minions by id, per connection, and TLS ends at the master; docs/fanout.md)"),
+                format!("{why} (docs/fanout.md, \"Not on Salt's tcp or ws transports\")"),
                 "use mode: l4 on the publish listener, or transport: zeromq".into(),
             ));
         }
@@ -421,5 +426,25 @@ listeners:
         c.health.probe = crate::Probe::Zmtp;
         let e = super::set_transport(&mut c, SaltTransport::Ws, None);
         assert!(e.iter().any(|e| e.0 == "health.probe"), "{e:?}");
+    }
+
+    #[test]
+    fn fanout_is_refused_with_the_reason_of_each_transport() {
+        let fanout = BASE.replace(
+            "    bind: 127.0.0.1:4505\n",
+            "    bind: 127.0.0.1:4505\n    mode: fanout\n",
+        );
+        let field = "listeners.publish.mode";
+        for (extra, reason) in [
+            ("transport: tcp\n", "proved its id"),
+            ("transport: ws\n", "not built"),
+            ("transport: ws\nssl: {cert_reqs: CERT_NONE}\n", "end TLS"),
+            ("transport: tcp\nssl: {cert_reqs: CERT_NONE}\n", "end TLS"),
+        ] {
+            let e = parse_yaml(&format!("{fanout}{extra}"), None).unwrap_err().0;
+            let f = e.iter().find(|e| e.field == field).expect("refused");
+            assert!(f.message.contains(reason), "{extra}: {f:?}");
+            assert!(f.fix.contains("mode: l4"), "{f:?}");
+        }
     }
 }

@@ -18,8 +18,9 @@
 //!
 //! `tcp` has its clients ([`crate::salt_tcp::client::TcpRequestClient`],
 //! [`crate::salt_tcp::subscriber::TcpSubscriber`], TLS through the options' `tls`, feature `tls`);
-//! its servers, probes through the seam and peek are still to come (they fail with
-//! [`TransportError::NotImplemented`]). `ws` has none yet.
+//! its presence peek ([`crate::salt_tcp::peek::TcpPeek`], [`Transport::peeker`]); its servers and
+//! probes through the seam are still to come (they fail with [`TransportError::NotImplemented`]).
+//! `ws` has none yet.
 //!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
 //! the framing around them is the transport's. Users pick an implementation at run time with
