@@ -28,6 +28,7 @@ mod yaml_policy;
 mod yaml_presence;
 mod yaml_queue;
 mod yaml_replay;
+mod yaml_ssl;
 mod yaml_syntax;
 mod yaml_transport;
 mod yaml_tree;

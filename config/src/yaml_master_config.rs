@@ -130,7 +130,7 @@ pub(crate) fn read(c: &mut Checker<'_>, discovery: Option<&Node>) -> Option<Mast
             }
         }
         if let Some(s) = key(&root, "ssl") {
-            out.ssl = crate::yaml_transport::ssl_dict(&mut mc, s);
+            out.ssl = crate::yaml_ssl::ssl_dict(&mut mc, s);
             out.want_client_cert = out.ssl.is_some()
                 && !key(s, "cert_reqs")
                     .and_then(Node::scalar_text)

@@ -1,13 +1,13 @@
-//! Reading `transport:` and `ssl:` ([`crate::transport`] holds their model), and the
-//! combinations with them that cannot work ([`conflicts`]). Kept out of `yaml.rs` (near its size
+//! Reading `transport:` and `ssl:` ([`crate::transport`] holds their model; the `ssl` value is
+//! read by `yaml_ssl.rs`, the masters' file by `yaml_master_config.rs`), and the combinations
+//! with them that cannot work ([`conflicts`]). Kept out of `yaml.rs` (near its size
 //! limit); called from [`crate::yaml::parse_yaml`].
 
 use std::path::PathBuf;
 
 use crate::model::{Config, ListenerMode, OnMasterDown, Probe};
-use crate::transport::{CertReqs, SaltTransport, SslConfig, CERT_REQS, SSL_KEYS, TRANSPORTS};
-use crate::yaml_tree::{Kind, Node};
-use crate::yaml_values::{join, Checker, Fields};
+use crate::transport::{SaltTransport, SslConfig, TRANSPORTS};
+use crate::yaml_values::{Checker, Fields};
 
 /// Reads `transport:` and `ssl:` from the top level, and from the masters' configuration when
 /// `discovery.master_config` names it ([`crate::yaml_master_config`]).
@@ -29,7 +29,7 @@ pub(crate) fn parse(c: &mut Checker<'_>, top: &Fields<'_>) -> (SaltTransport, Op
             }
         }
     }
-    let own_ssl = top.get("ssl").map(|n| (ssl_dict(c, n), n));
+    let own_ssl = top.get("ssl").map(|n| (crate::yaml_ssl::ssl_dict(c, n), n));
     match crate::yaml_master_config::read(c, top.get("discovery")) {
         Some(m) => crate::yaml_master_config::combine(c, own_transport, own_ssl, &m),
         None => (
@@ -37,58 +37,6 @@ pub(crate) fn parse(c: &mut Checker<'_>, top: &Fields<'_>) -> (SaltTransport, Op
             own_ssl.and_then(|(s, _)| s),
         ),
     }
-}
-
-/// Salt's `ssl` value: a dict of its keys, `true` (`{}`), `false` or null (off).
-pub(crate) fn ssl_dict(c: &mut Checker<'_>, n: &Node) -> Option<SslConfig> {
-    match &n.kind {
-        Kind::Null => return None,
-        // Salt: `ssl: True` is `{}` (verify with the defaults), `False` is off.
-        Kind::Bool(b) => return b.then(SslConfig::default),
-        _ => {}
-    }
-    let f = c.fields(Some(n), "ssl", SSL_KEYS);
-    let mut out = SslConfig::default();
-    let path = |c: &mut Checker<'_>, key: &str| {
-        f.get(key).and_then(|v| {
-            c.text(v, &join("ssl", key), "the path of a PEM file")
-                .map(PathBuf::from)
-        })
-    };
-    out.certfile = path(c, "certfile");
-    out.keyfile = path(c, "keyfile");
-    out.ca_certs = path(c, "ca_certs");
-    if let Some(v) = f.get("server_name") {
-        out.server_name = c.text(
-            v,
-            "ssl.server_name",
-            "the name in the masters' certificates",
-        );
-    }
-    if let Some(v) = f.get("cert_reqs") {
-        if let Some(t) = c.text(v, "ssl.cert_reqs", "CERT_REQUIRED") {
-            match CertReqs::parse(&t) {
-                Some(r) => out.cert_reqs = r,
-                None => c.err(
-                    v,
-                    "ssl.cert_reqs",
-                    format!("unknown cert_reqs {t:?}"),
-                    format!("use one of {}", CERT_REQS.join(", ")),
-                ),
-            }
-        }
-    }
-    if out.keyfile.is_some() && out.certfile.is_none() {
-        if let Some(v) = f.get("keyfile") {
-            c.err(
-                v,
-                "ssl.keyfile",
-                "a keyfile without a certfile",
-                "add ssl.certfile (the client certificate of that key), or remove ssl.keyfile",
-            );
-        }
-    }
-    Some(out)
 }
 
 /// The combinations that cannot work with `transport` / `ssl`: `(field, problem, fix)`.
