@@ -153,6 +153,8 @@ fn write_all(o: &mut String, c: &Config, source: &str) -> std::fmt::Result {
         }
     }
     writeln!(o)?;
+    crate::yaml_transport::emit(o, c)?;
+    writeln!(o)?;
     crate::yaml_presence::emit(o, &c.presence)
 }
 

@@ -23,10 +23,12 @@ pub mod yaml;
 mod yaml_auth_limit;
 mod yaml_fanout;
 mod yaml_health;
+mod yaml_master_config;
 mod yaml_policy;
 mod yaml_presence;
 mod yaml_queue;
 mod yaml_replay;
+mod yaml_ssl;
 mod yaml_syntax;
 mod yaml_transport;
 mod yaml_tree;
@@ -37,6 +39,8 @@ use std::path::Path;
 pub use error::{ConfigError, ConfigErrors, ConfigWarning, Position};
 pub use model::*;
 pub use presence::PresenceConfig;
+/// `transport` and `ssl` set from outside a file (`saltgate import-haproxy --transport`).
+pub use yaml_transport::set_transport;
 
 /// A loaded configuration and what the operator should be told about it.
 #[derive(Debug, Clone)]

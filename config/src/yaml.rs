@@ -414,10 +414,7 @@ pub fn parse_yaml(text: &str, file: Option<&Path>) -> Result<Config, ConfigError
         discovery,
         presence,
     };
-    let presence_written = top
-        .get("presence")
-        .is_some_and(|p| node_at(p, "enabled").is_some());
-    let transport_conflicts = crate::yaml_transport::conflicts(&config, presence_written);
+    let transport_conflicts = crate::yaml_transport::conflicts(&config);
     for (field, message, fix) in config
         .address_conflicts()
         .into_iter()

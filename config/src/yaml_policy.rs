@@ -12,6 +12,8 @@ use crate::yaml_values::{join, Checker, Fields};
 const REBALANCE_KEYS: &[&str] = &["enabled", "tolerance", "rate", "delay"];
 const DISCOVERY_KEYS: &[&str] = &[
     "cluster_pki_dir",
+    // Read by yaml_master_config (the masters' `transport` and `ssl`).
+    "master_config",
     "interval",
     "publish_port",
     "request_port",

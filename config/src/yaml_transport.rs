@@ -1,21 +1,22 @@
-//! Reading `transport:` and `ssl:` ([`crate::transport`] holds their model), and the
-//! combinations with them that cannot work ([`conflicts`]). Kept out of `yaml.rs` (near its size
+//! Reading `transport:` and `ssl:` ([`crate::transport`] holds their model; the `ssl` value is
+//! read by `yaml_ssl.rs`, the masters' file by `yaml_master_config.rs`), and the combinations
+//! with them that cannot work ([`conflicts`]). Kept out of `yaml.rs` (near its size
 //! limit); called from [`crate::yaml::parse_yaml`].
 
 use std::path::PathBuf;
 
 use crate::model::{Config, ListenerMode, OnMasterDown, Probe};
-use crate::transport::{CertReqs, SaltTransport, SslConfig, CERT_REQS, SSL_KEYS, TRANSPORTS};
-use crate::yaml_tree::{Kind, Node};
-use crate::yaml_values::{join, Checker, Fields};
+use crate::transport::{SaltTransport, SslConfig, TRANSPORTS};
+use crate::yaml_values::{Checker, Fields};
 
-/// Reads `transport:` and `ssl:` from the top level.
+/// Reads `transport:` and `ssl:` from the top level, and from the masters' configuration when
+/// `discovery.master_config` names it ([`crate::yaml_master_config`]).
 pub(crate) fn parse(c: &mut Checker<'_>, top: &Fields<'_>) -> (SaltTransport, Option<SslConfig>) {
-    let mut transport = SaltTransport::default();
+    let mut own_transport = None;
     if let Some(n) = top.get("transport") {
         if let Some(t) = c.text(n, "transport", "zeromq, tcp or ws") {
             match SaltTransport::parse(&t) {
-                Some(x) => transport = x,
+                Some(x) => own_transport = Some((x, n)),
                 None => c.err(
                     n,
                     "transport",
@@ -28,80 +29,52 @@ pub(crate) fn parse(c: &mut Checker<'_>, top: &Fields<'_>) -> (SaltTransport, Op
             }
         }
     }
-    let ssl = top.get("ssl").and_then(|n| ssl(c, n));
-    (transport, ssl)
+    let own_ssl = top.get("ssl").map(|n| (crate::yaml_ssl::ssl_dict(c, n), n));
+    match crate::yaml_master_config::read(c, top.get("discovery")) {
+        Some(m) => crate::yaml_master_config::combine(c, own_transport, own_ssl, &m),
+        None => (
+            own_transport.map(|(t, _)| t).unwrap_or_default(),
+            own_ssl.and_then(|(s, _)| s),
+        ),
+    }
 }
 
-fn ssl(c: &mut Checker<'_>, n: &Node) -> Option<SslConfig> {
-    match &n.kind {
-        Kind::Null => return None,
-        // Salt: `ssl: True` is `{}` (verify with the defaults), `False` is off.
-        Kind::Bool(b) => return b.then(SslConfig::default),
-        _ => {}
-    }
-    let f = c.fields(Some(n), "ssl", SSL_KEYS);
-    let mut out = SslConfig::default();
-    let path = |c: &mut Checker<'_>, key: &str| {
-        f.get(key).and_then(|v| {
-            c.text(v, &join("ssl", key), "the path of a PEM file")
-                .map(PathBuf::from)
-        })
-    };
-    out.certfile = path(c, "certfile");
-    out.keyfile = path(c, "keyfile");
-    out.ca_certs = path(c, "ca_certs");
-    if let Some(v) = f.get("server_name") {
-        out.server_name = c.text(
-            v,
-            "ssl.server_name",
-            "the name in the masters' certificates",
-        );
-    }
-    if let Some(v) = f.get("cert_reqs") {
-        if let Some(t) = c.text(v, "ssl.cert_reqs", "CERT_REQUIRED") {
-            match CertReqs::parse(&t) {
-                Some(r) => out.cert_reqs = r,
-                None => c.err(
-                    v,
-                    "ssl.cert_reqs",
-                    format!("unknown cert_reqs {t:?}"),
-                    format!("use one of {}", CERT_REQS.join(", ")),
-                ),
-            }
-        }
-    }
-    if out.keyfile.is_some() && out.certfile.is_none() {
-        if let Some(v) = f.get("keyfile") {
-            c.err(
-                v,
-                "ssl.keyfile",
-                "a keyfile without a certfile",
-                "add ssl.certfile (the client certificate of that key), or remove ssl.keyfile",
-            );
-        }
-    }
-    Some(out)
-}
-
-/// The combinations that cannot work with `transport` / `ssl`: `(field, problem, fix)`. `written`
-/// tells whether a key was written in the file (`presence.enabled`, `health.probe`).
-pub(crate) fn conflicts(cfg: &Config, presence_written: bool) -> Vec<(String, String, String)> {
+/// The combinations that cannot work with `transport` / `ssl`: `(field, problem, fix)`.
+/// (Presence is not one: under TLS and on `ws` it is by address only, docs/presence.md.)
+pub(crate) fn conflicts(cfg: &Config) -> Vec<(String, String, String)> {
     let t = cfg.global.transport;
     let mut out = Vec::new();
     if t != SaltTransport::Zeromq {
         let name = t.as_str();
         if cfg.publish.mode == ListenerMode::Fanout {
+            let why = match (t, cfg.global.ssl.is_some()) {
+                (_, true) => format!("under TLS (`ssl`) the publish stream is encrypted end to end between each minion and its master: a hub in the middle would have to end TLS with the masters' keys (`transport: {name}`)"),
+                (SaltTransport::Tcp, false) => "Salt's tcp publish server sends a targeted job only to the connections whose minion proved its id (`id` and `tok`, per connection): a hub's one connection per master would never receive the jobs aimed at the minions behind it".to_string(),
+                _ => "Salt's ws publish server sends every job to every client, so a plain-ws hub could work, but the hub speaks ZMTP only: not built".to_string(),
+            };
             out.push((
                 "listeners.publish.mode".into(),
-                format!("fan-out speaks ZMTP to the minions; it cannot serve `transport: {name}` (Salt's {name} publish server sends targeted jobs only to the matching minions by id, per connection, and TLS ends at the master; docs/fanout.md)"),
+                format!("{why} (docs/fanout.md, \"Not on Salt's tcp or ws transports\")"),
                 "use mode: l4 on the publish listener, or transport: zeromq".into(),
             ));
         }
         if cfg.request.on_master_down == OnMasterDown::Migrate {
+            let why = if cfg.global.ssl.is_some() {
+                format!("under TLS (`ssl`) the request stream is encrypted end to end between the minion and its master: saltgate can neither see which request is unanswered nor re-send it to another master over a TLS session of its own (`transport: {name}`)")
+            } else {
+                format!("request continuity follows and replays ZeroMQ REQ messages; on plain `transport: {name}` a replay would be safe (Salt's own client re-sends a request after a timeout) but is not built: docs/configuration.md, \"Salt's tcp and ws transports\"")
+            };
             out.push((
                 "listeners.request.on_master_down".into(),
-                format!("request continuity replays ZMTP requests; it does not support `transport: {name}` yet"),
+                why,
                 "use on_master_down: close (or keep), or transport: zeromq".into(),
+            ));
+        }
+        if cfg.request.auth_limit.is_some() {
+            out.push((
+                "listeners.request.auth_limit".into(),
+                format!("the `_auth` limit holds ZeroMQ REQ messages to pace them; it cannot read `transport: {name}` requests{}", if cfg.global.ssl.is_some() { " (encrypted under TLS)" } else { "" }),
+                "remove listeners.request.auth_limit, or use transport: zeromq".into(),
             ));
         }
         let zmtp = |h: &crate::HealthSettings| h.probe == Probe::Zmtp;
@@ -122,23 +95,72 @@ pub(crate) fn conflicts(cfg: &Config, presence_written: bool) -> Vec<(String, St
             }
         }
     }
-    if cfg.global.ssl.is_some() {
-        if t == SaltTransport::Zeromq {
+    if cfg.global.ssl.is_some() && t == SaltTransport::Zeromq {
+        out.push((
+            "ssl".into(),
+            "Salt's `ssl` applies to the tcp and ws transports only".into(),
+            "set transport: tcp or ws (the masters' own), or remove ssl".into(),
+        ));
+    }
+    out
+}
+
+/// Puts `transport` and `ssl` into a configuration read from elsewhere (`saltgate
+/// import-haproxy --transport`: HAProxy has no such keys), then checks what cannot work with them
+/// as a YAML file's are checked: `(field, problem, fix)` each; empty when it can.
+pub fn set_transport(
+    cfg: &mut Config,
+    transport: SaltTransport,
+    ssl: Option<SslConfig>,
+) -> Vec<(String, String, String)> {
+    cfg.global.transport = transport;
+    cfg.global.ssl = ssl;
+    let mut out = Vec::new();
+    if let Some(s) = &cfg.global.ssl {
+        if s.keyfile.is_some() && s.certfile.is_none() {
             out.push((
-                "ssl".into(),
-                "Salt's `ssl` applies to the tcp and ws transports only".into(),
-                "set transport: tcp or ws (the masters' own), or remove ssl".into(),
-            ));
-        }
-        if cfg.presence.enabled && presence_written {
-            out.push((
-                "presence.enabled".into(),
-                "under TLS the request connection is encrypted end to end: saltgate cannot read the minion ids (presence is by address only)".into(),
-                "remove presence.enabled or set it to false".into(),
+                "ssl.keyfile".into(),
+                "a keyfile without a certfile".into(),
+                "add ssl.certfile (the client certificate of that key), or remove ssl.keyfile"
+                    .into(),
             ));
         }
     }
+    out.extend(conflicts(cfg));
     out
+}
+
+/// Writes `transport:` and `ssl:` back as YAML (`saltgate import-haproxy`), commented.
+pub(crate) fn emit(o: &mut String, c: &Config) -> std::fmt::Result {
+    use std::fmt::Write;
+    writeln!(
+        o,
+        "# Salt's transport of the masters (their own `transport`): zeromq (default), tcp or ws."
+    )?;
+    if c.global.transport == SaltTransport::Zeromq && c.global.ssl.is_none() {
+        return writeln!(o, "# transport: tcp");
+    }
+    writeln!(o, "transport: {}", c.global.transport.as_str())?;
+    let Some(s) = &c.global.ssl else {
+        return Ok(());
+    };
+    writeln!(
+        o,
+        "# Salt's `ssl` dict: the checks reach the masters over TLS (presence: by address only)."
+    )?;
+    writeln!(o, "ssl:")?;
+    let path = |o: &mut String, key: &str, p: &Option<PathBuf>| match p {
+        Some(p) => writeln!(o, "  {key}: \"{}\"", p.display()),
+        None => Ok(()),
+    };
+    path(o, "ca_certs", &s.ca_certs)?;
+    writeln!(o, "  cert_reqs: {}", s.cert_reqs.as_str())?;
+    path(o, "certfile", &s.certfile)?;
+    path(o, "keyfile", &s.keyfile)?;
+    if let Some(n) = &s.server_name {
+        writeln!(o, "  server_name: \"{n}\"")?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -266,18 +288,111 @@ listeners:
                 .any(|e| e.0 == "ssl" && e.2.contains("transport: tcp or ws")),
             "{e:?}"
         );
-        let e =
-            errors("transport: tcp\nssl:\n  cert_reqs: CERT_NONE\npresence:\n  enabled: true\n");
-        assert!(
-            e.iter()
-                .any(|e| e.0 == "presence.enabled" && e.1.contains("by address only")),
-            "{e:?}"
-        );
-        // Presence left at its default is not an error under TLS.
+        // Presence is by address only under TLS: not an error, whether written or not.
+        parse_yaml(
+            &format!(
+                "{BASE}transport: tcp\nssl:\n  cert_reqs: CERT_NONE\npresence:\n  enabled: true\n"
+            ),
+            None,
+        )
+        .unwrap();
         parse_yaml(
             &format!("{BASE}transport: tcp\nssl:\n  cert_reqs: CERT_NONE\n"),
             None,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn migrate_is_refused_with_why_under_tls_and_on_plain_tcp() {
+        let migrate = BASE.replace(
+            "    bind: 127.0.0.1:4506\n",
+            "    bind: 127.0.0.1:4506\n    on_master_down: migrate\n",
+        );
+        let field = "listeners.request.on_master_down";
+        let e = parse_yaml(
+            &format!("{migrate}transport: tcp\nssl: {{cert_reqs: CERT_NONE}}\n"),
+            None,
+        )
+        .unwrap_err()
+        .0;
+        let tls = e.iter().find(|e| e.field == field).expect("refused");
+        assert!(tls.message.contains("encrypted end to end"), "{tls:?}");
+        let e = parse_yaml(&format!("{migrate}transport: ws\n"), None)
+            .unwrap_err()
+            .0;
+        let plain = e.iter().find(|e| e.field == field).expect("refused");
+        assert!(plain.message.contains("not built"), "{plain:?}");
+        assert!(plain.fix.contains("on_master_down: close"), "{plain:?}");
+    }
+
+    #[test]
+    fn the_auth_limit_is_refused_off_zeromq() {
+        let limited = BASE.replace(
+            "    bind: 127.0.0.1:4506\n",
+            "    bind: 127.0.0.1:4506\n    auth_limit:\n      max_in_flight: 5\n",
+        );
+        parse_yaml(&limited, None).unwrap();
+        let e = parse_yaml(&format!("{limited}transport: tcp\n"), None)
+            .unwrap_err()
+            .0;
+        assert!(
+            e.iter().any(|e| e.field == "listeners.request.auth_limit"
+                && e.fix.contains("transport: zeromq")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn transport_and_ssl_are_written_back_and_read_the_same() {
+        let c = parse_yaml(
+            &format!("{BASE}transport: tcp\nssl:\n  ca_certs: /etc/salt/ca.pem\n  certfile: /c.pem\n  keyfile: /k.pem\n  server_name: salt.example.com\n"),
+            None,
+        )
+        .unwrap();
+        let text = crate::emit::to_yaml(&c, "test");
+        assert!(text.contains("transport: tcp\n"), "{text}");
+        let back = parse_yaml(&text, None).unwrap();
+        assert_eq!(back.global.transport, SaltTransport::Tcp);
+        assert_eq!(back.global.ssl, c.global.ssl);
+        let plain = parse_yaml(BASE, None).unwrap();
+        let text = crate::emit::to_yaml(&plain, "test");
+        assert!(text.contains("# transport: tcp"), "{text}");
+        assert_eq!(
+            parse_yaml(&text, None).unwrap().global.transport,
+            SaltTransport::Zeromq
+        );
+    }
+
+    #[test]
+    fn set_transport_checks_what_cannot_work_as_a_file_would() {
+        let mut c = parse_yaml(BASE, None).unwrap();
+        assert!(super::set_transport(&mut c, SaltTransport::Tcp, None).is_empty());
+        assert_eq!(c.global.transport, SaltTransport::Tcp);
+        let e = super::set_transport(&mut c, SaltTransport::Zeromq, Some(SslConfig::default()));
+        assert!(e.iter().any(|e| e.0 == "ssl"), "{e:?}");
+        c.health.probe = crate::Probe::Zmtp;
+        let e = super::set_transport(&mut c, SaltTransport::Ws, None);
+        assert!(e.iter().any(|e| e.0 == "health.probe"), "{e:?}");
+    }
+
+    #[test]
+    fn fanout_is_refused_with_the_reason_of_each_transport() {
+        let fanout = BASE.replace(
+            "    bind: 127.0.0.1:4505\n",
+            "    bind: 127.0.0.1:4505\n    mode: fanout\n",
+        );
+        let field = "listeners.publish.mode";
+        for (extra, reason) in [
+            ("transport: tcp\n", "proved its id"),
+            ("transport: ws\n", "not built"),
+            ("transport: ws\nssl: {cert_reqs: CERT_NONE}\n", "end TLS"),
+            ("transport: tcp\nssl: {cert_reqs: CERT_NONE}\n", "end TLS"),
+        ] {
+            let e = parse_yaml(&format!("{fanout}{extra}"), None).unwrap_err().0;
+            let f = e.iter().find(|e| e.field == field).expect("refused");
+            assert!(f.message.contains(reason), "{extra}: {f:?}");
+            assert!(f.fix.contains("mode: l4"), "{f:?}");
+        }
     }
 }

@@ -60,7 +60,22 @@ enum Cmd {
         haproxy: bool,
     },
     /// Convert an HAProxy configuration into saltgate YAML on standard output.
-    ImportHaproxy { file: PathBuf },
+    ImportHaproxy {
+        file: PathBuf,
+        /// Salt's transport of the masters (their `transport`): zeromq (default), tcp or ws.
+        /// HAProxy's file cannot say it; what cannot work with it is refused.
+        #[arg(long, default_value = "zeromq")]
+        transport: String,
+        /// Reach the masters over TLS (Salt's `ssl`), trusting the CA certificates in this PEM
+        /// file; written as `ssl: {ca_certs: FILE, cert_reqs: CERT_REQUIRED}` (edit the output for
+        /// a client certificate).
+        #[arg(long)]
+        ssl_ca_certs: Option<PathBuf>,
+        /// With --ssl-ca-certs: the name the masters' certificates carry, when it is not their
+        /// address (`ssl.server_name`).
+        #[arg(long, requires = "ssl_ca_certs")]
+        ssl_server_name: Option<String>,
+    },
     /// Write the man pages (DIR/man) and bash/zsh completions (DIR/completions) made from this
     /// command line's definition; the Debian package ships them.
     #[command(hide = true)]
@@ -193,8 +208,37 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Cmd::ImportHaproxy { file } => match load(&file, Format::Haproxy) {
-            Some(l) => {
+        Cmd::ImportHaproxy {
+            file,
+            transport,
+            ssl_ca_certs,
+            ssl_server_name,
+        } => match load(&file, Format::Haproxy) {
+            Some(mut l) => {
+                let Some(t) = saltgate_config::transport::SaltTransport::parse(&transport) else {
+                    eprintln!(
+                        "error: --transport: unknown transport {transport:?} (fix: use one of {}, the masters' own `transport`)",
+                        saltgate_config::transport::TRANSPORTS.join(", ")
+                    );
+                    return ExitCode::FAILURE;
+                };
+                let ssl = ssl_ca_certs.map(|ca| saltgate_config::transport::SslConfig {
+                    ca_certs: Some(ca),
+                    server_name: ssl_server_name,
+                    ..Default::default()
+                });
+                let problems = saltgate_config::set_transport(&mut l.config, t, ssl);
+                if !problems.is_empty() {
+                    for (field, message, fix) in problems {
+                        let field = match field.as_str() {
+                            "transport" => "--transport".to_string(),
+                            "ssl" => "--ssl-ca-certs".to_string(),
+                            _ => field,
+                        };
+                        eprintln!("error: {}: {field}: {message} (fix: {fix})", file.display());
+                    }
+                    return ExitCode::FAILURE;
+                }
                 print!("{}", emit::to_yaml(&l.config, &file.display().to_string()));
                 ExitCode::SUCCESS
             }

@@ -332,6 +332,69 @@ fn check_config_accepts_the_fixture_and_rejects_bad_files_with_file_line_and_fie
     assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read"));
 }
 
+#[test]
+fn import_haproxy_takes_the_transport_and_ssl_and_refuses_what_cannot_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let import = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("import-haproxy")
+            .arg(repo("examples/haproxy/salt-master-cluster.cfg"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = import(&[
+        "--transport",
+        "tcp",
+        "--ssl-ca-certs",
+        "/etc/salt/pki/tls/ca.pem",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    assert!(yaml.contains("\ntransport: tcp\n"), "{yaml}");
+    assert!(
+        yaml.contains("ca_certs: \"/etc/salt/pki/tls/ca.pem\""),
+        "{yaml}"
+    );
+    // What it writes, check-config takes as it stands.
+    let file = dir.path().join("saltgate.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let check = Command::new(BIN)
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // A transport Salt does not have, and ssl on ZeroMQ, are refused naming the option.
+    let out = import(&["--transport", "zmq"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--transport") && err.contains("zeromq, tcp, ws"),
+        "{err}"
+    );
+    let out = import(&["--ssl-ca-certs", "/ca.pem"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--ssl-ca-certs") && err.contains("transport: tcp or ws"),
+        "{err}"
+    );
+    // Without the options: ZeroMQ, as before.
+    let out = import(&[]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("# transport: tcp"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn accept_backs_off_on_emfile_and_recovers() {
     let f = fixture().await;

@@ -70,7 +70,8 @@ pub enum GiveUp {
     NotZmtp,
     /// A ZMTP mechanism other than NULL (frames may be encrypted).
     Mechanism,
-    /// Reserved flag bits, a command with MORE, a message before READY.
+    /// Reserved flag bits, a command with MORE, a message before READY; on `tcp`, a message
+    /// that is not msgpack `{head, body}` (a ZMTP greeting, a TLS record).
     Framing,
     /// No id within the budget.
     OverBudget,
@@ -281,22 +282,28 @@ fn check_greeting(g: &[u8]) -> Option<Verdict> {
 
 /// One request envelope: the verdict it gives, or `None` to read on.
 fn examine(payload: &[u8]) -> Option<Verdict> {
+    match envelope::decode(payload) {
+        Ok(v) => examine_envelope(&v),
+        Err(_) => Some(Verdict::GaveUp(GiveUp::Malformed)),
+    }
+}
+
+/// One decoded request envelope (any transport's: ZeroMQ's last frame, the `body` of Salt's
+/// `tcp` framing): the verdict it gives, or `None` to read on.
+pub(crate) fn examine_envelope(v: &Value) -> Option<Verdict> {
     let gave_up = |g| Some(Verdict::GaveUp(g));
-    let Ok(v) = envelope::decode(payload) else {
-        return gave_up(GiveUp::Malformed);
-    };
     if !v.is_map() {
         return gave_up(GiveUp::Malformed);
     }
-    let (id, source) = match envelope::get(&v, "enc").and_then(envelope::as_bytes) {
+    let (id, source) = match envelope::get(v, "enc").and_then(envelope::as_bytes) {
         Some(b"clear") => {
-            let load = envelope::get(&v, "load")?;
+            let load = envelope::get(v, "load")?;
             if envelope::get(load, "cmd").and_then(envelope::as_bytes) != Some(b"_auth") {
                 return None;
             }
             (envelope::get(load, "id"), Source::Auth)
         }
-        Some(b"aes") => match envelope::get(&v, "id") {
+        Some(b"aes") => match envelope::get(v, "id") {
             Some(id) => (Some(id), Source::Aes),
             None => return gave_up(GiveUp::Encrypted),
         },

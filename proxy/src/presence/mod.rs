@@ -1,7 +1,8 @@
 //! Presence: which minion is where (docs/presence.md).
 //!
 //! On a request session, the first bytes the client sends are read passively for the minion id
-//! (the transport's [`Peek`]: a clear `_auth`, or the envelope of an `aes` request), through a
+//! (the transport's [`Peek`]: a clear `_auth`, or the envelope of an `aes` request; ZeroMQ and
+//! plain `tcp`, see [`peek_transport`]; under TLS and on `ws` by address only), through a
 //! [`Tap`] the pump calls with bytes it has already forwarded: nothing is altered or delayed, and
 //! once the id is found (or the sniffer gives up, or its budget is spent) the tap is dropped and
 //! the session's data path is exactly what it is without presence.
@@ -27,7 +28,8 @@ use std::time::SystemTime;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use saltgate_config::{PresenceConfig, Role};
+use saltgate_config::transport::SaltTransport;
+use saltgate_config::{Global, PresenceConfig, Role};
 use saltgate_wire::transport::{AnyPeeker, GiveUp, Peek, Source, Transport, Verdict};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -133,7 +135,8 @@ impl Presence {
         }
     }
 
-    /// What a new session of `role` on `master` needs: a tap for a request session, a guard that
+    /// What a new session of `role` on `master` needs: a tap for a request session (read with
+    /// the [`Peek`] of `peek`, see [`peek_transport`]; `None`: by address only), a guard that
     /// tells the table when the session ends. Nothing when presence is off.
     pub(crate) fn attach(
         self: &Arc<Self>,
@@ -141,6 +144,7 @@ impl Presence {
         session: u64,
         client: SocketAddr,
         master: &Arc<str>,
+        peek: Option<Transport>,
     ) -> Attached {
         if !self.enabled() {
             return Attached {
@@ -155,10 +159,11 @@ impl Presence {
             },
             Role::Request => {
                 let identified = Arc::new(AtomicBool::new(false));
-                // ZeroMQ until the proxy reads `transport` (issue 27). A transport whose
-                // requests cannot be peeked at leaves presence by address only.
-                let peeker = Transport::default().peeker(self.budget.load(Ordering::Relaxed));
-                let tap = peeker.ok().map(|peeker| RequestTap {
+                // A transport whose requests cannot be peeked at (TLS, `ws`) leaves presence
+                // by address only.
+                let budget = self.budget.load(Ordering::Relaxed);
+                let peeker = peek.and_then(|t| t.peeker(budget).ok());
+                let tap = peeker.map(|peeker| RequestTap {
                     peeker,
                     presence: self.clone(),
                     session,
@@ -310,6 +315,21 @@ impl Drop for IdWait<'_> {
             }
         }
         self.presence.id_waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The transport whose [`Peek`] reads the request sessions of a configuration (its top-level
+/// `transport` and `ssl`): `zeromq` and plain `tcp` carry the `_auth` in clear; under TLS the
+/// stream is encrypted end to end (`None`: presence by address only), and `ws` has no peek yet
+/// (its requests sit inside websocket frames behind an HTTP upgrade).
+pub fn peek_transport(global: &Global) -> Option<Transport> {
+    if global.ssl.is_some() {
+        return None;
+    }
+    match global.transport {
+        SaltTransport::Zeromq => Some(Transport::Zeromq),
+        SaltTransport::Tcp => Some(Transport::Tcp),
+        SaltTransport::Ws => None,
     }
 }
 
@@ -494,4 +514,33 @@ pub fn watch(registry: &Registry, presence: &Arc<Presence>, masters: MasterNames
         masters,
         descs,
     }));
+}
+
+#[cfg(test)]
+mod peek_tests {
+    use super::*;
+    use saltgate_config::transport::SslConfig;
+
+    #[test]
+    fn request_sessions_are_read_on_zeromq_and_plain_tcp_and_by_address_under_tls_and_on_ws() {
+        let g = |transport, ssl: Option<SslConfig>| Global {
+            transport,
+            ssl,
+            ..Global::default()
+        };
+        let tls = Some(SslConfig::default());
+        for (global, want) in [
+            (g(SaltTransport::Zeromq, None), Some(Transport::Zeromq)),
+            (g(SaltTransport::Tcp, None), Some(Transport::Tcp)),
+            (g(SaltTransport::Tcp, tls.clone()), None),
+            (g(SaltTransport::Ws, None), None),
+            (g(SaltTransport::Ws, tls), None),
+        ] {
+            assert_eq!(peek_transport(&global), want, "{global:?}");
+            // Every transport named here has a peek to attach.
+            if let Some(t) = want {
+                assert!(t.peeker(4096).is_ok(), "{t}");
+            }
+        }
+    }
 }

@@ -126,7 +126,7 @@ pub async fn check(
         }
         SaltProbeError::Connect(e) => connect_error(&format!("{what}: connect"), &e),
         SaltProbeError::Timeout(d) if tls.is_empty() && t.transport == SaltTransport::Tcp => {
-            format!("{what}: connected, no answer within {d:?} (master busy, its workers stuck, or the process stopped: plain tcp has no handshake to tell them apart)")
+            format!("{what}: the master reads (its process runs), no answer within {d:?} (master busy, or its workers stuck)")
         }
         SaltProbeError::Timeout(d) => format!(
             "{what}: handshake done, no answer within {d:?} (master busy, or its workers stuck)"

@@ -319,7 +319,10 @@ async fn establish(
         _ => {}
     }
     let limits = IdleLimits::of(&listener);
-    let presence = ctx.presence.attach(role, ctl.id, peer, c.master.label());
+    let peek = crate::presence::peek_transport(&ctx.load().config.global);
+    let presence = ctx
+        .presence
+        .attach(role, ctl.id, peer, c.master.label(), peek);
     // The framing-aware relay serves request sessions with migrate or auth_limit; the rest pump.
     if role != Role::Request
         || (listener.on_master_down != OnMasterDown::Migrate && listener.auth_limit.is_none())

@@ -12,11 +12,13 @@
 //!   ([`crate::transport`]), TLS included.
 //! * [`server`] / [`pubserver`] — the seam's request and publish servers (saltgate-master on
 //!   `transport: tcp`), on the raw framing of [`frame_raw`]; TLS from [`tls_server`].
+//! * [`peek`] — presence: the minion id of a request stream (a clear `_auth`, an `aes` envelope).
 //! * [`probe`] — the Salt-aware health probes for `tcp` and `ws` (clear `ping`), TLS included
 //!   (feature `tls`, module [`tls`]).
 
 pub mod client;
 pub mod frame_raw;
+pub mod peek;
 pub mod probe;
 pub mod pubserver;
 pub mod server;

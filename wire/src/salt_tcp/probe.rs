@@ -8,8 +8,19 @@
 //! Two stages, as for ZeroMQ: the connect and the handshakes within `handshake_timeout`, the
 //! whole exchange within `timeout`. A TLS handshake and the websocket upgrade are answered by the
 //! master's event loop even while its workers are busy, so they tell a stopped master at once.
-//! Plain `tcp` has no handshake: the server sends nothing before the reply, so a stopped plain-tcp
-//! master is told from a busy one only by `timeout`.
+//!
+//! Plain `tcp` has no handshake: Salt's server sends nothing before the reply. Its stage is
+//! [`reads_check`] instead: **the master's process reads what it is sent.** In Salt 3008 the
+//! request port of a `tcp` master is served by the `PoolRouter` process (worker pools, the
+//! default: `channel/server.py` `PoolRoutingChannel._run_pool_router`), an asyncio loop that
+//! reads every connection and forwards whole requests to the workers over IPC; it keeps reading
+//! while every worker is busy. A stopped master reads nothing, and its kernel takes only what fits
+//! in the connection's receive buffer (about 170 KiB with Linux's default `tcp_rmem`). So the
+//! stage writes [`READ_STAGE_BYTES`] of a message that never ends (the start of
+//! `{"head": {...}, "body": <bin>}`; Salt's `Unpacker` just buffers it), from a socket with the
+//! smallest send buffer, and passes when all of it was taken within `handshake_timeout`. It then
+//! resets the connection: Salt logs a reset stream at `trace` ("req client disconnected"), and
+//! nothing else, since no request was ever complete. The `ping` follows on a connection of its own.
 //!
 //! A master that speaks another transport is named: a ZMTP greeting is `zeromq`, an HTTP answer is
 //! `ws`. Nothing here sends bytes Salt's `tcp` server fails to parse (the ZMTP greeting the ZeroMQ
@@ -24,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant as Deadline;
 
-use super::{looks_like_zmtp, new_mid, request_frame, FrameDecoder, FrameError};
+use super::{encode_message, looks_like_zmtp, new_mid, request_frame, FrameDecoder, FrameError};
 use crate::envelope::{self, EnvelopeError, Reply, RequestEnvelope};
 use crate::salt_ws::{self as ws, WsDecoder, WsError, WsMessage};
 
@@ -159,14 +170,34 @@ pub async fn publish_check(
     Ok(start.elapsed())
 }
 
-/// Salt's clear `ping` on the request port, in two stages (see the module).
+/// Salt's clear `ping` on the request port, in two stages (see the module). On plain `tcp` the
+/// handshake stage is [`reads_check`], then the `ping` within what is left of `timeout`.
 pub async fn salt_ping_staged(
     target: &Target,
     handshake_timeout: Duration,
     timeout: Duration,
 ) -> Result<PingReply, SaltProbeError> {
     let start = Instant::now();
-    let reply = salt_request(target, handshake_timeout, timeout, &RequestEnvelope::ping()).await?;
+    let handshake_timeout = handshake_timeout.min(timeout);
+    let mut left = timeout;
+    if target.transport == Transport::Tcp && !has_tls(target) {
+        reads_check(target.addr, handshake_timeout).await?;
+        left = timeout.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(SaltProbeError::Timeout(timeout));
+        }
+    }
+    let reply = salt_request(
+        target,
+        handshake_timeout.min(left),
+        left,
+        &RequestEnvelope::ping(),
+    )
+    .await
+    .map_err(|e| match e {
+        SaltProbeError::Timeout(_) => SaltProbeError::Timeout(timeout),
+        e => e,
+    })?;
     if reply.is_cluster_retry() {
         return Err(SaltProbeError::NotReady);
     }
@@ -177,6 +208,97 @@ pub async fn salt_ping_staged(
         reply,
         elapsed: start.elapsed(),
     })
+}
+
+fn has_tls(target: &Target) -> bool {
+    #[cfg(feature = "tls")]
+    return target.tls.is_some();
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = target;
+        false
+    }
+}
+
+/// Bytes [`reads_check`] writes: three times what a stopped Linux master's kernel takes with the
+/// default `net.ipv4.tcp_rmem` (131072: about 170 KiB measured on loopback), well under what
+/// Salt's `Unpacker` buffers (100 MiB). A master whose `tcp_rmem` default (its middle value) is
+/// over about 400 KiB could take it all while stopped: there, a stopped master is told by
+/// `timeout` again, as before this stage.
+pub const READ_STAGE_BYTES: usize = 512 * 1024;
+
+/// The handshake stage of plain `tcp` (see the module): connect, then write
+/// [`READ_STAGE_BYTES`] of an unfinished Salt message within `handshake_timeout`; reset. Bytes
+/// from the master (a ZMTP greeting, an HTTP answer) or a close also pass the stage: the process
+/// is there, and the `ping` that follows names what it speaks.
+pub async fn reads_check(
+    addr: SocketAddr,
+    handshake_timeout: Duration,
+) -> Result<(), SaltProbeError> {
+    let hs = Deadline::now() + handshake_timeout;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(SaltProbeError::Connect)?;
+    // The smallest send buffer (Linux rounds it up to about 4.6 KiB): what the stage counts is
+    // what the master's side took, not what ours holds.
+    let _ = socket.set_send_buffer_size(1);
+    let mut tcp = tokio::time::timeout_at(hs, socket.connect(addr))
+        .await
+        .map_err(|_| SaltProbeError::ConnectTimeout(handshake_timeout))?
+        .map_err(SaltProbeError::Connect)?;
+    // Reset on close (linger 0, which never blocks the drop): no orphaned socket holding unsent
+    // bytes to a stopped master.
+    let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+    let payload = unfinished_message(READ_STAGE_BYTES);
+    let (mut r, mut w) = tcp.split();
+    let mut answer = [0u8; 64];
+    let stage = async {
+        tokio::select! {
+            written = w.write_all(&payload) => written.map(|_| ()),
+            // Anything from the master, or its close: the process is alive.
+            _ = r.read(&mut answer) => Ok(()),
+        }
+    };
+    match tokio::time::timeout_at(hs, stage).await {
+        Ok(Ok(())) => Ok(()),
+        // Reset by the master while we wrote: its process acted.
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            Ok(())
+        }
+        Ok(Err(e)) => Err(SaltProbeError::Io(e)),
+        Err(_) => Err(SaltProbeError::NoHandshake {
+            what: "read of the check's bytes",
+            after: handshake_timeout,
+            hint: "; a running tcp master reads them even while its workers are busy",
+        }),
+    }
+}
+
+/// `len` bytes of `{"head": {"mid": ...}, "body": <bin32 of twice len>}`: the start of a message
+/// that never ends.
+fn unfinished_message(len: usize) -> Vec<u8> {
+    let mut out = encode_message(
+        envelope::map(vec![("mid", envelope::text(&new_mid()))]),
+        envelope::Value::Nil,
+    );
+    out.pop(); // the body's nil
+    out.push(0xc6);
+    out.extend_from_slice(&((2 * len) as u32).to_be_bytes());
+    out.resize(len, 0);
+    out
+}
+
+#[cfg(test)]
+pub(crate) fn unfinished_message_for_tests(len: usize) -> Vec<u8> {
+    unfinished_message(len)
 }
 
 /// One clear request and its reply as it came (the caller interprets it).

@@ -141,16 +141,27 @@ async fn a_zeromq_master_is_named_and_a_closing_one_points_at_transport() {
 }
 
 #[tokio::test]
-async fn a_hung_tcp_master_times_out_and_a_hung_ws_one_fails_the_handshake_stage() {
-    let (_l, a) = listener().await; // the kernel accepts; nobody answers
-    let e = salt_ping_staged(
-        &Target::plain(a, Transport::Tcp),
-        HS,
-        Duration::from_millis(700),
-    )
-    .await
-    .unwrap_err();
-    assert!(matches!(e, SaltProbeError::Timeout(_)), "{e}");
+async fn a_hung_tcp_master_fails_the_read_stage_and_a_hung_ws_one_the_upgrade() {
+    let (_l, a) = listener().await; // the kernel accepts; nobody reads
+    let t0 = std::time::Instant::now();
+    let e = salt_ping_staged(&Target::plain(a, Transport::Tcp), HS, T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SaltProbeError::NoHandshake {
+                what: "read of the check's bytes",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        t0.elapsed() < HS + Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
     let e = salt_ping_staged(&Target::plain(a, Transport::Ws), HS, T)
         .await
         .unwrap_err();
@@ -408,4 +419,66 @@ mod tls_probe {
         let e = target(a, &missing).unwrap_err();
         assert!(e.contains("ssl.ca_certs"), "{e}");
     }
+}
+
+/// A master whose process reads every connection but whose workers answer nothing (Salt's
+/// `PoolRouter` in front of busy workers).
+async fn busy_tcp_master() -> SocketAddr {
+    let (l, a) = listener().await;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut b = vec![0u8; 65536];
+                while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    a
+}
+
+#[tokio::test]
+async fn a_busy_tcp_master_passes_the_read_stage_and_times_out_on_the_reply() {
+    let a = busy_tcp_master().await;
+    reads_check(a, HS).await.unwrap();
+    let t = Duration::from_millis(900);
+    let e = salt_ping_staged(&Target::plain(a, Transport::Tcp), HS, t)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SaltProbeError::Timeout(d) if d == t), "{e}");
+}
+
+#[tokio::test]
+async fn the_read_stage_passes_on_a_master_that_answers_or_closes_at_once() {
+    // A ZeroMQ master (greeting first): the stage passes, the ping names the transport.
+    let (l, a) = listener().await;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let _ = s.write_all(&[0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f]).await;
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                drop(s);
+            });
+        }
+    });
+    reads_check(a, HS).await.unwrap();
+    let (l, a) = listener().await;
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            drop(s);
+        }
+    });
+    reads_check(a, HS).await.unwrap();
+}
+
+#[test]
+fn the_read_stage_sends_a_salt_message_that_never_ends() {
+    let bytes = super::super::probe::unfinished_message_for_tests(READ_STAGE_BYTES);
+    assert_eq!(bytes.len(), READ_STAGE_BYTES);
+    // Salt's reader (and ours) sees the start of one `{head, body}` message, still incomplete,
+    // well under its Unpacker's 100 MiB.
+    assert_eq!(scan(&bytes, 100 << 20), Ok(None));
+    let mut dec = FrameDecoder::new(4 * READ_STAGE_BYTES);
+    dec.push(&bytes).unwrap();
+    assert_eq!(dec.next_message(), Ok(None));
+    assert_eq!(&bytes[..6], &[0x82, 0xa4, b'h', b'e', b'a', b'd']);
 }

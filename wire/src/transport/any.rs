@@ -18,6 +18,7 @@ use super::{
 };
 use crate::envelope::{Reply, RequestEnvelope};
 use crate::salt_tcp::client::TcpRequestClient;
+use crate::salt_tcp::peek::TcpPeek;
 use crate::salt_tcp::pubserver::TcpPublisher;
 use crate::salt_tcp::server::{TcpReplier, TcpRequestServer};
 use crate::salt_tcp::subscriber::TcpSubscriber;
@@ -56,6 +57,7 @@ pub enum AnyPublishClient {
 /// A [`Peek`] of any transport.
 pub enum AnyPeeker {
     Zeromq(zeromq::Sniffer),
+    Tcp(TcpPeek),
 }
 
 fn not_yet(t: Transport) -> std::io::Error {
@@ -158,10 +160,12 @@ impl Transport {
         }
     }
 
-    /// A presence peek that buffers at most `budget` bytes.
+    /// A presence peek that buffers at most `budget` bytes. Plain streams only: under TLS
+    /// (`tcp` or `ws` with `ssl`) there is nothing to read, and the caller attaches none.
     pub fn peeker(self, budget: usize) -> Result<AnyPeeker, TransportError> {
         match self {
             Transport::Zeromq => Ok(AnyPeeker::Zeromq(zeromq::Sniffer::new(budget))),
+            Transport::Tcp => Ok(AnyPeeker::Tcp(TcpPeek::new(budget))),
             t => Err(t.unsupported()),
         }
     }
@@ -323,12 +327,14 @@ impl Peek for AnyPeeker {
     fn feed(&mut self, bytes: &[u8]) -> &Verdict {
         match self {
             AnyPeeker::Zeromq(s) => Peek::feed(s, bytes),
+            AnyPeeker::Tcp(s) => Peek::feed(s, bytes),
         }
     }
 
     fn budget(&self) -> usize {
         match self {
             AnyPeeker::Zeromq(s) => Peek::budget(s),
+            AnyPeeker::Tcp(s) => Peek::budget(s),
         }
     }
 }

@@ -20,7 +20,8 @@
 //! [`crate::salt_tcp::subscriber::TcpSubscriber`]) and servers
 //! ([`crate::salt_tcp::server::TcpRequestServer`], [`crate::salt_tcp::pubserver::TcpPublisher`],
 //! whose targeted publishes need the master's [`PresenceCheck`]), TLS through the options' `tls`
-//! (feature `tls`); its probes through the seam and peek are still to come (they fail with
+//! (feature `tls`), and its presence peek ([`crate::salt_tcp::peek::TcpPeek`],
+//! [`Transport::peeker`]); its probes through the seam are still to come (they fail with
 //! [`TransportError::NotImplemented`]). `ws` has none yet.
 //!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
