@@ -7,7 +7,10 @@
 //! * `ssl`: Salt's dict (`certfile`, `keyfile`, `ca_certs`, `cert_reqs`; `ssl_version`,
 //!   `ciphers`, `verify_locations`, `verify_flags` accepted and not used) plus saltgate's
 //!   `server_name`; `True` is `{}`, `False`/null off. Only with `transport: tcp`.
-//! * `disable_aes_with_tls`: `False` only (saltgate-minion keeps Salt's AES layer under TLS).
+//! * `disable_aes_with_tls`: accepted, with a warning when True: Salt 3008.5's own minion never
+//!   reads it (only the master's request channel builds a `TLSAwareCrypticle`, and no caller gives
+//!   it the peer's certificate), so the wire keeps Salt's AES layer either way; so does
+//!   saltgate-minion.
 
 use std::path::PathBuf;
 
@@ -142,13 +145,15 @@ pub(super) fn ssl(c: &mut Checker<'_>, v: &Spanned<Raw>) -> Option<SslConfig> {
 
 pub(super) fn disable_aes_with_tls(c: &mut Checker<'_>, v: &Spanned<Raw>) {
     if c.boolean(v, "disable_aes_with_tls") == Some(true) {
-        c.err(
-            v,
-            "disable_aes_with_tls",
-            "saltgate-minion keeps Salt's AES layer under TLS; it does not implement \
-             disable_aes_with_tls",
-            "remove disable_aes_with_tls (or set it to False); the master then encrypts as usual",
-        );
+        let at = c.at(v);
+        c.warnings.push(ConfigWarning {
+            at,
+            message:
+                "disable_aes_with_tls: accepted; it changes nothing on a minion (Salt 3008.5's \
+                      minion does not read it either): requests and publishes keep Salt's AES \
+                      layer under TLS (docs/minion.md)"
+                    .to_string(),
+        });
     }
 }
 
@@ -240,7 +245,28 @@ mod tests {
         assert!(e.contains("ssl.keyfile"), "{e}");
         let (e, _) = first_error("transport: tcp\nssl: /etc/ssl\n");
         assert!(e.contains("ssl"), "{e}");
-        let (e, _) = first_error("transport: tcp\nssl: {}\ndisable_aes_with_tls: True\n");
+    }
+
+    #[test]
+    fn disable_aes_with_tls_is_accepted_with_a_warning_as_salts_minion_ignores_it() {
+        let l = parse_minion(
+            "transport: tcp\nssl: {}\ndisable_aes_with_tls: True\n",
+            None,
+        )
+        .unwrap();
+        assert!(
+            l.warnings
+                .iter()
+                .any(|w| w.message.starts_with("disable_aes_with_tls: accepted")),
+            "{:?}",
+            l.warnings
+        );
+        let l = parse_minion("disable_aes_with_tls: False\n", None).unwrap();
+        assert!(!l
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("disable_aes_with_tls")));
+        let (e, _) = first_error("disable_aes_with_tls: sometimes\n");
         assert!(e.contains("disable_aes_with_tls"), "{e}");
     }
 }
