@@ -247,12 +247,15 @@ fn gen_docs(dir: &std::path::Path) -> std::io::Result<()> {
 fn run(config: SaltMasterConfig) -> Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
+        // The handlers are installed now, before the listeners are bound and READY=1 is sent: a
+        // future that installed them when first polled left a window after READY=1 in which a
+        // SIGTERM killed the process without STOPPING=1 (or a clean shutdown).
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let shutdown = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {},
+                _ = int.recv() => {},
                 _ = term.recv() => {},
             }
             saltgate_wire::sd_notify::notify("STOPPING=1");
@@ -271,7 +274,8 @@ fn run(config: SaltMasterConfig) -> Result<ExitCode> {
             // Type=notify: the listeners are bound and the CLI socket is open.
             saltgate_wire::sd_notify::notify("READY=1");
         })
-        .await
+        .await?;
+        anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -91,16 +91,20 @@ enum Cmd {
     },
 }
 
+/// A flag set on SIGTERM or SIGINT. The handlers are installed here, at once, not when the
+/// spawned task first runs: a signal in between would kill the process without a clean stop.
 fn stop_signal() -> watch::Receiver<bool> {
+    use tokio::signal::unix::{signal, SignalKind};
     let (tx, rx) = watch::channel(false);
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return rx;
+    };
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return,
-            };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
         let _ = tx.send(true);
