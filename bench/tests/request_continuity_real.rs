@@ -35,8 +35,8 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-/// A TCP relay to `to` whose master → client direction can be held (bytes read and dropped,
-/// counted) and whose connections can all be dropped at once: a master that processed a request
+/// A TCP relay to `to` whose master → client direction can be held (bytes read and dropped;
+/// counted when they answer bytes sent while holding) and whose connections can all be dropped at once: a master that processed a request
 /// and died before its reply got out.
 struct Relay {
     addr: SocketAddr,
@@ -62,8 +62,24 @@ impl Relay {
                 };
                 let (mut cr, mut cw) = client.into_split();
                 let (mut mr, mut mw) = master.into_split();
+                // Bytes this connection carried to A while replies were held: only a reply to
+                // one of them counts as withheld (a health check's connection gets A's greeting
+                // and sends nothing; that greeting is no answer to the minion's request).
+                let asked = Arc::new(AtomicU64::new(0));
+                let (hold_up, asked_up) = (hold.clone(), asked.clone());
                 let up = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut mw).await;
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok(n) = cr.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        if hold_up.load(Ordering::SeqCst) {
+                            asked_up.fetch_add(n as u64, Ordering::SeqCst);
+                        }
+                        if mw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
                 });
                 let (hold, withheld) = (hold.clone(), withheld.clone());
                 let down = tokio::spawn(async move {
@@ -73,7 +89,9 @@ impl Relay {
                             return;
                         }
                         if hold.load(Ordering::SeqCst) {
-                            withheld.fetch_add(n as u64, Ordering::SeqCst);
+                            if asked.load(Ordering::SeqCst) > 0 {
+                                withheld.fetch_add(n as u64, Ordering::SeqCst);
+                            }
                         } else if cw.write_all(&buf[..n]).await.is_err() {
                             return;
                         }
@@ -94,7 +112,7 @@ impl Relay {
 }
 
 /// saltgate's configuration: A (its requests through the relay) first, then B; `on_master_down:
-/// migrate`. `publish`: the masters' publish ports (checked only).
+/// migrate`. `publish`: the masters' publish addresses (checked only; A's on the relay's IP).
 fn gate_config(
     relay: SocketAddr,
     b: SocketAddr,
@@ -150,12 +168,15 @@ async fn a_request_answered_by_a_dying_master_is_replayed_to_another_cluster_mem
     }
     let (a, b) = (masters[0].bound.ret, masters[1].bound.ret);
     let relay = Relay::start(RELAY, a).await;
+    // A's publish port behind the relay's address too (never held): A's checks pass on both ports
+    // until its request relay dies, so the minion's connection goes to A (`balance: first`).
+    let a_publish = Relay::start(RELAY, masters[0].bound.publish).await;
     let (_stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let gate = saltgate_proxy::start(
         gate_config(
             relay.addr,
             b,
-            [masters[0].bound.publish, masters[1].bound.publish],
+            [a_publish.addr, masters[1].bound.publish],
         ),
         saltgate_proxy::Options::default(),
         async move {
@@ -215,11 +236,14 @@ async fn a_request_answered_by_a_dying_master_is_replayed_to_another_cluster_mem
         let r = chan.pillar(&mut crypt, Value::Map(Vec::new()), T).await;
         (r, chan)
     });
-    wait_until(T, "A answered (withheld)", || async {
+    if let Err(e) = wait_until(T, "A answered (withheld)", || async {
         Ok(relay.withheld.load(Ordering::SeqCst) > 0)
     })
     .await
-    .unwrap();
+    {
+        let masters = http_get(admin, "/api/v1/masters").await.unwrap_or_default();
+        panic!("{e}; the request finished: {}\n{masters}", asking.is_finished());
+    }
     relay.kill();
     let (second, _chan) = asking.await.unwrap();
     let second = second.expect("the replayed request answered by B, verified by the minion");
