@@ -173,11 +173,7 @@ async fn a_request_answered_by_a_dying_master_is_replayed_to_another_cluster_mem
     let a_publish = Relay::start(RELAY, masters[0].bound.publish).await;
     let (_stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let gate = saltgate_proxy::start(
-        gate_config(
-            relay.addr,
-            b,
-            [a_publish.addr, masters[1].bound.publish],
-        ),
+        gate_config(relay.addr, b, [a_publish.addr, masters[1].bound.publish]),
         saltgate_proxy::Options::default(),
         async move {
             let _ = stop_rx.await;
@@ -242,7 +238,10 @@ async fn a_request_answered_by_a_dying_master_is_replayed_to_another_cluster_mem
     .await
     {
         let masters = http_get(admin, "/api/v1/masters").await.unwrap_or_default();
-        panic!("{e}; the request finished: {}\n{masters}", asking.is_finished());
+        panic!(
+            "{e}; the request finished: {}\n{masters}",
+            asking.is_finished()
+        );
     }
     relay.kill();
     let (second, _chan) = asking.await.unwrap();
