@@ -250,14 +250,10 @@ fn run(config: SaltMasterConfig) -> Result<ExitCode> {
         // The handlers are installed now, before the listeners are bound and READY=1 is sent: a
         // future that installed them when first polled left a window after READY=1 in which a
         // SIGTERM killed the process without STOPPING=1 (or a clean shutdown).
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let stop = saltgate_wire::signals::stop_signal()
+            .context("installing the SIGTERM and SIGINT handlers")?;
         let shutdown = async move {
-            tokio::select! {
-                _ = int.recv() => {},
-                _ = term.recv() => {},
-            }
+            stop.await;
             saltgate_wire::sd_notify::notify("STOPPING=1");
         };
         server::run(config, shutdown, |b| {

@@ -94,19 +94,12 @@ enum Cmd {
 /// A flag set on SIGTERM or SIGINT. The handlers are installed here, at once, not when the
 /// spawned task first runs: a signal in between would kill the process without a clean stop.
 fn stop_signal() -> watch::Receiver<bool> {
-    use tokio::signal::unix::{signal, SignalKind};
     let (tx, rx) = watch::channel(false);
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let Ok(stop) = saltgate_wire::signals::stop_signal() else {
         return rx;
     };
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
+        stop.await;
         let _ = tx.send(true);
     });
     rx

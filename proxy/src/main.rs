@@ -424,14 +424,11 @@ fn signals() -> std::io::Result<(
     tokio::signal::unix::Signal,
 )> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let stop = saltgate_wire::signals::stop_signal()?;
     let hup = signal(SignalKind::hangup())?;
     let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = int.recv() => tracing::info!("SIGINT received"),
-        }
+        let which = stop.await;
+        tracing::info!("{which} received");
     };
     Ok((shutdown, hup))
 }

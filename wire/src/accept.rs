@@ -333,6 +333,22 @@ impl Acceptor {
         self.stats.clone()
     }
 
+    /// Accepts for ever on a task of its own, running `serve` on a task of its own for each
+    /// connection (with its permit, held until `serve` ends). Abort the handle to stop accepting;
+    /// connections already served go on.
+    pub fn spawn_each<F, Fut>(mut self, serve: F) -> tokio::task::JoinHandle<()>
+    where
+        F: Fn(TcpStream, SocketAddr, ConnectionPermit) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer, permit) = self.accept().await;
+                tokio::spawn(serve(stream, peer, permit));
+            }
+        })
+    }
+
     /// Waits for permits, then for a connection; never fails. Cancel-safe: cancelling drops the
     /// permits taken so far and loses no connection.
     pub async fn accept(&mut self) -> (TcpStream, SocketAddr, ConnectionPermit) {

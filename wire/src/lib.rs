@@ -45,6 +45,7 @@ pub mod rsa;
 pub mod salt_tcp;
 pub mod salt_ws;
 pub mod sd_notify;
+pub mod signals;
 pub mod sniff;
 pub mod transport;
 pub mod zmtp;

@@ -150,7 +150,10 @@ impl TcpPublisher {
             #[cfg(feature = "tls")]
             tls: opts.tls.clone(),
         });
-        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), settings));
+        let sh = shared.clone();
+        let accept = acceptor.spawn_each(move |stream, peer, permit| {
+            serve(stream, peer, sh.clone(), settings.clone(), permit)
+        });
         Ok(TcpPublisher {
             local_addr,
             shared,
@@ -165,19 +168,6 @@ impl TcpPublisher {
             .iter()
             .filter_map(|s| s.id.lock().unwrap_or_else(|p| p.into_inner()).clone())
             .collect()
-    }
-}
-
-async fn accept_loop(mut acceptor: Acceptor, shared: Arc<Shared>, settings: Arc<Settings>) {
-    loop {
-        let (stream, peer, permit) = acceptor.accept().await;
-        tokio::spawn(serve(
-            stream,
-            peer,
-            shared.clone(),
-            settings.clone(),
-            permit,
-        ));
     }
 }
 

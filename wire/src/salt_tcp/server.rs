@@ -145,7 +145,17 @@ impl TcpRequestServer {
             tls: opts.tls.clone(),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, settings));
+        let sh = shared.clone();
+        let accept = acceptor.spawn_each(move |stream, peer, permit| {
+            serve(
+                stream,
+                peer,
+                sh.clone(),
+                tx.clone(),
+                settings.clone(),
+                permit,
+            )
+        });
         Ok(TcpRequestServer {
             local_addr,
             shared,
@@ -160,25 +170,6 @@ impl TcpRequestServer {
             .budget
             .as_ref()
             .map(|(s, _)| s.available_permits())
-    }
-}
-
-async fn accept_loop(
-    mut acceptor: Acceptor,
-    shared: Arc<Shared>,
-    tx: mpsc::Sender<Delivered>,
-    settings: Arc<Settings>,
-) {
-    loop {
-        let (stream, peer, permit) = acceptor.accept().await;
-        tokio::spawn(serve(
-            stream,
-            peer,
-            shared.clone(),
-            tx.clone(),
-            settings.clone(),
-            permit,
-        ));
     }
 }
 

@@ -150,7 +150,10 @@ impl Publisher {
             closed: AtomicBool::new(false),
             refusals: Arc::default(),
         });
-        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), Arc::new(opts)));
+        let (sh, opts) = (shared.clone(), Arc::new(opts));
+        let accept = acceptor.spawn_each(move |stream, peer, permit| {
+            serve(stream, peer, sh.clone(), opts.clone(), permit)
+        });
         Ok(Publisher {
             local_addr,
             shared,
@@ -259,13 +262,6 @@ fn frame_once(parts: &[Bytes]) -> Bytes {
     let mut buf = BytesMut::with_capacity(size.max(2));
     encode_message(&mut buf, parts);
     buf.freeze()
-}
-
-async fn accept_loop(mut acceptor: Acceptor, shared: Arc<Shared>, opts: Arc<PubOptions>) {
-    loop {
-        let (stream, peer, permit) = acceptor.accept().await;
-        tokio::spawn(serve(stream, peer, shared.clone(), opts.clone(), permit));
-    }
 }
 
 async fn serve(

@@ -167,7 +167,10 @@ impl Router {
             untrusted_budget: opts.untrusted_queue_bytes.map(Budget::new),
         });
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let accept = tokio::spawn(accept_loop(acceptor, shared.clone(), tx, Arc::new(opts)));
+        let (sh, opts) = (shared.clone(), Arc::new(opts));
+        let accept = acceptor.spawn_each(move |stream, peer, permit| {
+            serve(stream, peer, sh.clone(), tx.clone(), opts.clone(), permit)
+        });
         Ok(Router {
             local_addr,
             shared,
@@ -293,25 +296,6 @@ impl Drop for Router {
     fn drop(&mut self) {
         self.accept.abort();
         self.shared.peers().clear();
-    }
-}
-
-async fn accept_loop(
-    mut acceptor: Acceptor,
-    shared: Arc<Shared>,
-    tx: mpsc::Sender<Delivered>,
-    opts: Arc<RouterOptions>,
-) {
-    loop {
-        let (stream, peer, permit) = acceptor.accept().await;
-        tokio::spawn(serve(
-            stream,
-            peer,
-            shared.clone(),
-            tx.clone(),
-            opts.clone(),
-            permit,
-        ));
     }
 }
 
