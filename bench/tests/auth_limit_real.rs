@@ -11,7 +11,8 @@ use std::time::Duration;
 use saltgate_bench::lab::{http_get, master_states, wait_until};
 use saltgate_bench::scenarios::saltmaster::SaltMaster;
 use saltgate_config::salt_minion::MasterAddr;
-use saltgate_minion::swarm::{run_swarm, SwarmOptions};
+use saltgate_minion::link::Stats;
+use saltgate_minion::swarm::{run_swarm_with, SwarmOptions};
 
 const GATE: &str = "127.31.1.1";
 const MASTER: &str = "127.31.1.11";
@@ -71,7 +72,8 @@ async fn five_hundred_minions_authenticate_behind_a_small_max_in_flight() {
         .tempdir_in("/tmp")
         .unwrap();
     let (stop_swarm, stop_rx) = tokio::sync::watch::channel(false);
-    let swarm = tokio::spawn(run_swarm(
+    let stats = std::sync::Arc::new(Stats::default());
+    let swarm = tokio::spawn(run_swarm_with(
         SwarmOptions {
             count: N,
             master: MasterAddr {
@@ -92,6 +94,7 @@ async fn five_hundred_minions_authenticate_behind_a_small_max_in_flight() {
             transport: Default::default(),
         },
         stop_rx,
+        stats.clone(),
     ));
     // Every minion that authenticated holds a publish session through saltgate; meanwhile the
     // gate never lets more than LIMIT `_auth` reach the master, and the master stays UP.
@@ -115,12 +118,17 @@ async fn five_hundred_minions_authenticate_behind_a_small_max_in_flight() {
             "saltgate_listener_sessions_current",
             "listener=\"publish\"",
         );
-        if live >= N as f64 {
+        // Each minion sends its start event once authenticated and subscribed: stop the swarm
+        // only when every one has sent it.
+        let started = stats
+            .start_events
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if live >= N as f64 && started >= N as u64 {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "not all authenticated within 300 s: {live} publish sessions"
+            "not all authenticated within 300 s: {live} publish sessions, {started} start events"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -190,7 +190,16 @@ pub fn print_record(v: &serde_json::Value, json: bool, summary: bool) {
 /// Runs the swarm until `stop` fires or `opts.duration` passes; returns the summary record.
 pub async fn run_swarm(
     opts: SwarmOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<serde_json::Value, SwarmError> {
+    run_swarm_with(opts, stop, Arc::default()).await
+}
+
+/// [`run_swarm`], counting into `stats` (which the caller may read while it runs).
+pub async fn run_swarm_with(
+    opts: SwarmOptions,
     mut stop: watch::Receiver<bool>,
+    stats: Arc<Stats>,
 ) -> Result<serde_json::Value, SwarmError> {
     let started = Instant::now();
     raise_nofile();
@@ -216,7 +225,6 @@ pub async fn run_swarm(
     let lc = Arc::new(lc);
     let host = Arc::new(HostGrains::collect());
     let statics = Arc::new(Vec::new());
-    let stats = Arc::new(Stats::default());
     let mut tasks = tokio::task::JoinSet::new();
     let gap = Duration::from_secs_f64(1.0 / f64::from(opts.start_rate.max(1)));
     let mut report = tokio::time::interval(opts.report_every.max(Duration::from_millis(100)));

@@ -2,8 +2,10 @@
 //! (docs/configuration.md, docs/performance.md).
 //!
 //! Each master has a [`Gate`]: at most `max_in_flight` `_auth` sent to it and not yet answered.
-//! One more waits in the gate, first in, first out (a fair tokio semaphore), its bytes held by
-//! the session ([`super::auth_hold`]); the master does not see it. A waiting `_auth` leaves the
+//! One more waits in the gate, its bytes held by the session ([`super::auth_hold`]); the master
+//! does not see it. A free place goes to the oldest waiting `_auth` while the oldest has waited
+//! less than a quarter of `auth_timeout`, and to the newest past that ([`Gate::dispatch`]: in a
+//! storm the oldest are the ones whose minions give up before the master's answer). A waiting `_auth` leaves the
 //! queue without reaching the master when its minion closes the connection (`minion_closed`),
 //! when it waited longer than `max_wait` (`max_wait`), or at once when `max_queue` are waiting
 //! already (`queue_full`). A permit is given back when the master's reply to that `_auth` is
@@ -102,6 +104,8 @@ struct Adapt {
 pub struct Gate {
     master: String,
     sem: Arc<Semaphore>,
+    /// The `_auth` waiting for a place, by arrival (see [`Gate::dispatch`]).
+    waiters: Mutex<Waiters>,
     adapt: Mutex<Adapt>,
     auto: std::sync::atomic::AtomicBool,
     auth_timeout_ms: AtomicU64,
@@ -150,6 +154,7 @@ impl Gate {
         let g = Gate {
             master: master.to_owned(),
             sem: Arc::new(Semaphore::new(limit as usize)),
+            waiters: Mutex::new(Waiters::default()),
             adapt: Mutex::new(Adapt {
                 limit,
                 grown: 0,
@@ -248,12 +253,52 @@ impl Gate {
         }
         a.limit = n;
         self.g_limit.set(n.into());
+        drop(a);
+        self.dispatch();
+    }
+
+    fn waiters(&self) -> std::sync::MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gives free places to waiting `_auth`, one each: the oldest first while the oldest has
+    /// waited less than [`lifo_after`] (a short queue is served in order), the newest first
+    /// past it. In a storm the master answers slower than `_auth` come, the queue's oldest are
+    /// all about to give up (their minions' `auth_timeout`), and an oldest-first gate would send
+    /// the master only `_auth` whose minions leave before the answer: the newest still have
+    /// their whole `auth_timeout` ahead (the adaptive LIFO of overloaded servers; the old ones
+    /// reach `max_wait` in the queue and cost the master nothing).
+    fn dispatch(&self) {
+        let mut w = self.waiters();
+        let now = Instant::now();
+        let lifo = lifo_after(self.auth_timeout());
+        while let Some((&oldest, first)) = w.map.first_key_value() {
+            let Ok(p) = self.sem.clone().try_acquire_owned() else {
+                break;
+            };
+            let id = if now.saturating_duration_since(first.since) < lifo {
+                oldest
+            } else {
+                w.map.last_key_value().map_or(oldest, |(&id, _)| id)
+            };
+            let Some(waiter) = w.map.remove(&id) else {
+                break;
+            };
+            // A waiter that went in the meantime gives the place back (to the next, this loop).
+            let _ = waiter.tx.send(p);
+        }
+    }
+
+    fn auth_timeout(&self) -> Duration {
+        Duration::from_millis(self.auth_timeout_ms.load(Ordering::Relaxed))
     }
 
     /// Asks to send one `_auth` to this master: admitted at once, queued (wait on the
     /// [`Queued`]), or dropped when `max_queue` are waiting already.
     pub fn enter(self: &Arc<Self>, max_queue: u32) -> Result<Entry, Dropped> {
+        let mut w = self.waiters();
         if let Ok(p) = self.sem.clone().try_acquire_owned() {
+            drop(w);
             self.wait.observe(0.0);
             return Ok(Entry::Admitted(self.admit(p)));
         }
@@ -261,20 +306,18 @@ impl Gate {
             self.dropped[2].inc();
             return Err(Dropped::QueueFull);
         }
-        let mut acquire: Acquire = Box::pin(self.sem.clone().acquire_owned());
-        // Polled once now: tokio's semaphore queues a waiter when it is first polled, and the
-        // order of the queue is the order of `enter`.
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if let std::task::Poll::Ready(Ok(p)) = acquire.as_mut().poll(&mut cx) {
-            self.wait.observe(0.0);
-            return Ok(Entry::Admitted(self.admit(p)));
-        }
+        let since = Instant::now();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let id = w.next;
+        w.next += 1;
+        w.map.insert(id, Waiter { since, tx });
         self.queued.fetch_add(1, Ordering::Relaxed);
         self.g_queued.inc();
         Ok(Entry::Queued(Queued {
             gate: self.clone(),
-            since: Instant::now(),
-            acquire,
+            id,
+            since,
+            rx,
             queued: true,
         }))
     }
@@ -326,19 +369,32 @@ pub enum Entry {
     Queued(Queued),
 }
 
-type Acquire = std::pin::Pin<
-    Box<
-        dyn std::future::Future<Output = Result<OwnedSemaphorePermit, tokio::sync::AcquireError>>
-            + Send,
-    >,
->;
+/// How long the oldest waiting `_auth` may have waited before the newest go first
+/// ([`Gate::dispatch`]): a quarter of the minions' `auth_timeout`.
+pub fn lifo_after(auth_timeout: Duration) -> Duration {
+    auth_timeout / 4
+}
+
+/// The waiting `_auth`, by arrival number.
+#[derive(Default)]
+struct Waiters {
+    next: u64,
+    map: std::collections::BTreeMap<u64, Waiter>,
+}
+
+struct Waiter {
+    since: Instant,
+    tx: tokio::sync::oneshot::Sender<OwnedSemaphorePermit>,
+}
 
 /// A held `_auth` waiting for its master's gate. Dropped before it is admitted, it leaves the
 /// queue and counts as `minion_closed` unless [`Queued::abandon`] said otherwise.
 pub struct Queued {
     gate: Arc<Gate>,
+    id: u64,
     since: Instant,
-    acquire: Acquire,
+    /// Where [`Gate::dispatch`] sends this one's place.
+    rx: tokio::sync::oneshot::Receiver<OwnedSemaphorePermit>,
     /// Still counted in the queue.
     queued: bool,
 }
@@ -353,14 +409,15 @@ impl Queued {
     /// kept across calls until it is admitted or dropped.
     pub async fn wait(&mut self, max_wait: Duration) -> Result<AuthPermit, Dropped> {
         let until = self.since + max_wait;
-        match tokio::time::timeout_at(until, &mut self.acquire).await {
+        match tokio::time::timeout_at(until, &mut self.rx).await {
             Ok(Ok(p)) => {
                 let g = &self.gate;
                 let late = self.since.elapsed()
                     + Duration::from_millis(g.latency_ms.load(Ordering::Relaxed));
-                if late >= Duration::from_millis(g.auth_timeout_ms.load(Ordering::Relaxed)) {
+                if late >= g.auth_timeout() {
                     // Its minion gives up before the master could answer: the place goes on.
                     drop(p);
+                    g.dispatch();
                     self.leave(Some(Dropped::MaxWait));
                     return Err(Dropped::MaxWait);
                 }
@@ -368,10 +425,23 @@ impl Queued {
                 self.gate.wait.observe(self.since.elapsed().as_secs_f64());
                 Ok(self.gate.admit(p))
             }
-            // The semaphore is never closed; a timeout either way.
+            // The gate never drops a waiter's sender without sending; a timeout either way.
             Ok(Err(_)) | Err(_) => {
+                self.withdraw();
                 self.leave(Some(Dropped::MaxWait));
                 Err(Dropped::MaxWait)
+            }
+        }
+    }
+
+    /// Leaves the gate's list of waiters; a place it was given meanwhile goes to the next.
+    fn withdraw(&mut self) {
+        let listed = self.gate.waiters().map.remove(&self.id).is_some();
+        if !listed {
+            // Sent under the lock just taken: it is there, or was received already.
+            if let Ok(p) = self.rx.try_recv() {
+                drop(p);
+                self.gate.dispatch();
             }
         }
     }
@@ -395,6 +465,7 @@ impl Queued {
 
 impl Drop for Queued {
     fn drop(&mut self) {
+        self.withdraw();
         self.leave(Some(Dropped::MinionClosed));
     }
 }
@@ -443,6 +514,9 @@ impl Drop for AuthPermit {
             .is_ok();
         if owed {
             p.forget();
+        } else {
+            drop(p);
+            self.gate.dispatch();
         }
     }
 }

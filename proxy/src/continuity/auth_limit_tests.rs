@@ -200,3 +200,60 @@ async fn a_turn_that_comes_too_late_for_the_minions_auth_timeout_is_dropped() {
     let _p = admitted(g.enter(10));
     assert_eq!(g.view().dropped_max_wait, 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn past_a_quarter_of_auth_timeout_in_the_queue_the_newest_auth_goes_first() {
+    let limits = AuthLimits::new(&Registry::new());
+    let cfg = AuthLimit {
+        max_wait: Duration::from_secs(60),
+        ..fixed(1)
+    };
+    let g = limits.gate("m1", &cfg);
+    let p = admitted(g.enter(10));
+    let mut old = queued(g.enter(10));
+    // The oldest has waited past auth_timeout / 4 (5 s / 4) when the place comes back.
+    tokio::time::advance(lifo_after(cfg.auth_timeout) + Duration::from_millis(1)).await;
+    let mut newer = queued(g.enter(10));
+    let mut newest = queued(g.enter(10));
+    drop(p);
+    let p = newest
+        .wait(Duration::from_secs(60))
+        .await
+        .expect("the newest goes first");
+    assert_eq!((g.in_flight(), g.queued()), (1, 2));
+    // The next place: the oldest has still waited too long; the next newest goes.
+    drop(p);
+    let p = newer
+        .wait(Duration::from_secs(60))
+        .await
+        .expect("then the next newest");
+    drop(p);
+    // Alone in the queue, the old one goes last (unless its turn is too late: it is not yet).
+    let p = old
+        .wait(Duration::from_secs(60))
+        .await
+        .expect("then the old one");
+    assert_eq!(g.view().admitted, 4);
+    drop(p);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_place_given_to_a_waiter_that_left_goes_to_the_next() {
+    let limits = AuthLimits::new(&Registry::new());
+    let g = limits.gate("m1", &fixed(1));
+    let p = admitted(g.enter(10));
+    let gone = queued(g.enter(10));
+    let mut next = queued(g.enter(10));
+    // The place is sent to `gone` (the oldest) before it notices; its minion then leaves.
+    drop(p);
+    drop(gone);
+    let p = next
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("the place went on to the next");
+    assert_eq!((g.in_flight(), g.queued()), (1, 0));
+    drop(p);
+    drop(next);
+    assert_eq!(g.in_flight(), 0);
+    assert!(matches!(g.enter(10), Ok(Entry::Admitted(_))));
+}
