@@ -44,7 +44,8 @@ async fn a_zeromq_master_behind_transport_tcp_is_named() {
         .unwrap_err();
     assert!(e.starts_with("salt ping (tcp)"), "{e}");
     assert!(e.contains("set `transport: zeromq`"), "{e}");
-    // The publish check connects only: a ZMTP publisher passes it (the request port tells).
+    // A ZMTP publisher passes the publish check (it greets: bytes from the master pass the read
+    // stage); the request port tells.
     check(&t, a, Role::Publish, health(Probe::Salt))
         .await
         .unwrap();

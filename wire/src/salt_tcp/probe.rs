@@ -3,7 +3,11 @@
 //! (websocket upgrade on `/ws`), Salt's clear `ping` framed for the transport, its reply read within
 //! the deadline; a 3008 cluster member answering `cluster_retry` is [`SaltProbeError::NotReady`].
 //! Publish port: connect, (TLS handshake), (websocket upgrade), then a clean close: nothing is sent
-//! that Salt's publish server would have to parse.
+//! that Salt's publish server would have to parse. On plain `tcp`, [`reads_check`] (below): Salt's
+//! `tcp` publish server reads every subscriber's bytes (`PublishServer._stream_read`, minions'
+//! presence messages, into an `Unpacker` of 1 MiB), so a stopped one is told there as well, and
+//! a hung master is DOWN within `interval + fall x handshake_timeout` even when it stopped while
+//! a request-port check waited for its `ping`'s answer (up to `timeout`).
 //!
 //! Two stages, as for ZeroMQ: the connect and the handshakes within `handshake_timeout`, the
 //! whole exchange within `timeout`. A TLS handshake and the websocket upgrade are answered by the
@@ -159,6 +163,12 @@ pub async fn publish_check(
     handshake_timeout: Duration,
 ) -> Result<Duration, SaltProbeError> {
     let start = Instant::now();
+    if target.transport == Transport::Tcp && !has_tls(target) {
+        // Nothing to handshake: the publish server's process reads what minions send (their
+        // presence messages), so the same stage as the request port's tells a stopped one.
+        reads_check(target.addr, handshake_timeout).await?;
+        return Ok(start.elapsed());
+    }
     let hs = Deadline::now() + handshake_timeout;
     let (mut s, _rest) = open(target, hs, handshake_timeout).await?;
     if target.transport == Transport::Ws {

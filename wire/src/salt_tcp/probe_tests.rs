@@ -97,7 +97,7 @@ async fn tcp_ping_is_matched_by_mid_and_cluster_retry_is_not_ready() {
     ready.store(false, Ordering::SeqCst);
     let e = salt_ping_staged(&t, HS, T).await.unwrap_err();
     assert!(e.is_not_ready(), "{e}");
-    // The publish check only connects.
+    // The publish check: the read stage (this master reads what it is sent).
     publish_check(&t, HS).await.unwrap();
 }
 
