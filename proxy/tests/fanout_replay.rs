@@ -216,22 +216,8 @@ async fn after_a_failover_the_surviving_node_replays_the_gap_to_a_minion_it_neve
     let mut c = minion(&a, "minion-f", "127.0.5.46").await;
     until_received(&master, &mut c, "before").await;
     let before_done = tokio::time::Instant::now();
-    // A's last ready, as B saw it, must be later than the margin after the "before" jobs.
-    wait_until_async("B saw A ready well after the last 'before' job", || async {
-        let v = view().await;
-        let ago = v["replay"]["peer"]["last_ready_s_ago"]
-            .as_f64()
-            .unwrap_or(f64::MAX);
-        before_done.elapsed().as_secs_f64() - ago > 2.5
-    })
-    .await;
-
     // Node A dies (its shutdown: /ready fails at once); the minion's session goes with it.
-    drop(stop_a);
-    wait_until_async("B sees A not ready", || async {
-        view().await["replay"]["peer"]["ready"] == false
-    })
-    .await;
+    a_dies_once_b_saw_it_ready_after(b_admin, before_done, stop_a).await;
     drop(c);
     let kept = view().await["replay"]["jobs_kept"].as_u64().unwrap_or(0);
     master.publish(vec![Bytes::from_static(b"gap:1")]);
@@ -399,29 +385,11 @@ async fn after_a_failover_a_minion_whose_sub_comes_first_gets_the_gap_once() {
     };
     let (b, _stop_b) = run(&m, Some(peer)).await;
     let b_admin = b.admin_addr().unwrap();
-    let view = || async move {
-        common::api::json(b_admin, "GET", "/api/v1/fanout", None)
-            .await
-            .1
-    };
     wait_until("both hubs' upstreams", T, || master.subscriber_count() == 2).await;
     let mut c = minion(&a, "late-f", "127.0.5.54").await;
     until_received(&master, &mut c, "before").await;
     let before_done = tokio::time::Instant::now();
-    // B's last sight of A ready is later than the replay margin after the "before" jobs.
-    wait_until_async("B saw A ready well after the last 'before' job", || async {
-        let v = view().await;
-        let ago = v["replay"]["peer"]["last_ready_s_ago"]
-            .as_f64()
-            .unwrap_or(f64::MAX);
-        before_done.elapsed().as_secs_f64() - ago > 2.5
-    })
-    .await;
-    drop(stop_a);
-    wait_until_async("B sees A not ready", || async {
-        view().await["replay"]["peer"]["ready"] == false
-    })
-    .await;
+    a_dies_once_b_saw_it_ready_after(b_admin, before_done, stop_a).await;
     drop(c);
     let mut published = vec!["gap:1".to_string(), "gap:2".to_string()];
     for job in &published {
@@ -458,4 +426,32 @@ where
         assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until node B saw node A ready later than the replay margin after `before_done` (the
+/// last "before" job), then stops A (its shutdown: `/ready` fails at once) and waits until B
+/// sees A not ready.
+async fn a_dies_once_b_saw_it_ready_after<T>(
+    b_admin: std::net::SocketAddr,
+    before_done: tokio::time::Instant,
+    stop_a: T,
+) {
+    let view = || async move {
+        common::api::json(b_admin, "GET", "/api/v1/fanout", None)
+            .await
+            .1
+    };
+    wait_until_async("B saw A ready well after the last 'before' job", || async {
+        let v = view().await;
+        let ago = v["replay"]["peer"]["last_ready_s_ago"]
+            .as_f64()
+            .unwrap_or(f64::MAX);
+        before_done.elapsed().as_secs_f64() - ago > 2.5
+    })
+    .await;
+    drop(stop_a);
+    wait_until_async("B sees A not ready", || async {
+        view().await["replay"]["peer"]["ready"] == false
+    })
+    .await;
 }
