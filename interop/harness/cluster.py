@@ -108,6 +108,16 @@ pillar_roots:
     - {self.shared}/srv/pillar
 {self._transport_conf("master")}""")
 
+    def parse_errors(self):
+        """{master ip: lines of its log with a request-parsing traceback} (on tcp, what the ZeroMQ
+        probe's greeting made a tcp master log on every check: "Exception parsing response ...
+        TypeError: 'int' object is not subscriptable"; saltgate's tcp checks must cause none)"""
+        out = {}
+        for ip in MASTERS + self.joined:
+            data = read_from(self.master_log(ip), 0) or b""
+            out[ip] = sum(1 for l in data.splitlines() if b"Exception parsing" in l or b"not subscriptable" in l)
+        return out
+
     def log_has(self, ip, off, pat, also=None):
         """PAT appears in the master's log after byte OFF (on one line together with ALSO, if given)"""
         data = read_from(self.master_log(ip), off)

@@ -93,9 +93,19 @@ class Suite:
             ok = False
         finally:
             self.results.sort(key=lambda r: r["id"])
+            extra = timing.suite_lines(self)
+            if self.cluster.transport != "zeromq" and self.results:
+                pe = self.cluster.parse_errors()
+                extra.append(f"- masters' logs: {sum(pe.values())} request-parsing traceback(s) ('Exception parsing', "
+                             f"'not subscriptable'; per master {' / '.join(str(pe[ip]) for ip in MASTERS)})"
+                             + ("" if not sum(pe.values()) else ": FAIL (saltgate's tcp checks must send only "
+                                                                "well-formed frames)"))
+                if sum(pe.values()):
+                    ok = False
+                    print("RESULT suite: FAIL (request-parsing tracebacks in the masters' logs)", flush=True)
             if self.results:
                 t = report.table(self.results, self.lbs, self.t_start, self.a.spread_wait,
-                                 extra=timing.suite_lines(self), n_sgm=len(self.sgm_minions),
+                                 extra=extra, n_sgm=len(self.sgm_minions),
                                  transport=self.cluster.transport_label())
                 with open(self.a.results, "w") as f:
                     f.write(t)
