@@ -25,8 +25,11 @@ class Cluster:
         self.master_cmd = master_cmd or Command.salt(bin_dir, "salt-master")
         # Salt applies source_address to the publish socket only; pyshim/sitecustomize.py applies
         # it to the request socket too (see there), so presence can pair a minion's two sessions
-        self.minion_cmd = minion_cmd or Command(Command.salt(bin_dir, "salt-minion").argv, env={
-            "PYTHONPATH": os.path.join(INTEROP_DIR, "pyshim"), "INTEROP_REQ_SOURCE": "1"})
+        # (and on Salt's tcp transport, INTEROP_TCP_SOURCE: to both sockets, which it ignores there)
+        env = {"PYTHONPATH": os.path.join(INTEROP_DIR, "pyshim"), "INTEROP_REQ_SOURCE": "1"}
+        if transport != "zeromq":
+            env["INTEROP_TCP_SOURCE"] = "1"
+        self.minion_cmd = minion_cmd or Command(Command.salt(bin_dir, "salt-minion").argv, env=env)
         self.master_log_off = {}
         self.key_changed = False
         self.joined = []  # masters started outside MASTERS (scenario 7's joiner): they stay in the cluster

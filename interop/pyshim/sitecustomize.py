@@ -14,7 +14,8 @@ Salt's `tcp` transport (TRANSPORT=tcp) ignores the source on both sockets: its P
 RequestClient pass `source_ip`/`source_port` to tornado's TCPClient.connect, but Salt's own
 TCPClientKeepAlive._create_stream (salt/transport/tcp.py) swallows them ("use **kwargs to swallow
 these") and connects an unbound socket, so every tcp minion dials from 127.0.0.1. The second patch
-binds that socket to the source before the connect, and changes nothing else (the socket options,
+(INTEROP_TCP_SOURCE=1: TRANSPORT=tcp runs
+only) binds that socket to the source before the connect, and changes nothing else (the socket options,
 keepalive and write-buffer cap are Salt's own helpers, as in the original)."""
 import os
 
@@ -37,6 +38,7 @@ if os.environ.get("INTEROP_REQ_SOURCE") == "1":
 
         _zmq.RequestClient.get_master_uri = staticmethod(_get_master_uri)
 
+if os.environ.get("INTEROP_TCP_SOURCE") == "1":
     try:
         import salt.transport.tcp as _tcp
         import tornado.iostream as _iostream
