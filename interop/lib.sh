@@ -64,3 +64,32 @@ haproxy_variant() {
     die "haproxy_variant: expected 2 backends with 'balance' in $fixture"
   printf '%s\n' "$out"
 }
+
+# make_test_pki DIR IP...: a throw-away test CA (DIR/ca.pem, ca.key), one server certificate it
+# signed (DIR/server.pem, server.key) whose subjectAltName lists every IP given: the masters' own
+# addresses (saltgate's checks and the masters' own clients verify the name against the master
+# they dial) and the load balancers' front addresses (a minion verifies the name it dialled, i.e.
+# the front's); and one client certificate (DIR/client.pem, client.key, CN salt-client) for the
+# minions and saltgate's checks: Salt 3008.5's tcp publish server closes a TLS subscriber that
+# presented no verified client certificate (docs/interop.md). Made with the openssl CLI at each
+# TLS=1 run, in the run directory; nothing of it is committed.
+make_test_pki() {
+  local dir=$1 san ip
+  shift
+  mkdir -p "$dir"
+  san=""
+  for ip in "$@"; do san="${san:+$san,}IP:$ip"; done
+  (
+    cd "$dir" || exit 1
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=saltgate interop test CA" \
+      -keyout ca.key -out ca.pem 2>/dev/null &&
+      printf 'subjectAltName=%s\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n' "$san" >server.cnf &&
+      printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' >client.cnf &&
+      for who in server client; do
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=salt-$who" -keyout "$who.key" -out "$who.csr" 2>/dev/null &&
+          openssl x509 -req -in "$who.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+            -extfile "$who.cnf" -out "$who.pem" 2>/dev/null || exit 1
+      done
+  ) || { log "openssl failed making the test PKI in $dir"; return 1; }
+  chmod 600 "$dir"/*.key
+}

@@ -35,6 +35,20 @@
 #   MINION_MULTIPROCESSING=0  Salt minions run jobs in threads (`multiprocessing: False`); 1: Salt's
 #                          default, a forked process per job (much more CPU: see harness/common.py)
 #   KEEP=1                 keep the run directory (logs, configs) even when everything passed
+#   TRANSPORT=tcp          Salt's `tcp` transport (issue 27) instead of ZeroMQ (TRANSPORT=zeromq, the
+#                          default): masters and stock minions get `transport: tcp`, saltgate is
+#                          configured by `import-haproxy --transport tcp` (its default Salt-aware
+#                          probe), HAProxy is unchanged (TCP mode). No saltgate-minions and no
+#                          fan-out slot (fan-out is refused for tcp: docs/fanout.md); scenarios
+#                          1 2 4 3 by default; results in interop/results/latest-tcp.md
+#   TLS=1                  with TRANSPORT=tcp: Salt's `ssl` on the masters (server certificate, a
+#                          client certificate required, `worker_pools_enabled: False`: the 3008.5
+#                          bug in docs/configuration.md) and the minions (a client certificate,
+#                          `ca_certs`, CERT_REQUIRED); a test CA, one server certificate naming
+#                          the masters' and both load balancers' addresses and one client
+#                          certificate are made with openssl in RUN/tls at each run; saltgate gets
+#                          `--ssl-ca-certs RUN/tls/ca.pem` and the client certificate; results in
+#                          interop/results/latest-tcp-tls.md
 #   SALTGATE_VENV, SALT_VERSION   passed to interop/setup.sh (venv cache location / Salt version)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -45,7 +59,25 @@ ROOT=$(cd "$HERE/.." && pwd)
 T_START=$(date +%s)
 SG_IMPL=${SG_IMPL:-saltgate}
 FIXTURE=$ROOT/examples/haproxy/salt-master-cluster-loopback.cfg
-RESULTS=${RESULTS-$HERE/results/latest.md}
+TRANSPORT=${TRANSPORT:-zeromq}
+TLS=${TLS:-0}
+case "$TRANSPORT" in
+  zeromq)
+    [ "$TLS" = 0 ] || die "TLS=1 needs TRANSPORT=tcp (Salt's ssl is for its tcp and ws transports)"
+    RESULTS=${RESULTS-$HERE/results/latest.md} ;;
+  tcp)
+    [ "$TLS" = 0 ] || [ "$TLS" = 1 ] || die "TLS must be 0 or 1 (got '$TLS')"
+    [ "${SGM:-0}" = 0 ] || die "SGM=1 is not supported with TRANSPORT=tcp (the tcp run has Salt's minions only)"
+    [ "${FANOUT:-0}" = 0 ] || die "FANOUT=1 cannot run with TRANSPORT=tcp: saltgate refuses listeners.publish.mode: fanout on tcp (docs/fanout.md)"
+    SGM=0 FANOUT=0
+    if [ "$TLS" = 1 ]; then RESULTS=${RESULTS-$HERE/results/latest-tcp-tls.md}
+    else RESULTS=${RESULTS-$HERE/results/latest-tcp.md}; fi
+    SCENARIOS=${SCENARIOS:-1 2 4 3}
+    for sc in $SCENARIOS; do
+      case "$sc" in 1|2|3|4) ;; *) die "scenario $sc is not in the tcp run (SCENARIOS from 1 2 3 4)" ;; esac
+    done ;;
+  *) die "TRANSPORT must be zeromq or tcp (got '$TRANSPORT')" ;;
+esac
 [ -f "$FIXTURE" ] || die "missing HAProxy fixture $FIXTURE"
 [ "$(id -u)" = 0 ] || die "run as root (the minions and masters run as root; the suite binds 127.0.0.x:4505/4506)"
 
@@ -98,10 +130,23 @@ trap 'rc=130; exit 130' INT
 trap 'rc=143; exit 143' TERM
 
 # ---- 3. load balancer configs, both from the same fixture --------------------
+IMPORT_ARGS=()
+TLS_ARGS=()
+if [ "$TRANSPORT" = tcp ]; then
+  IMPORT_ARGS=(--transport tcp)
+  if [ "$TLS" = 1 ]; then
+    command -v openssl >/dev/null || die "TLS=1 needs the openssl command"
+    make_test_pki "$RUN/tls" 127.0.0.1 127.0.0.10 127.0.0.2 127.0.0.3 127.0.0.4 ||
+      die "could not make the test CA and certificate in $RUN/tls"
+    log "test CA and server certificate (IP SANs 127.0.0.1, .10, .2-.4): $RUN/tls"
+    IMPORT_ARGS+=(--ssl-ca-certs "$RUN/tls/ca.pem")
+    TLS_ARGS=(--tls-dir "$RUN/tls")
+  fi
+fi
 haproxy_variant "$FIXTURE" 127.0.0.10 127.0.0.10 "$RUN/ha/admin.sock" >"$RUN/ha/haproxy.cfg"
 haproxy -c -q -f "$RUN/ha/haproxy.cfg" || die "haproxy rejects $RUN/ha/haproxy.cfg"
 if [ "$SG_IMPL" = saltgate ]; then
-  "$SALTGATE_BIN" import-haproxy "$FIXTURE" >"$RUN/sg/saltgate.yaml" ||
+  "$SALTGATE_BIN" import-haproxy "${IMPORT_ARGS[@]}" "$FIXTURE" >"$RUN/sg/saltgate.yaml" ||
     die "saltgate import-haproxy $FIXTURE failed"
   # scenario 6 (drain through the API) waits for the drain deadline: keep it short
   sed -i -E "s/^([[:space:]]*drain_timeout:)[[:space:]]*[^[:space:]#]+/\1 ${SG_DRAIN_TIMEOUT:-20s}/" "$RUN/sg/saltgate.yaml"
@@ -115,6 +160,15 @@ if [ "$SG_IMPL" = saltgate ]; then
   # so the new master is found without any edit to this file (harness/cluster.py: shared/pki)
   if [[ " ${SCENARIOS:-} " == *" 7 "* ]]; then
     printf 'discovery:\n  cluster_pki_dir: %s\n' "$RUN/shared/pki" >>"$RUN/sg/saltgate.yaml"
+  fi
+  if [ "$TLS" = 1 ]; then
+    # the masters require a client certificate (Salt's default; 3008.5's tcp publish server needs
+    # one anyway): saltgate's checks present the test client certificate (docs/configuration.md:
+    # "For a client certificate, add certfile/keyfile to its output")
+    sed -i -E "/^ssl:/,/^[^ ]/ s#^(  cert_reqs: CERT_REQUIRED)\$#\1\n  certfile: $RUN/tls/client.pem\n  keyfile: $RUN/tls/client.key#" \
+      "$RUN/sg/saltgate.yaml"
+    grep -qE "^  keyfile: $RUN/tls/client.key\$" "$RUN/sg/saltgate.yaml" ||
+      die "could not add the client certificate to ssl: in $RUN/sg/saltgate.yaml"
   fi
   "$SALTGATE_BIN" check-config "$RUN/sg/saltgate.yaml" >&2 ||
     die "saltgate check-config rejects its own import of $FIXTURE (see $RUN/sg/saltgate.yaml)"
@@ -131,6 +185,7 @@ fi
 set +e
 "$VENV/bin/python" "$HERE/suite.py" --run "$RUN" --venv "$VENV" --fixture "$FIXTURE" \
   --ha-config "$RUN/ha/haproxy.cfg" "${SG_ARGS[@]}" "${SGM_ARGS[@]}" \
+  --transport "$TRANSPORT" "${TLS_ARGS[@]}" \
   --scenarios "${SCENARIOS:-1 5 6 2 4 3}" --hang "${HANG_S:-30}" --fanout "${FANOUT:-1}" \
   --results "$RUN/results.md"
 rc=$?

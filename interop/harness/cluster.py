@@ -15,8 +15,9 @@ from .processes import Command
 
 
 class Cluster:
-    def __init__(self, run, bin_dir, procs, master_cmd=None, minion_cmd=None):
+    def __init__(self, run, bin_dir, procs, master_cmd=None, minion_cmd=None, transport="zeromq", tls_dir=None):
         self.run = run
+        self.transport, self.tls_dir = transport, tls_dir
         self.bin = bin_dir
         self.py = os.path.join(bin_dir, "python")
         self.shared = os.path.join(run, "shared")
@@ -24,11 +25,39 @@ class Cluster:
         self.master_cmd = master_cmd or Command.salt(bin_dir, "salt-master")
         # Salt applies source_address to the publish socket only; pyshim/sitecustomize.py applies
         # it to the request socket too (see there), so presence can pair a minion's two sessions
-        self.minion_cmd = minion_cmd or Command(Command.salt(bin_dir, "salt-minion").argv, env={
-            "PYTHONPATH": os.path.join(INTEROP_DIR, "pyshim"), "INTEROP_REQ_SOURCE": "1"})
+        # (and on Salt's tcp transport, INTEROP_TCP_SOURCE: to both sockets, which it ignores there)
+        env = {"PYTHONPATH": os.path.join(INTEROP_DIR, "pyshim"), "INTEROP_REQ_SOURCE": "1"}
+        if transport != "zeromq":
+            env["INTEROP_TCP_SOURCE"] = "1"
+        self.minion_cmd = minion_cmd or Command(Command.salt(bin_dir, "salt-minion").argv, env=env)
         self.master_log_off = {}
         self.key_changed = False
         self.joined = []  # masters started outside MASTERS (scenario 7's joiner): they stay in the cluster
+
+    # -- the transport (issue 27: Salt's tcp, with or without TLS) -----------------------------
+    def transport_label(self):
+        return "zeromq" if self.transport == "zeromq" else f"{self.transport}" + (" + TLS" if self.tls_dir else
+                                                                                  " (no TLS)")
+
+    def _transport_conf(self, side):
+        """the config lines of the transport for a master (SIDE 'master') or a minion; none on ZeroMQ.
+        TLS (run.sh's make_test_pki): the master serves the server certificate and requires a client
+        certificate from the test CA (Salt's server default, CERT_REQUIRED: 3008.5's tcp publish
+        server closes a subscriber with no verified client certificate whatever cert_reqs says, see
+        docs/interop.md); 3008.5 needs `worker_pools_enabled: False` with `ssl` (its pool router
+        wraps its IPC server in TLS while the IPC client speaks plain text: docs/configuration.md).
+        The minion presents the client certificate and verifies the master's against the test CA and
+        the name it dialled (the load balancer's address, which the certificate carries)."""
+        if self.transport == "zeromq":
+            return ""
+        out = f"transport: {self.transport}\n"
+        if not self.tls_dir:
+            return out
+        t = self.tls_dir
+        who = "server" if side == "master" else "client"
+        out += (f"ssl:\n  certfile: {t}/{who}.pem\n  keyfile: {t}/{who}.key\n  ca_certs: {t}/ca.pem\n"
+                "  cert_reqs: CERT_REQUIRED\n")
+        return out + ("worker_pools_enabled: False\n" if side == "master" else "")
 
     # -- masters: files ---------------------------------------------------------------------
     def mdir(self, ip):
@@ -80,7 +109,17 @@ file_roots:
 pillar_roots:
   base:
     - {self.shared}/srv/pillar
-""")
+{self._transport_conf("master")}""")
+
+    def parse_errors(self):
+        """{master ip: lines of its log with a request-parsing traceback} (on tcp, what the ZeroMQ
+        probe's greeting made a tcp master log on every check: "Exception parsing response ...
+        TypeError: 'int' object is not subscriptable"; saltgate's tcp checks must cause none)"""
+        out = {}
+        for ip in MASTERS + self.joined:
+            data = read_from(self.master_log(ip), 0) or b""
+            out[ip] = sum(1 for l in data.splitlines() if b"Exception parsing" in l or b"not subscriptable" in l)
+        return out
 
     def log_has(self, ip, off, pat, also=None):
         """PAT appears in the master's log after byte OFF (on one line together with ALSO, if given)"""
@@ -234,7 +273,7 @@ enable_fqdns_grains: False
 acceptance_wait_time: 5
 multiprocessing: {MINION_MULTIPROCESSING}
 source_address: {minion_source(mid)}
-""")
+{self._transport_conf("minion")}""")
                 self.procs.start_command("minion", mid, self.minion_cmd, os.path.join(d, "conf"),
                                          os.path.join(d, "stdout.log"))
         log(f"started {sum(len(lb.minions) for lb in lbs)} minions: "

@@ -23,7 +23,8 @@ class Suite:
         self.a = a
         self.run = a.run
         self.procs = Procs(os.path.join(self.run, "pids"))
-        self.cluster = Cluster(self.run, os.path.join(a.venv, "bin"), self.procs)
+        self.cluster = Cluster(self.run, os.path.join(a.venv, "bin"), self.procs, transport=a.transport,
+                               tls_dir=a.tls_dir)
         names = fixture_names(a.fixture)
         if a.sg_bin:
             sg = LB("sg", "saltgate", "127.0.0.1", "127.0.0.1", "saltgate", a.sg_config,
@@ -36,7 +37,7 @@ class Suite:
         self.sg, self.ha = sg, ha
         self.lbs = [sg, ha]
         self.fo = None  # the fan-out slot (harness/fanout.py), FANOUT=1 (the default) with saltgate
-        if a.sg_bin and a.fanout:
+        if a.sg_bin and a.fanout and a.transport == "zeromq":
             self.fo = FanoutLB(a.sg_config, os.path.join(self.run, "fo"), self.procs, names, a.sg_bin)
             self.lbs.append(self.fo)
         self.minions = [m for lb in self.lbs for m in lb.minions]  # Salt's minions: the job streams
@@ -92,9 +93,20 @@ class Suite:
             ok = False
         finally:
             self.results.sort(key=lambda r: r["id"])
+            extra = timing.suite_lines(self)
+            if self.cluster.transport != "zeromq" and self.results:
+                pe = self.cluster.parse_errors()
+                extra.append(f"- masters' logs: {sum(pe.values())} request-parsing traceback(s) ('Exception parsing', "
+                             f"'not subscriptable'; per master {' / '.join(str(pe[ip]) for ip in MASTERS)})"
+                             + ("" if not sum(pe.values()) else ": FAIL (saltgate's tcp checks must send only "
+                                                                "well-formed frames)"))
+                if sum(pe.values()):
+                    ok = False
+                    print("RESULT suite: FAIL (request-parsing tracebacks in the masters' logs)", flush=True)
             if self.results:
                 t = report.table(self.results, self.lbs, self.t_start, self.a.spread_wait,
-                                 extra=timing.suite_lines(self), n_sgm=len(self.sgm_minions))
+                                 extra=extra, n_sgm=len(self.sgm_minions),
+                                 transport=self.cluster.transport_label())
                 with open(self.a.results, "w") as f:
                     f.write(t)
                 print("\n" + t, flush=True)
@@ -124,9 +136,17 @@ def main():
     p.add_argument("--spread-wait", type=float, default=20, help="seconds after the restart before counting sessions")
     p.add_argument("--results", required=True)
     p.add_argument("--fanout", type=int, default=1, help="1: add the fan-out saltgate slot on 127.0.0.11")
+    p.add_argument("--transport", choices=("zeromq", "tcp"), default="zeromq",
+                   help="Salt's transport of the masters and minions (tcp: issue 27)")
+    p.add_argument("--tls-dir", help="with --transport tcp: Salt's ssl on masters and minions, from the test "
+                                     "CA and server certificate in this directory (run.sh's make_test_pki)")
     a = p.parse_args()
     if not (a.sg_bin and a.sg_config) and not a.sg_haproxy:
         p.error("need --sg-bin and --sg-config, or --sg-haproxy")
+    if a.tls_dir and a.transport != "tcp":
+        p.error("--tls-dir needs --transport tcp")
+    if a.transport != "zeromq" and (a.fanout or a.sgm_bin):
+        p.error("--transport tcp runs Salt's minions only: give --fanout 0 and no --sgm-bin")
 
     def on_term(signum, _frame):
         raise SystemExit(128 + signum)

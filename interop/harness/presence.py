@@ -55,11 +55,42 @@ def _per_master(s, listed):
     return out
 
 
+def _by_address(s, when, timeout):
+    """Under TLS (Salt's `ssl` on the tcp transport) presence is by address only (docs/presence.md):
+    no id can be read from an encrypted request stream, so /api/v1/minions must list nobody, and
+    what saltgate knows is each session's client address: every minion behind saltgate must hold a
+    publish session from its own source address in /api/v1/sessions."""
+    state = {}
+
+    def good():
+        listed = _listing(s.sg)
+        try:
+            st, body = s.sg.api("GET", "/api/v1/sessions?listener=publish&limit=10000")
+        except OSError as exc:
+            st, body = 0, str(exc)
+        if listed is None or st != 200 or not isinstance(body, dict):
+            state.update(bad=[f"admin API: minions {'not ' if listed is None else ''}200, sessions {st}"])
+            return False
+        clients = {x.get("client", "").rsplit(":", 1)[0] for x in body.get("sessions", [])}
+        bad = [f"{mid} listed" for mid in listed]
+        bad += [f"no publish session from {mid}'s address {minion_source(mid)}" for mid in s.sg.minions
+                if minion_source(mid) not in clients]
+        state.update(bad=bad, n=len(body.get("sessions", [])))
+        return not bad
+    if not wait_for(good, timeout, 1.0):
+        return False, f"presence ({when}, TLS: by address only): wrong after {timeout} s: {'; '.join(state['bad'][:8])}"
+    return True, (f"presence ({when}, TLS: by address only, docs/presence.md): /api/v1/minions lists no minion "
+                  f"(no id is readable under TLS); /api/v1/sessions shows a publish session from each of the "
+                  f"{len(s.sg.minions)} minions' own addresses ({state['n']} publish sessions)")
+
+
 def check(s, when, timeout=30):
     """(ok, note): the listing is right and its publish masters match `ss`, within TIMEOUT seconds
     (a minion that has just moved or reconnected may not be identified yet)"""
     if s.sg.kind != "saltgate":
         return True, f"presence ({when}): not checked (HAProxy in saltgate's slot)"
+    if s.cluster.tls_dir:
+        return _by_address(s, when, timeout)
     state = {}
 
     def good():

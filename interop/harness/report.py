@@ -36,10 +36,14 @@ def _missed_txt(missed):
     return txt
 
 
-def table(results, lbs, t_start, spread_wait, extra=(), n_sgm=0):
+def table(results, lbs, t_start, spread_wait, extra=(), n_sgm=0, transport="zeromq"):
     L = []
     sg_label = lbs[0].label
+    if transport != "zeromq":  # (the ZeroMQ run's header stays as it was)
+        L.append(f"## Transport: {transport}")
+        L.append("")
     L.append(f"Latest run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, Salt 3008.5, "
+             + ("" if transport == "zeromq" else f"transport: {transport} (masters and minions), ") +
              f"3 masters (127.0.0.2-4), {sg_label} on 127.0.0.1 and HAProxy on 127.0.0.10 "
              f"(both from `examples/haproxy/salt-master-cluster-loopback.cfg`)"
              + ("" if len(lbs) < 3 else f", {lbs[2].label} on {lbs[2].addr} (saltgate's config, publish "

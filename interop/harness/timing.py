@@ -2,7 +2,8 @@
 and which DOWN flips were not caused by the suite's own faults.
 
 - PingWatch: from the harness, Salt's clear `ping` on a master's request port every 0.1 s (pyzmq,
-  from the Salt venv the suite runs in): when its port first accepts a connect, when it first
+  from the Salt venv the suite runs in; on Salt's `tcp` transport the same ping framed as Salt's tcp
+  client frames it, over TLS with TLS=1): when its port first accepts a connect, when it first
   answers `cluster_retry` (up, not yet a cluster member), when it first answers the ping.
 - sg_checks: saltgate's own check results for one master, from its debug log lines
   (`saltgate_proxy::check=debug`, which lb.py turns on): time, port, ok, how long, why.
@@ -28,9 +29,10 @@ class PingWatch(threading.Thread):
     through before they answer anyone: that measures the harness, not the master.) Stops after
     ANSWERED clear answers or stop()."""
 
-    def __init__(self, ip, step=0.5, answered=3):
+    def __init__(self, ip, step=0.5, answered=3, transport="zeromq", tls_dir=None):
         super().__init__(daemon=True)
         self.ip, self.step, self.want = ip, step, answered
+        self.transport, self.tls_dir = transport, tls_dir
         self.halt = threading.Event()
         self.t_port = None  # the request port first accepted a TCP connect
         self.t_retry = None  # first cluster_retry answer
@@ -42,7 +44,73 @@ class PingWatch(threading.Thread):
         self.halt.set()
         self.join(3)
 
+    def _answer(self, load):
+        """record one reply's LOAD (cluster_retry, or an answer)"""
+        t = now()
+        if isinstance(load, dict) and load.get("cluster_retry"):
+            self.t_retry = self.t_retry or t
+        else:
+            self.t_answer = self.t_answer or t
+            self.answers += 1
+
+    def _wait_port(self):
+        while not self.halt.is_set() and self.t_port is None:
+            try:
+                socket.create_connection((self.ip, REQ_PORT), timeout=0.2).close()
+                self.t_port = now()
+            except OSError:
+                self.halt.wait(0.1)
+
+    def _run_tcp(self):
+        """Salt's tcp transport (salt/transport/tcp.py, frame.py): one connection per ping, the request
+        `msgpack({"head": {"mid": uuid4}, "body": envelope})`, the reply the same map; over TLS with
+        the test CA (the certificate names the master's address) and the test client certificate"""
+        import ssl
+        import uuid
+        import msgpack
+        ctx = None
+        if self.tls_dir:
+            ctx = ssl.create_default_context(cafile=f"{self.tls_dir}/ca.pem")
+            # the masters require a client certificate (harness/cluster.py)
+            ctx.load_cert_chain(f"{self.tls_dir}/client.pem", f"{self.tls_dir}/client.key")
+        self._wait_port()
+        while not self.halt.is_set() and self.answers < self.want:
+            try:
+                with socket.create_connection((self.ip, REQ_PORT), timeout=2) as raw:
+                    s = ctx.wrap_socket(raw, server_hostname=self.ip) if ctx else raw
+                    mid = str(uuid.uuid4())
+                    s.sendall(msgpack.packb({"head": {"mid": mid}, "body": {
+                        "enc": "clear", "load": {"cmd": "ping"}, "version": 3}}))
+                    s.settimeout(0.1)
+                    unp = msgpack.Unpacker(raw=False)
+                    reply = None
+                    while reply is None and not self.halt.is_set():
+                        try:
+                            b = s.recv(65536)
+                        except (socket.timeout, ssl.SSLWantReadError):
+                            continue
+                        if not b:
+                            raise OSError("closed by the master before a reply")
+                        unp.feed(b)
+                        for msg in unp:
+                            if isinstance(msg, dict) and (msg.get("head") or {}).get("mid") == mid:
+                                reply = msg
+                    if reply is None:
+                        break
+                    body = reply.get("body")
+                    if isinstance(body, bytes):
+                        body = msgpack.unpackb(body, raw=False)
+                    self._answer(body.get("load", body) if isinstance(body, dict) else body)
+            except OSError as exc:  # refused while it restarts, reset: try again
+                self.error = None if self.t_answer else f"tcp ping: {exc}"
+            self.halt.wait(self.step)
+        if self.t_answer:
+            self.error = None
+
     def run(self):
+        if self.transport != "zeromq":
+            self._run_tcp()
+            return
         try:
             import msgpack
             import zmq
@@ -52,12 +120,7 @@ class PingWatch(threading.Thread):
         ctx = zmq.Context()
         req = msgpack.packb({"enc": "clear", "load": {"cmd": "ping"}, "version": 3})
         try:
-            while not self.halt.is_set() and self.t_port is None:
-                try:
-                    socket.create_connection((self.ip, REQ_PORT), timeout=0.2).close()
-                    self.t_port = now()
-                except OSError:
-                    self.halt.wait(0.1)
+            self._wait_port()
             while not self.halt.is_set() and self.answers < self.want:
                 s = ctx.socket(zmq.REQ)
                 s.setsockopt(zmq.LINGER, 0)
@@ -69,13 +132,7 @@ class PingWatch(threading.Thread):
                     if self.halt.is_set():
                         break
                     reply = msgpack.unpackb(s.recv(), raw=False)
-                    t = now()
-                    load = reply.get("load", reply) if isinstance(reply, dict) else reply
-                    if isinstance(load, dict) and load.get("cluster_retry"):
-                        self.t_retry = self.t_retry or t
-                    else:
-                        self.t_answer = self.t_answer or t
-                        self.answers += 1
+                    self._answer(reply.get("load", reply) if isinstance(reply, dict) else reply)
                 except zmq.ZMQError as exc:
                     self.error = f"pyzmq: {exc}"
                     break

@@ -27,7 +27,7 @@ def run(s):
         return
     sp_down = s.spread()
     w = Watcher.started(s.lbs)
-    ping = PingWatch(victim)
+    ping = PingWatch(victim, transport=s.cluster.transport, tls_dir=s.cluster.tls_dir)
     ping.start()
     fo_before = fanout.snapshot(s)
     t0 = now()
