@@ -1,14 +1,13 @@
-//! The job stream (a `test.echo` a second through master1) and what it tells: who answered,
-//! who missed what, and whether a minion answered a job twice (the job cache).
+//! The job stream (a `test.echo` a second through master1) and what it tells: who answered and
+//! who missed what (whether a minion answered a job twice: [`crate::masters::Masters`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use saltgate_bench::lab::publish;
 use serde_json::Value;
 
+use crate::masters::Masters;
 use crate::JOB_TIMEOUT_S;
 
 /// One job of the stream: when it was published, its jid and who answered (None until it
@@ -21,8 +20,8 @@ pub struct Job {
 
 pub type Jobs = Arc<Mutex<Vec<Job>>>;
 
-/// Publishes a job every second through `socket` until `stop`.
-pub fn stream(socket: PathBuf, tgt: String, jobs: Jobs, stop: tokio::sync::watch::Receiver<bool>) {
+/// Publishes a job every second through master1 until `stop`.
+pub fn stream(masters: Masters, tgt: String, jobs: Jobs, stop: tokio::sync::watch::Receiver<bool>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut k = 0u64;
@@ -39,16 +38,16 @@ pub fn stream(socket: PathBuf, tgt: String, jobs: Jobs, stop: tokio::sync::watch
                 });
                 j.len() - 1
             };
-            let (socket, jobs, tgt) = (socket.clone(), jobs.clone(), tgt.clone());
+            let (masters, jobs, tgt) = (masters.clone(), jobs.clone(), tgt.clone());
             tokio::spawn(async move {
-                let p = publish(
-                    &socket,
-                    &tgt,
-                    "test.echo",
-                    &[Value::from(word.as_str())],
-                    JOB_TIMEOUT_S,
-                )
-                .await;
+                let p = masters
+                    .publish(
+                        &tgt,
+                        "test.echo",
+                        &[Value::from(word.as_str())],
+                        JOB_TIMEOUT_S,
+                    )
+                    .await;
                 let jid = p.as_ref().ok().map(|p| p.jid.clone());
                 let got = p
                     .map(|p| {
@@ -148,39 +147,4 @@ pub fn range(m: &BTreeMap<String, usize>, ids: &BTreeSet<String>) -> String {
     } else {
         format!("{lo}-{hi}")
     }
-}
-
-/// Returns stored more than once for one job by one of `ids`: (jid, minion, count). Read from
-/// master1's returns log in the cluster's job cache (`<cachedir>/jobs/<jid>/returns.master1.jsonl`,
-/// master-core/src/jobs.rs): master1 published every job, so it stores every return once,
-/// whichever member the minion returned to (the others forward it). A minion that runs a job
-/// twice returns it twice.
-pub fn returned_twice(cachedir: &Path, ids: &BTreeSet<String>) -> Vec<(String, String, usize)> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(cachedir.join("jobs")) else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let jid = e.file_name().to_string_lossy().into_owned();
-        let Ok(text) = std::fs::read_to_string(e.path().join("returns.master1.jsonl")) else {
-            continue;
-        };
-        let mut n: BTreeMap<String, usize> = BTreeMap::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let Ok(v) = serde_json::from_str::<Value>(line) else {
-                continue;
-            };
-            if let Some(id) = v.get("id").and_then(Value::as_str) {
-                if ids.contains(id) {
-                    *n.entry(id.to_string()).or_default() += 1;
-                }
-            }
-        }
-        out.extend(
-            n.into_iter()
-                .filter(|(_, c)| *c > 1)
-                .map(|(id, c)| (jid.clone(), id, c)),
-        );
-    }
-    out
 }

@@ -255,6 +255,8 @@ pub struct Lab {
     pub prefix: String,
     pub dir: PathBuf,
     pub saltgate: PathBuf,
+    /// How many swarm minions a scenario starts.
+    pub swarm: usize,
 }
 
 impl Lab {

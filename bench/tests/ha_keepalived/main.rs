@@ -10,12 +10,15 @@
 //!   saltgate binary; or, as the reference, Debian's HAProxy in TCP mode (the same masters and
 //!   checks; the VIP bound through `net.ipv4.ip_nonlocal_bind=1`) with the same keepalived files,
 //!   whose check is the one HAProxy users run: is haproxy alive (`kill -0` of its pid file);
-//! - `m`: a three-member saltgate-master cluster (192.0.2.21-23, `auto_accept`);
+//! - `m`: the masters on 192.0.2.21-23, `auto_accept`: a three-member saltgate-master cluster,
+//!   or, in the real-Salt variant below, three salt-master 3008.5 processes forming one Salt 3008
+//!   cluster (`salt.rs`);
 //! - `c`: a swarm of minions (`saltgate-minion swarm`) whose master is the VIP;
 //! - `s0`, `s1`: one stock salt-minion 3008.5 each (the venv's, `SALTGATE_VENV`), master the
 //!   VIP; one host each, as presence knows a Salt minion's publish session by its address.
 //!
-//! A job (`test.echo`) is published every second through master1's local socket the whole time.
+//! A job (`test.echo`) is published every second through master1 the whole time (saltgate-master:
+//! its local socket; Salt: `saltjobd.py`, Salt's LocalClient on master1's configuration).
 //! 1. Node A's load balancer and keepalived are SIGKILLed (each whole process group): the VIP
 //!    moves to B and every minion answers again through B.
 //! 2. A comes back: the load balancer first, keepalived once it is ready. The VIP stays on B
@@ -33,23 +36,37 @@
 //! the time until every stock and every swarm minion answered again (the first job published
 //! after the kill that they all answered; 1 s resolution), and the jobs missed per stock and
 //! per swarm minion. With replay every minion, stock and swarm, must miss 0 jobs in both
-//! failovers and around the restart, and none may answer a job twice (master1's returns log in
-//! the job cache).
+//! failovers and around the restart, and none may answer a job twice (saltgate-master: master1's
+//! returns log in the job cache; Salt: the return events on master1's event bus, to which every
+//! member pushes its own).
+//!
+//! Two tests, selected by name; they take turns if both run:
+//! - `the_vip_moves_between_two_saltgate_nodes_under_keepalived`: saltgate-master members, the
+//!   four modes, 12 swarm minions;
+//! - `ha_keepalived_real_salt`: three real salt-master 3008.5 (the venv's: interop/harness/
+//!   cluster.py's cluster configuration, the shared cluster key made before they start, the
+//!   founder first, ready when each logs "opening request gate"; `worker_threads: 2` each, to
+//!   spare CI's two cores), started by the test and stopped by process group at its end, also
+//!   when it fails; saltgate L4 (the reference) and fan-out + replay (the claim, the same
+//!   assertions), 6 swarm minions.
 //!
 //! Needs root, `ip`, keepalived and haproxy (.ci/run installs keepalived, scripts/test.sh
 //! haproxy), the real-Salt venv and the workspace's binaries (saltgate, saltgate-master,
 //! saltgate-minion in target/debug: `cargo build --bins`); the workspace run skips it (its
 //! ignore attribute says why) and `.ci/run` runs it:
-//! `cargo test -p saltgate-bench --test ha_keepalived -- --ignored --nocapture`.
+//! `cargo test -p saltgate-bench --test ha_keepalived -- --ignored --nocapture --exact NAME`.
 
 mod jobs;
 mod lab;
+mod masters;
+mod salt;
 mod scenario;
 mod stock;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use saltgate_bench::lab::{master_config, master_config_text, random_hex, MasterPorts};
@@ -57,6 +74,8 @@ use saltgate_test_support::write_openssl_key;
 
 use jobs::range;
 use lab::{bin, in_ns, unavailable, until, Lab, Netns};
+use masters::Masters;
+use salt::SaltJobs;
 use scenario::{scenario, Report};
 
 const VIP: &str = "192.0.2.10";
@@ -105,15 +124,46 @@ impl Mode {
         }
     }
 }
+/// The two tests take turns: each builds the whole lab, and the two cores of CI run one at a time.
+static ONE_LAB: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by .ci/run with --ignored"]
 async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
+    run(
+        "the_vip_moves_between_two_saltgate_nodes_under_keepalived",
+        Masters::SALTGATE,
+        &[Mode::Haproxy, Mode::L4, Mode::Fanout, Mode::Replay],
+        SWARM,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by .ci/run with --ignored"]
+async fn ha_keepalived_real_salt() {
+    run(
+        "ha_keepalived_real_salt",
+        Masters::REAL_SALT,
+        &REAL_SALT_MODES,
+        REAL_SALT_SWARM,
+    )
+    .await;
+}
+
+/// The real-Salt variant's modes: the L4 reference and the claim (fan-out with replay).
+const REAL_SALT_MODES: [Mode; 2] = [Mode::L4, Mode::Replay];
+/// Fewer swarm minions beside three real masters on CI's two cores.
+const REAL_SALT_SWARM: usize = 6;
+
+/// The lab with `which` masters; the scenarios of `modes`; the table and the checks.
+async fn run(test: &str, which: &str, modes: &[Mode], swarm: usize) {
     if let Some(why) = unavailable() {
-        println!("SKIPPED the_vip_moves_between_two_saltgate_nodes_under_keepalived: {why}");
+        println!("SKIPPED {test}: {why}");
         return;
     }
+    let _turn = ONE_LAB.lock().await;
     let started = Instant::now();
-    let master_bin = bin("saltgate-master");
     // In /run (root's, 0755; the lab directory 0700): keepalived's enable_script_security
     // disables a track_script below a directory others may write (such as /tmp, or a checkout
     // with loose permissions), so the saltgate binary it runs is copied in.
@@ -125,7 +175,12 @@ async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
     let d = dir.path().to_path_buf();
     let saltgate = d.join("saltgate");
     std::fs::copy(bin("saltgate"), &saltgate).unwrap();
-    let prefix = format!("sgha{}", std::process::id() % 100_000);
+    let tag = if which == Masters::REAL_SALT {
+        "sghr"
+    } else {
+        "sgha"
+    };
+    let prefix = format!("{tag}{}", std::process::id() % 100_000);
     let net = Netns::create(&prefix);
     let mut lab = Lab {
         procs: BTreeMap::new(),
@@ -133,9 +188,37 @@ async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
         prefix,
         dir: d.clone(),
         saltgate,
+        swarm,
+    };
+    let masters = if which == Masters::REAL_SALT {
+        salt::start_cluster(&mut lab).await;
+        println!(
+            "three salt-master 3008.5 cluster-ready in {:.0?}",
+            started.elapsed()
+        );
+        Masters::Salt(Arc::new(SaltJobs::start(&mut lab).await))
+    } else {
+        saltgate_masters(&mut lab).await
     };
 
-    // The masters: a saltgate-master cluster in namespace m.
+    let mut reports = Vec::new();
+    for how in modes {
+        reports.push(scenario(&mut lab, *how, &masters).await);
+    }
+    lab.nonlocal_bind(false);
+    print_reports(&reports);
+    println!(
+        "({which}: {STOCK} stock salt-minion 3008.5 and {swarm} swarm minions, a job a second; the whole test took {:.0?})",
+        started.elapsed()
+    );
+    check(&reports);
+    drop(lab);
+}
+
+/// The saltgate-master cluster in namespace m.
+async fn saltgate_masters(lab: &mut Lab) -> Masters {
+    let d = lab.dir.clone();
+    let master_bin = bin("saltgate-master");
     let secret = random_hex().unwrap();
     write_openssl_key(&d.join("shared/cpki/cluster.pem"));
     let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -168,21 +251,11 @@ async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
         cli_socket.exists()
     })
     .await;
-    // The cluster's job cache (master_config_text: `cachedir` shared under `shared/cache`).
-    let cachedir = d.join("shared/cache");
-
-    let mut reports = Vec::new();
-    for how in [Mode::Haproxy, Mode::L4, Mode::Fanout, Mode::Replay] {
-        reports.push(scenario(&mut lab, how, &cli_socket, &cachedir).await);
+    Masters::Saltgate {
+        cli: cli_socket,
+        // The cluster's job cache (master_config_text: `cachedir` shared under `shared/cache`).
+        cachedir: d.join("shared/cache"),
     }
-    lab.nonlocal_bind(false);
-    print_reports(&reports);
-    println!(
-        "({STOCK} stock salt-minion 3008.5 and {SWARM} swarm minions, a job a second; the whole test took {:.0?})",
-        started.elapsed()
-    );
-    check(&reports);
-    drop(lab);
 }
 
 fn print_reports(reports: &[Report]) {

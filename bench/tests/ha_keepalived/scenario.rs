@@ -1,16 +1,14 @@
 //! One scenario: the two nodes in one mode, the minions, the job stream, the failovers.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use saltgate_bench::lab::publish;
-
-use crate::jobs::{all_answered_after, misses, not_run, returned_twice, stream, Jobs};
+use crate::jobs::{all_answered_after, misses, not_run, stream, Jobs};
 use crate::lab::{bin, holds_vip, in_ns, replay_counters, until, Lab};
+use crate::masters::Masters;
 use crate::stock::{self, Restarted};
-use crate::{Mode, JOB_TIMEOUT_S, PORTS, STOCK, SWARM, VIP};
+use crate::{Mode, JOB_TIMEOUT_S, PORTS, STOCK, VIP};
 
 /// What one mode measured.
 pub struct Report {
@@ -51,7 +49,7 @@ fn reconnected(
     )
 }
 
-pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Path) -> Report {
+pub async fn scenario(lab: &mut Lab, how: Mode, masters: &Masters) -> Report {
     let mode = how.name();
     println!("== {mode}");
     lab.nonlocal_bind(how == Mode::Haproxy);
@@ -82,7 +80,7 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
         &[
             "swarm",
             "--count",
-            &SWARM.to_string(),
+            &lab.swarm.to_string(),
             "--master",
             &format!("{VIP}:{}", PORTS.request),
             "--publish-port",
@@ -101,7 +99,7 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
         &swarm_log,
     );
     lab.procs.insert("swarm".into(), swarm);
-    let swarm_ids: BTreeSet<String> = (0..SWARM)
+    let swarm_ids: BTreeSet<String> = (0..lab.swarm)
         .map(|i| saltgate_minion::swarm::minion_id(prefix, i))
         .collect();
     let stock_ids = stock::stock_set(prefix);
@@ -109,8 +107,13 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
 
     // Warm-up: one job answered by every minion.
     let t0 = Instant::now();
+    let mut tries = tokio::time::interval(Duration::from_secs(1));
     loop {
-        let p = publish(cli_socket, &format!("{prefix}*"), "test.ping", &[], 5).await;
+        // At most one try a second: a real master answers at once while no key matches yet.
+        tries.tick().await;
+        let p = masters
+            .publish(&format!("{prefix}*"), "test.ping", &[], 5)
+            .await;
         if p.is_ok_and(|p| p.returns.keys().cloned().collect::<BTreeSet<_>>() == ids) {
             break;
         }
@@ -123,12 +126,7 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
 
     let jobs: Jobs = Arc::default();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    stream(
-        cli_socket.to_path_buf(),
-        format!("{prefix}*"),
-        jobs.clone(),
-        stop_rx,
-    );
+    stream(masters.clone(), format!("{prefix}*"), jobs.clone(), stop_rx);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // 1. Node A dies: its load balancer and keepalived SIGKILLed.
@@ -199,7 +197,7 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
     let mut restarted = None;
     let b_window_end = Instant::now();
     if how == Mode::Replay {
-        let r = stock::kill_and_restart(lab, prefix, cli_socket, cachedir).await;
+        let r = stock::kill_and_restart(lab, prefix, masters).await;
         println!(
             "{mode}: {} killed while running a job and restarted; the job published while it was away returned {:.1?} after the kill",
             r.id, r.answered_after
@@ -242,7 +240,7 @@ pub async fn scenario(lab: &mut Lab, how: Mode, cli_socket: &Path, cachedir: &Pa
         final_ok,
         "{mode}: the last job was not answered by every minion"
     );
-    let twice = returned_twice(cachedir, &ids);
+    let twice = masters.returned_twice(&ids);
 
     let mut names = vec![
         "swarm".to_string(),

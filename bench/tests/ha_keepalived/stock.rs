@@ -5,11 +5,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use saltgate_bench::lab::publish;
 use saltgate_test_support::{venv, write_minion_config};
 use serde_json::Value;
 
 use crate::lab::{established_with, in_ns, until, Lab};
+use crate::masters::Masters;
 use crate::{PORTS, STOCK, STOCK_IPS, VIP};
 
 /// The stock minions' ids in a scenario whose ids start with `prefix`.
@@ -66,34 +66,18 @@ impl Restarted {
     }
 }
 
-/// The jid of the job in `cachedir` whose load mentions `word`, once master1 stored it.
-fn jid_of(cachedir: &Path, word: &str) -> Option<String> {
-    std::fs::read_dir(cachedir.join("jobs"))
-        .ok()?
-        .flatten()
-        .find(|e| {
-            std::fs::read_to_string(e.path().join("load.json")).is_ok_and(|t| t.contains(word))
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-}
-
 /// Stock minion 0 receives a job (`cmd.run`: append a word to a file in its own directory, then
 /// sleep) and is SIGKILLed once the word is there, before it returns; a second job is published
 /// while it is away; it is started again at once (within the replay window). The caller checks,
 /// at the end of the scenario, that each word is in the file exactly once ([`Restarted::runs`]).
-pub async fn kill_and_restart(
-    lab: &mut Lab,
-    prefix: &str,
-    cli: &Path,
-    cachedir: &Path,
-) -> Restarted {
+pub async fn kill_and_restart(lab: &mut Lab, prefix: &str, masters: &Masters) -> Restarted {
     let id = stock_ids(prefix).remove(0);
     let file = lab.dir.join(&id).join("ran");
     let started = format!("started-{}", std::process::id());
     let while_away = format!("while-away-{}", std::process::id());
     let cmd = format!("echo {started} >> {}; sleep 5", file.display());
-    let (c, t) = (cli.to_path_buf(), id.clone());
-    tokio::spawn(async move { publish(&c, &t, "cmd.run", &[Value::from(cmd)], 20).await });
+    let (m, t) = (masters.clone(), id.clone());
+    tokio::spawn(async move { m.publish(&t, "cmd.run", &[Value::from(cmd)], 20).await });
     until(
         Duration::from_secs(30),
         "the stock minion starting its job",
@@ -113,13 +97,12 @@ pub async fn kill_and_restart(
     .await;
     let closed = Instant::now();
     let cmd = format!("echo {while_away} >> {}", file.display());
-    let (c, t) = (cli.to_path_buf(), id.clone());
-    let away =
-        tokio::spawn(async move { publish(&c, &t, "cmd.run", &[Value::from(cmd)], 40).await });
+    let (m, t) = (masters.clone(), id.clone());
+    let away = tokio::spawn(async move { m.publish(&t, "cmd.run", &[Value::from(cmd)], 40).await });
     until(
         Duration::from_secs(10),
         "the job published while away",
-        || jid_of(cachedir, &while_away).is_some(),
+        || masters.published(&while_away),
     )
     .await;
     // Salt's claim of "responsibility" (pid and start time of the killed process) refused the
