@@ -140,7 +140,7 @@ async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by .ci/run with --ignored"]
+#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; does not pass yet (docs/ha.md: minions on B do not come back through A with real masters), so .ci/run does not run it"]
 async fn ha_keepalived_real_salt() {
     run(
         "ha_keepalived_real_salt",
