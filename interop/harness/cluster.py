@@ -166,13 +166,14 @@ pillar_roots:
         return r.stdout.strip() or r.stderr.strip()[-200:]
 
     # -- masters: start ---------------------------------------------------------------------
-    def start_cluster(self, attempts=3):
+    def start_cluster(self, attempts=5):
         """fresh start of all masters. 3008.5 still races on the shared cluster key even when cluster.pem
         exists beforehand: a join-reply unlinks and rewrites cluster.pem, and a master process that starts
         in that gap generates a key of its own ("Generating key-pair for .../cluster.pem") and keeps it in
         memory; minions then fail with "Unable to decrypt message". The founder (lowest address) is started
         first, the others once its ports are open; if a master still generated a cluster key, everything
-        is stopped, the state wiped, and the start retried."""
+        is stopped, the state wiped, and the start retried (five times: a TLS cluster once lost the race three
+        times in a row, 2026-11-28 11:42, and started at the next run; each attempt takes about 15 s)."""
         for attempt in range(1, attempts + 1):
             self.start_masters(MASTERS)
             bad = [ip for ip in MASTERS if self.log_has(ip, 0, "cluster.pem", also="Generating key-pair")]
