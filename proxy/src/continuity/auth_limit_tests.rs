@@ -10,6 +10,14 @@ fn fixed(n: u32) -> AuthLimit {
     }
 }
 
+/// [`fixed`] with a `max_wait` long enough that only the gate's order and its late check decide.
+fn patient(n: u32) -> AuthLimit {
+    AuthLimit {
+        max_wait: Duration::from_secs(60),
+        ..fixed(n)
+    }
+}
+
 fn admitted(e: Result<Entry, Dropped>) -> AuthPermit {
     match e {
         Ok(Entry::Admitted(p)) => p,
@@ -179,10 +187,7 @@ async fn auto_grows_while_answers_are_quick_and_cuts_when_they_are_slow() {
 #[tokio::test(start_paused = true)]
 async fn a_turn_that_comes_too_late_for_the_minions_auth_timeout_is_dropped() {
     let limits = AuthLimits::new(&Registry::new());
-    let cfg = AuthLimit {
-        max_wait: Duration::from_secs(60),
-        ..fixed(1)
-    };
+    let cfg = patient(1);
     let g = limits.gate("m1", &cfg);
     // The master answers in 2 s.
     let p = admitted(g.enter(10));
@@ -204,10 +209,7 @@ async fn a_turn_that_comes_too_late_for_the_minions_auth_timeout_is_dropped() {
 #[tokio::test(start_paused = true)]
 async fn past_a_quarter_of_auth_timeout_in_the_queue_the_newest_auth_goes_first() {
     let limits = AuthLimits::new(&Registry::new());
-    let cfg = AuthLimit {
-        max_wait: Duration::from_secs(60),
-        ..fixed(1)
-    };
+    let cfg = patient(1);
     let g = limits.gate("m1", &cfg);
     let p = admitted(g.enter(10));
     let mut old = queued(g.enter(10));
