@@ -98,6 +98,10 @@ struct Cli {
     /// authstorm: leave out the rotation storm (salt-key -d, then test.ping to all).
     #[arg(long)]
     authstorm_no_rotation: bool,
+    /// authstorm: 1 (one salt-master) or the members of a real 3008 cluster (2 to 8; on the
+    /// --net's .2, .3, ...).
+    #[arg(long, default_value_t = 1)]
+    authstorm_masters: usize,
 }
 
 fn main() {
@@ -372,6 +376,13 @@ fn authstorm_bench(cli: Cli, args: &[String]) -> Result<()> {
         .into());
     }
     let ways = authstorm::parse_ways(&cli.authstorm_ways).map_err(BenchError::Usage)?;
+    if !(1..=8).contains(&cli.authstorm_masters) {
+        return Err(BenchError::Usage(format!(
+            "--authstorm-masters {}: use 1 (one salt-master) or 2 to 8 (a cluster)",
+            cli.authstorm_masters
+        ))
+        .into());
+    }
     let net = Net::parse(&cli.net)?;
     let _ = rlimit::increase_nofile_limit(u64::MAX);
     let saltgate_needed = ways.iter().any(|w| {
@@ -401,6 +412,7 @@ fn authstorm_bench(cli: Cli, args: &[String]) -> Result<()> {
         })),
         max_in_flight: mif,
         rotate: !cli.authstorm_no_rotation,
+        masters: cli.authstorm_masters,
     };
     let command = format!("saltgate-bench {} ({})", args[1..].join(" "), git_commit());
     let report = runtime()?.block_on(authstorm::bench(&ctx, &opts, command))?;

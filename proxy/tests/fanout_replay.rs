@@ -219,13 +219,7 @@ async fn after_a_failover_the_surviving_node_replays_the_gap_to_a_minion_it_neve
     // Node A dies (its shutdown: /ready fails at once); the minion's session goes with it.
     a_dies_once_b_saw_it_ready_after(b_admin, before_done, stop_a).await;
     drop(c);
-    let kept = view().await["replay"]["jobs_kept"].as_u64().unwrap_or(0);
-    master.publish(vec![Bytes::from_static(b"gap:1")]);
-    master.publish(vec![Bytes::from_static(b"gap:2")]);
-    wait_until_async("B kept the gap", || async {
-        view().await["replay"]["jobs_kept"].as_u64().unwrap_or(0) >= kept + 2
-    })
-    .await;
+    publish_kept(&b, &master, &["gap:1".into(), "gap:2".into()]).await;
 
     // The minion comes to B (the VIP moved): the gap, in order, and nothing of "before".
     let mut c = minion(&b, "minion-f", "127.0.5.46").await;
@@ -314,6 +308,28 @@ async fn publish_until(
     }
 }
 
+/// Publishes `jobs` and waits until `r`'s hub holds them in its replay window: a job still on
+/// its way from the master to the hub when a session subscribes reaches that session live, not
+/// by replay (seen once in CI: the gap arrived as live traffic on a loaded machine).
+async fn publish_kept(r: &Running, master: &Publisher, jobs: &[String]) {
+    let admin = r.admin_addr().unwrap();
+    let kept = || async move {
+        common::api::json(admin, "GET", "/api/v1/fanout", None)
+            .await
+            .1["replay"]["jobs_kept"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = kept().await;
+    for job in jobs {
+        master.publish(vec![Bytes::from(job.clone())]);
+    }
+    wait_until_async("the hub keeps the gap's jobs", || async {
+        kept().await >= before + jobs.len() as u64
+    })
+    .await;
+}
+
 /// Issue 24: a stock minion's SUB (no Identity) reaches the node before its `_auth`. It gets
 /// live jobs at once; when its `_auth` arrives, presence names it, and it is sent the jobs it
 /// missed that it did not already have live: after the end, every job published since it left
@@ -366,9 +382,7 @@ async fn a_minion_whose_sub_comes_before_its_auth_gets_the_gap_once_when_its_id_
     drop(a);
     wait_until_async("its session ended", || async { sessions(&r).await == 0.0 }).await;
     let mut published = vec!["gap:1".to_string(), "gap:2".to_string()];
-    for job in &published {
-        master.publish(vec![Bytes::from(job.clone())]);
-    }
+    publish_kept(&r, &master, &published).await;
     // It comes back from another address, where presence knows no id yet.
     sub_then_auth_gets_the_gap_once(&r, &master, "late-a", "127.0.5.52", &mut published).await;
 }
@@ -392,9 +406,7 @@ async fn after_a_failover_a_minion_whose_sub_comes_first_gets_the_gap_once() {
     a_dies_once_b_saw_it_ready_after(b_admin, before_done, stop_a).await;
     drop(c);
     let mut published = vec!["gap:1".to_string(), "gap:2".to_string()];
-    for job in &published {
-        master.publish(vec![Bytes::from(job.clone())]);
-    }
+    publish_kept(&b, &master, &published).await;
     sub_then_auth_gets_the_gap_once(&b, &master, "late-f", "127.0.5.54", &mut published).await;
 }
 

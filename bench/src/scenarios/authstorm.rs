@@ -1,10 +1,12 @@
 //! `authstorm` (issue 25's proof): N `saltgate-minion swarm` minions started at a high rate
-//! against one real salt-master 3008.5 (Salt's defaults, `auto_accept`), four ways in turn per
+//! against one real salt-master 3008.5 (Salt's defaults, `auto_accept`), or a real 3008 cluster of
+//! `--authstorm-masters` members (`saltcluster`; direct, the minions are spread evenly over the
+//! members, as DNS round robin would; behind a proxy, the proxy balances), four ways in turn per
 //! size: **direct**, through **HAProxy**, through **saltgate L4** (no `auth_limit`), and through
 //! **saltgate with `auth_limit`**. Each way gets a fresh master, a fresh front and a fresh swarm.
 //! Measured per way: the time until every minion is authenticated (a run capped at `cap` reports
 //! how many made it), the master's CPU (its whole process tree, from /proc) per authenticated
-//! minion, the `_auth` requests the master processed per authenticated minion (its log at
+//! minion (all members' trees), the `_auth` requests the master processed per authenticated minion (its log at
 //! `info` has one `Authentication request from <id>` line per `_auth` a worker handles), and
 //! whether saltgate marked the master DOWN (`saltgate_master_state_changes_total{to="down"}`).
 //! Then the rotation storm: `salt-key -d` of one minion (`rotate_aes_key: True` makes it leave
@@ -21,6 +23,7 @@ use serde::Serialize;
 
 use super::authstorm_report::{rows, AuthstormReport};
 use super::proctree;
+use super::saltcluster::SaltCluster;
 use super::saltmaster::{self, SaltMaster, Tuning};
 use super::swarmproc::{fresh_pki, Part, Swarm, Totals};
 use super::Ctx;
@@ -98,6 +101,68 @@ pub struct Options {
     /// `auth_limit.max_in_flight` of the limited way: a number or `auto`.
     pub max_in_flight: String,
     pub rotate: bool,
+    /// One salt-master (1), or a cluster of this many members.
+    pub masters: usize,
+}
+
+/// The master side of one way: one salt-master or a cluster.
+enum Masters {
+    One(SaltMaster),
+    Cluster(SaltCluster),
+}
+
+impl Masters {
+    async fn start(ctx: &Ctx, n: usize, venv: &Path, tuning: &Tuning) -> Result<Self, BenchError> {
+        if n <= 1 {
+            return Ok(Masters::One(
+                SaltMaster::start_with(venv, ctx.net.ip(2), tuning).await?,
+            ));
+        }
+        let ips = ctx.net.masters(n);
+        Ok(Masters::Cluster(
+            SaltCluster::start(venv, &ips, tuning).await?,
+        ))
+    }
+
+    fn members(&self) -> &[SaltMaster] {
+        match self {
+            Masters::One(m) => std::slice::from_ref(m),
+            Masters::Cluster(c) => &c.members,
+        }
+    }
+
+    /// The member jobs are published through (and keys deleted on).
+    fn first(&self) -> &SaltMaster {
+        &self.members()[0]
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.members().iter().map(SaltMaster::pid).collect()
+    }
+
+    /// `_auth` requests processed so far, over every member's log.
+    fn auth_lines(&self) -> u64 {
+        self.members()
+            .iter()
+            .map(|m| count_lines(&m.log_path(), AUTH_LINE))
+            .sum()
+    }
+
+    fn log_tail(&self) -> String {
+        let tails: Vec<String> = self
+            .members()
+            .iter()
+            .map(|m| format!("{}: {}", m.ret.ip(), m.log_tail()))
+            .collect();
+        tails.join("; ")
+    }
+
+    async fn stop(self) {
+        match self {
+            Masters::One(m) => m.stop().await,
+            Masters::Cluster(c) => c.stop().await,
+        }
+    }
 }
 
 /// The rotation storm of one way.
@@ -142,7 +207,8 @@ pub struct WayRun {
 
 /// The front the minions connect to.
 struct Front {
-    request: SocketAddr,
+    /// The request addresses the swarm is spread over (direct: every member's).
+    request: Vec<SocketAddr>,
     /// The proxy's publish listener (None: direct, the master's announced port).
     publish_port: Option<u16>,
     admin: Option<SocketAddr>,
@@ -155,44 +221,65 @@ fn free_addr(ip: IpAddr) -> Result<SocketAddr, BenchError> {
         .map_err(|e| BenchError::Io(format!("bind {ip}:0: {e}")))
 }
 
-/// saltgate in front of one master: Salt-aware health checks with saltgate's defaults (the
-/// ones that marked a busy master DOWN in issue 25), and `auth_limit` on the limited way.
+/// saltgate in front of the masters (each: its request address, its publish port): Salt-aware
+/// health checks with saltgate's defaults (the ones that marked a busy master DOWN in issue
+/// 25), and `auth_limit` on the limited way.
 pub fn saltgate_yaml(
-    master: SocketAddr,
-    publish_port: u16,
+    masters: &[(SocketAddr, u16)],
     [publish, request, admin]: [SocketAddr; 3],
     limit: Option<&str>,
 ) -> String {
     let auth = limit.map_or(String::new(), |m| {
         format!("    auth_limit:\n      max_in_flight: {m}\n")
     });
+    let list: String = masters
+        .iter()
+        .enumerate()
+        .map(|(i, (m, p))| {
+            format!(
+                "  - name: m{}\n    host: {}\n    publish_port: {p}\n    request_port: {}\n",
+                i + 1,
+                m.ip(),
+                m.port()
+            )
+        })
+        .collect();
     format!(
         "# generated by saltgate-bench authstorm\n\
          global:\n  shutdown_grace: 1s\n  raise_nofile: true\n\
-         masters:\n  - name: m1\n    host: {}\n    publish_port: {publish_port}\n    request_port: {}\n\
+         masters:\n{list}\
          admin:\n  enabled: true\n  bind: \"{admin}\"\n\
          listeners:\n  publish:\n    bind: \"{publish}\"\n    access_log: false\n    maxconn: 30000\n\
-         \x20 request:\n    bind: \"{request}\"\n    access_log: false\n    maxconn: 30000\n{auth}",
-        master.ip(),
-        master.port()
+         \x20 request:\n    bind: \"{request}\"\n    access_log: false\n    maxconn: 30000\n{auth}"
     )
 }
 
 /// HAProxy in front of one master, TCP mode, its default TCP check. `maxconn 9900`: HAProxy
 /// wants 2 fds per session and this machine's hard limit is 20,000 (5,000 minions hold 5,000
 /// publish sessions; their request sessions are short).
-pub fn haproxy_cfg(
-    master: SocketAddr,
-    publish_port: u16,
-    [publish, request]: [SocketAddr; 2],
-) -> String {
-    let ip = master.ip();
+pub fn haproxy_cfg(masters: &[(SocketAddr, u16)], [publish, request]: [SocketAddr; 2]) -> String {
+    let servers = |publish_side: bool| -> String {
+        masters
+            .iter()
+            .enumerate()
+            .map(|(i, (m, p))| {
+                let to = if publish_side {
+                    SocketAddr::new(m.ip(), *p)
+                } else {
+                    *m
+                };
+                format!("    server m{} {to} check\n", i + 1)
+            })
+            .collect()
+    };
     format!(
         "# generated by saltgate-bench authstorm\n\
          global\n    maxconn 9900\n\n\
          defaults\n    mode tcp\n    timeout connect 10s\n    timeout client 86400s\n    timeout server 86400s\n\n\
-         listen publish\n    bind {publish}\n    backlog 4096\n    server m1 {ip}:{publish_port} check\n\n\
-         listen request\n    bind {request}\n    backlog 4096\n    server m1 {master} check\n"
+         listen publish\n    bind {publish}\n    backlog 4096\n{}\n\
+         listen request\n    bind {request}\n    backlog 4096\n    balance roundrobin\n{}",
+        servers(true),
+        servers(false)
     )
 }
 
@@ -200,13 +287,18 @@ impl Front {
     async fn start(
         ctx: &Ctx,
         way: Way,
-        m: &SaltMaster,
+        masters: &Masters,
         max_in_flight: &str,
     ) -> Result<Front, BenchError> {
+        let list: Vec<(SocketAddr, u16)> = masters
+            .members()
+            .iter()
+            .map(|m| (m.ret, m.publish_port()))
+            .collect();
         let (kind, text, publish, request, admin) = match way {
             Way::Direct => {
                 return Ok(Front {
-                    request: m.ret,
+                    request: list.iter().map(|(r, _)| *r).collect(),
                     publish_port: None,
                     admin: None,
                     target: None,
@@ -215,19 +307,13 @@ impl Front {
             Way::Haproxy => {
                 let ip = ctx.net.listen(TargetKind::Haproxy);
                 let (p, r) = (free_addr(ip)?, free_addr(ip)?);
-                (
-                    TargetKind::Haproxy,
-                    haproxy_cfg(m.ret, m.publish_port(), [p, r]),
-                    p,
-                    r,
-                    None,
-                )
+                (TargetKind::Haproxy, haproxy_cfg(&list, [p, r]), p, r, None)
             }
             Way::SaltgateL4 | Way::SaltgateLimit => {
                 let ip = ctx.net.listen(TargetKind::Saltgate);
                 let (p, r, a) = (free_addr(ip)?, free_addr(ip)?, free_addr(ip)?);
                 let limit = (way == Way::SaltgateLimit).then_some(max_in_flight);
-                let y = saltgate_yaml(m.ret, m.publish_port(), [p, r, a], limit);
+                let y = saltgate_yaml(&list, [p, r, a], limit);
                 (TargetKind::Saltgate, y, p, r, Some(a))
             }
         };
@@ -252,7 +338,7 @@ impl Front {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(Front {
-            request,
+            request: vec![request],
             publish_port: Some(publish.port()),
             admin,
             target: Some(target),
@@ -312,7 +398,36 @@ fn foreign_pct(before: procfs::SysSample, after: procfs::SysSample, ours: u64) -
     100.0 * busy.saturating_sub(ours) as f64 / total as f64
 }
 
-/// One way at one size: a fresh master, front and swarm.
+/// `n` minions spread evenly over `targets` (ids numbered on from one part to the next), each
+/// part's share of the swarm's `processes` (at least one each).
+fn spread(
+    targets: &[SocketAddr],
+    publish_port: Option<u16>,
+    n: usize,
+    processes: usize,
+) -> Vec<Part> {
+    let k = targets.len().max(1);
+    let mut start = 0;
+    targets
+        .iter()
+        .enumerate()
+        .map(|(i, &master)| {
+            let count = n / k + usize::from(i < n % k);
+            let p = Part {
+                master,
+                publish_port,
+                count,
+                id_start: start,
+                processes: (processes / k).max(1),
+            };
+            start += count;
+            p
+        })
+        .filter(|p| p.count > 0)
+        .collect()
+}
+
+/// One way at one size: fresh masters, front and swarm.
 async fn one(ctx: &Ctx, o: &Options, way: Way, n: usize) -> Result<WayRun, BenchError> {
     let venv = saltmaster::venv()?;
     let tuning = Tuning {
@@ -321,7 +436,7 @@ async fn one(ctx: &Ctx, o: &Options, way: Way, n: usize) -> Result<WayRun, Bench
         // `loop_interval` (60 s by default): 1 s lets the rotation start at once.
         extra: "loop_interval: 1\n".into(),
     };
-    let m = SaltMaster::start_with(&venv, ctx.net.ip(2), &tuning).await?;
+    let m = Masters::start(ctx, o.masters, &venv, &tuning).await?;
     let r = match Front::start(ctx, way, &m, &o.max_in_flight).await {
         Ok(front) => {
             let r = measure(ctx, o, way, n, &m, &front, &venv).await;
@@ -344,7 +459,7 @@ async fn measure(
     o: &Options,
     way: Way,
     n: usize,
-    m: &SaltMaster,
+    m: &Masters,
     front: &Front,
     venv: &Path,
 ) -> Result<WayRun, BenchError> {
@@ -360,19 +475,12 @@ async fn measure(
         run_dir.path(),
         nowhere,
     )?;
-    let part = Part {
-        master: front.request,
-        publish_port: front.publish_port,
-        count: n,
-        id_start: 0,
-        processes: ctx.swarm.processes,
-    };
-    let root = [m.pid()];
-    let log = m.log_path();
+    let parts = spread(&front.request, front.publish_port, n, ctx.swarm.processes);
+    let root = m.pids();
     let (c0, s0, a0) = (
         proctree::sample(&root)?.ticks,
         procfs::sys_sample()?,
-        count_lines(&log, AUTH_LINE),
+        m.auth_lines(),
     );
     // Salt's acceptance_wait_time: 10 s (the swarm matches auth_timeout 5 s, auth_tries 7).
     let mut swarm = Swarm::start_with_wait(
@@ -380,7 +488,7 @@ async fn measure(
         &pki,
         "swarm-",
         ctx.swarm.start_rate,
-        &[part],
+        &parts,
         10.0,
     )?;
     let done = |t: &Totals| t.authenticated >= n as i64 && t.connected >= n as i64;
@@ -407,7 +515,7 @@ async fn measure(
         .and_then(Target::pid)
         .map_or(Ok(0), |p| proctree::sample(&[p]).map(|s| s.ticks))?;
     let s1 = procfs::sys_sample()?;
-    let a1 = count_lines(&log, AUTH_LINE);
+    let a1 = m.auth_lines();
     let cpu = c1.saturating_sub(c0);
     let (downs, admitted, dropped, orphaned) = front.gate_counts().await;
     let authenticated = t.authenticated.max(0) as usize;
@@ -438,7 +546,7 @@ async fn measure(
         loadavg: procfs::loadavg(),
     };
     if o.rotate && secs_to_all.is_some() {
-        let r = rotation(o, n, m, front, venv, &root).await;
+        let r = rotation(o, n, m, front, venv).await;
         match r {
             Ok(r) => run.rotation = Some(r),
             Err(e) => eprintln!(
@@ -455,19 +563,16 @@ async fn measure(
 async fn rotation(
     o: &Options,
     n: usize,
-    m: &SaltMaster,
+    masters: &Masters,
     front: &Front,
     venv: &Path,
-    root: &[u32],
 ) -> Result<Rotation, BenchError> {
     let tck = procfs::clock_ticks_per_sec() as f64;
-    let log = m.log_path();
-    let (c0, a0) = (proctree::sample(root)?.ticks, count_lines(&log, AUTH_LINE));
-    let dropfile = m
-        .conf_dir
-        .parent()
-        .map(|d| d.join("cache/.dfn"))
-        .ok_or_else(|| BenchError::Io("salt-master's cachedir".into()))?;
+    let root = masters.pids();
+    let m = masters.first();
+    let (c0, a0) = (proctree::sample(&root)?.ticks, masters.auth_lines());
+    // `salt-key -d` leaves the dropfile in the (shared) cachedir.
+    let dropfile = m.cachedir.join(".dfn");
     let (downs0, ..) = front.gate_counts().await;
     let t0 = Instant::now();
     let out = tokio::process::Command::new(venv.join("bin/salt-key"))
@@ -503,13 +608,13 @@ async fn rotation(
     let secs_to_all_pinged = (returns + 1 >= n)
         .then(|| after.last().map(Duration::as_secs_f64))
         .flatten();
-    let c1 = proctree::sample(root)?.ticks;
+    let c1 = proctree::sample(&root)?.ticks;
     let (downs1, ..) = front.gate_counts().await;
     let r = Rotation {
         secs_to_rotate,
         secs_to_all_pinged,
         returns,
-        auth_processed: count_lines(&log, AUTH_LINE).saturating_sub(a0),
+        auth_processed: masters.auth_lines().saturating_sub(a0),
         master_cpu_secs: c1.saturating_sub(c0) as f64 / tck,
         downs: downs0.zip(downs1).map(|(a, b)| b.saturating_sub(a)),
     };
@@ -562,6 +667,7 @@ pub async fn bench(ctx: &Ctx, o: &Options, command: String) -> Result<AuthstormR
         start_rate: ctx.swarm.start_rate,
         cap_secs: o.cap.as_secs(),
         max_in_flight: o.max_in_flight.clone(),
+        masters: o.masters.max(1),
         rows: rows(&runs, &o.sizes),
         runs,
         failures,
@@ -598,9 +704,14 @@ mod tests {
             a("127.0.3.11:4002"),
             a("127.0.3.11:4003"),
         ];
-        let m = a("127.0.3.2:4506");
+        let one = [(a("127.0.3.2:4506"), 4505)];
+        let three = [
+            (a("127.0.3.2:5506"), 5505),
+            (a("127.0.3.3:5506"), 5505),
+            (a("127.0.3.4:5506"), 5505),
+        ];
         for limit in [None, Some("auto"), Some("8")] {
-            let y = saltgate_yaml(m, 4505, binds, limit);
+            let y = saltgate_yaml(&one, binds, limit);
             let c = saltgate_config::parse(&y, None, saltgate_config::Format::Yaml)
                 .unwrap_or_else(|e| panic!("{e}\n{y}"))
                 .config;
@@ -608,21 +719,46 @@ mod tests {
             assert_eq!(c.masters[0].request_port, 4506);
             assert_eq!(c.masters[0].publish_port, 4505);
         }
+        let y = saltgate_yaml(&three, binds, Some("auto"));
+        let c = saltgate_config::parse(&y, None, saltgate_config::Format::Yaml)
+            .unwrap_or_else(|e| panic!("{e}\n{y}"))
+            .config;
+        assert_eq!(c.masters.len(), 3, "{y}");
+        assert_eq!(c.masters[2].host, "127.0.3.4");
+        assert_eq!(c.masters[2].request_port, 5506);
     }
 
     #[test]
     fn haproxy_forwards_both_ports_to_the_master() {
         let c = haproxy_cfg(
-            a("127.0.3.2:4506"),
-            4505,
+            &[(a("127.0.3.2:4506"), 4505)],
             [a("127.0.3.10:1"), a("127.0.3.10:2")],
         );
         assert!(
             c.contains("bind 127.0.3.10:1\n    backlog 4096\n    server m1 127.0.3.2:4505 check")
         );
-        assert!(
-            c.contains("bind 127.0.3.10:2\n    backlog 4096\n    server m1 127.0.3.2:4506 check")
+        assert!(c.contains(
+            "bind 127.0.3.10:2\n    backlog 4096\n    balance roundrobin\n    server m1 127.0.3.2:4506 check"
+        ));
+        let c = haproxy_cfg(
+            &[(a("127.0.3.2:4506"), 4505), (a("127.0.3.3:4506"), 4505)],
+            [a("127.0.3.10:1"), a("127.0.3.10:2")],
         );
+        assert!(c.contains("server m2 127.0.3.3:4505 check\n"), "{c}");
+        assert!(c.contains("server m2 127.0.3.3:4506 check\n"), "{c}");
+    }
+
+    #[test]
+    fn direct_minions_are_spread_evenly_over_the_members() {
+        let t = [a("127.0.3.2:1"), a("127.0.3.3:1"), a("127.0.3.4:1")];
+        let p = spread(&t, None, 10, 4);
+        let counts: Vec<(usize, usize)> = p.iter().map(|p| (p.id_start, p.count)).collect();
+        assert_eq!(counts, [(0, 4), (4, 3), (7, 3)]);
+        assert!(p.iter().all(|p| p.processes == 1));
+        assert_eq!(p[1].master, t[1]);
+        // Fewer minions than members: no empty part.
+        assert_eq!(spread(&t, Some(9), 2, 2).len(), 2);
+        assert_eq!(spread(&t[..1], None, 5, 3)[0].processes, 3);
     }
 
     #[test]

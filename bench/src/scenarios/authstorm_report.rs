@@ -34,6 +34,8 @@ pub struct AuthstormReport {
     pub start_rate: u32,
     pub cap_secs: u64,
     pub max_in_flight: String,
+    /// 1: one salt-master; more: a cluster of that many members.
+    pub masters: usize,
     pub rows: Vec<Row>,
     pub runs: Vec<WayRun>,
     pub failures: Vec<String>,
@@ -183,8 +185,13 @@ pub fn markdown(r: &AuthstormReport) -> String {
     }
     let _ = write!(
         s,
-        "\n- command: `{}`\n- run: {} → {} (UTC), {} CPU(s); swarm started at {}/s; cap {} s; auth_limit max_in_flight: {}\n- background: loadavg before `{}`, after `{}`; machine idle over the run {:.0} %\n",
+        "\n- command: `{}`\n- masters: {}\n- run: {} → {} (UTC), {} CPU(s); swarm started at {}/s; cap {} s; auth_limit max_in_flight: {}\n- background: loadavg before `{}`, after `{}`; machine idle over the run {:.0} %\n",
         r.command,
+        if r.masters <= 1 {
+            "one salt-master 3008.5".to_string()
+        } else {
+            format!("a {}-member salt-master 3008.5 cluster (direct: the minions spread evenly over the members)", r.masters)
+        },
         r.started_utc,
         r.finished_utc,
         r.cpus,
@@ -276,11 +283,16 @@ mod tests {
             start_rate: 1000,
             cap_secs: 300,
             max_in_flight: "auto".into(),
+            masters: 3,
             rows,
             runs,
             failures: vec!["HAProxy, 100 minions: x".into()],
         });
         assert!(md.contains("| 0.500× | ≤ 0.75× L4 | yes |"), "{md}");
+        assert!(
+            md.contains("- masters: a 3-member salt-master 3008.5 cluster"),
+            "{md}"
+        );
         assert!(md.contains("**did not complete:** HAProxy"));
     }
 

@@ -10,6 +10,7 @@ pub mod idle;
 pub mod master;
 pub mod proctree;
 pub mod rr;
+pub mod saltcluster;
 pub mod saltmaster;
 pub mod storm;
 pub mod swarm;

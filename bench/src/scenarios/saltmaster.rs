@@ -38,9 +38,19 @@ pub fn venv() -> Result<PathBuf, BenchError> {
 pub struct SaltMaster {
     pub ret: SocketAddr,
     pub conf_dir: PathBuf,
+    /// Its `cachedir` (a cluster's members share one).
+    pub cachedir: PathBuf,
     publish: u16,
     child: Child,
     dir: tempfile::TempDir,
+}
+
+/// A fresh directory for one master's files.
+pub(crate) fn master_dir() -> Result<tempfile::TempDir, BenchError> {
+    tempfile::Builder::new()
+        .prefix("saltgate-bench-salt.")
+        .tempdir()
+        .map_err(|e| BenchError::Io(format!("temp dir: {e}")))
 }
 
 fn free_port(ip: IpAddr) -> Result<u16, BenchError> {
@@ -101,19 +111,34 @@ impl SaltMaster {
         ip: IpAddr,
         tuning: &Tuning,
     ) -> Result<SaltMaster, BenchError> {
-        let dir = tempfile::Builder::new()
-            .prefix("saltgate-bench-salt.")
-            .tempdir()
-            .map_err(|e| BenchError::Io(format!("temp dir: {e}")))?;
+        let dir = master_dir()?;
         let (publish, ret) = (free_port(ip)?, free_port(ip)?);
+        let text = config_text_with(dir.path(), ip, publish, ret, tuning);
+        let cachedir = dir.path().join("cache");
+        let mut m = SaltMaster::spawn(
+            venv,
+            dir,
+            SocketAddr::new(ip, ret),
+            publish,
+            cachedir,
+            &text,
+        )?;
+        m.wait_ready(Duration::from_secs(120)).await?;
+        Ok(m)
+    }
+
+    /// Writes `text` as `<dir>/conf/master` and starts salt-master on it (not waiting for it).
+    pub(crate) fn spawn(
+        venv: &Path,
+        dir: tempfile::TempDir,
+        ret: SocketAddr,
+        publish: u16,
+        cachedir: PathBuf,
+        text: &str,
+    ) -> Result<SaltMaster, BenchError> {
         let conf_dir = dir.path().join("conf");
         std::fs::create_dir_all(&conf_dir)
-            .and_then(|_| {
-                std::fs::write(
-                    conf_dir.join("master"),
-                    config_text_with(dir.path(), ip, publish, ret, tuning),
-                )
-            })
+            .and_then(|_| std::fs::write(conf_dir.join("master"), text))
             .map_err(|e| BenchError::Io(format!("salt-master config: {e}")))?;
         let err = std::fs::File::create(dir.path().join("stderr.log"))
             .map_err(|e| BenchError::Io(format!("salt-master log: {e}")))?;
@@ -129,31 +154,39 @@ impl SaltMaster {
         let child = cmd
             .spawn()
             .map_err(|e| BenchError::Io(format!("start salt-master: {e}")))?;
-        let mut m = SaltMaster {
-            ret: SocketAddr::new(ip, ret),
+        Ok(SaltMaster {
+            ret,
             conf_dir,
+            cachedir,
             publish,
             child,
             dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(120);
+        })
+    }
+
+    /// Waits until it answers a clear `ping` (a cluster member: until it is cluster-ready; its
+    /// `cluster_retry` is no answer).
+    pub(crate) async fn wait_ready(&mut self, within: Duration) -> Result<(), BenchError> {
+        let deadline = Instant::now() + within;
         loop {
-            if let Ok(Some(st)) = m.child.try_wait() {
+            if let Ok(Some(st)) = self.child.try_wait() {
                 return Err(BenchError::Target(format!(
-                    "salt-master exited at start ({st}): {}",
-                    m.log_tail()
+                    "salt-master {} exited at start ({st}): {}",
+                    self.ret.ip(),
+                    self.log_tail()
                 )));
             }
-            if saltgate_wire::probe::salt_ping(m.ret, Duration::from_secs(2))
+            if saltgate_wire::probe::salt_ping(self.ret, Duration::from_secs(2))
                 .await
                 .is_ok()
             {
-                return Ok(m);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(BenchError::Target(format!(
-                    "salt-master did not answer a ping within 120 s: {}",
-                    m.log_tail()
+                    "salt-master {} did not answer a ping within {within:?}: {}",
+                    self.ret.ip(),
+                    self.log_tail()
                 )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -172,6 +205,11 @@ impl SaltMaster {
     /// The master's own log file (`log_file`).
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("master.log")
+    }
+
+    /// Its directory (configuration, logs, keys).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn log_tail(&self) -> String {
