@@ -6,7 +6,10 @@
 //! A minimal RFC 6455 client: the opening handshake ([`handshake_request`], [`read_handshake`]
 //! checking `Sec-WebSocket-Accept`), masked client frames ([`encode_frame`]) and a bounded decoder
 //! of the server's frames ([`WsDecoder`]: binary, text, close, ping, pong, fragments). Every buffer
-//! is bounded and bad input is an error naming the byte or header, never a panic.
+//! is bounded and bad input is an error naming the byte or header, never a panic. The other
+//! direction, a client's upgrade and frames read passively for presence, is [`peek`].
+
+pub mod peek;
 
 use base64::Engine;
 use sha1::{Digest, Sha1};

@@ -22,7 +22,8 @@
 //! whose targeted publishes need the master's [`PresenceCheck`]), TLS through the options' `tls`
 //! (feature `tls`), and its presence peek ([`crate::salt_tcp::peek::TcpPeek`],
 //! [`Transport::peeker`]); its probes through the seam are still to come (they fail with
-//! [`TransportError::NotImplemented`]). `ws` has none yet.
+//! [`TransportError::NotImplemented`]). `ws` has its presence peek
+//! ([`crate::salt_ws::peek::WsPeek`]) and nothing else yet.
 //!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
 //! the framing around them is the transport's. Users pick an implementation at run time with
