@@ -3,7 +3,7 @@
 //! [`crate::salt_tcp::peek::TcpPeek`] and [`crate::sniff::Sniffer`]).
 //!
 //! A `ws` request connection ([`super`]; `salt/transport/ws.py`, `RequestClient`) is an HTTP/1.1
-//! upgrade request (`GET /ws ...`, up to its blank line), then RFC 6455 frames from the client:
+//! upgrade request (up to its blank line), then RFC 6455 frames from the client:
 //! masked, possibly fragmented (a first frame, continuation frames), with control frames (ping,
 //! pong, close) allowed between the fragments, payload lengths in 7, 16 or 64 bits. Each binary
 //! message is one request: the bare msgpack envelope (`salt.payload.dumps(load)`, no `{head,
@@ -11,7 +11,10 @@
 //! request, so a connection usually carries one: the `_auth` of an authentication, or an `aes`
 //! request whose envelope has the id in clear. Which envelopes give an id, and which ids count,
 //! is the other transports' code ([`crate::sniff::examine_envelope`]), so every transport gives
-//! the same verdict for the same request. Text messages (Salt's `"close"`) are read past.
+//! the same verdict for the same request. Text messages (Salt's `"close"`) are read past. The
+//! request's path is not checked: a minion's is `/` (its `RequestClient` turns the minion's
+//! `master_uri`, `tcp://ip:port`, into `http://ip:port`), the publish client's `/ws`, and the
+//! master's aiohttp server upgrades on any path.
 //!
 //! Bounded like the others: it looks at no more than `budget` bytes of the stream (the upgrade
 //! request included) and holds at most that many (the message being assembled is unmasked in

@@ -8,8 +8,8 @@ use crate::envelope::{bin, map, text, Value};
 use crate::salt_tcp::peek::tests::{aes_envelope, auth_envelope, ping_envelope};
 use crate::sniff::{Sighting, Source, DEFAULT_BUDGET};
 
-/// The upgrade request of Salt 3008.5's `RequestClient` (aiohttp 3.14.5's `ws_connect`), as
-/// captured on the wire.
+/// The upgrade request of aiohttp 3.14.5's `ws_connect` (Salt 3008.5's), as captured on the wire,
+/// for `/ws` (the publish client's path; the request client's is `/`).
 const UPGRADE: &[u8] = b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:35541\r\nUpgrade: websocket\r\n\
 Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: D2YEbg66NJJgJQe3WYEd3g==\r\n\
 Accept: */*\r\nAccept-Encoding: gzip, deflate\r\nUser-Agent: Python/3.11 aiohttp/3.14.5\r\n\r\n";
@@ -484,4 +484,25 @@ fn ws_and_tcp_peeks_agree_on_the_same_requests() {
             "{r:?}"
         );
     }
+}
+
+/// Bytes Salt 3008.5's `ws` `RequestClient` sent (aiohttp 3.14.5), one connection per request
+/// (`captured/capture.py`).
+const CAPTURED_AUTH: &[u8] = include_bytes!("captured/salt_ws_auth.bin");
+const CAPTURED_AES: &[u8] = include_bytes!("captured/salt_ws_aes.bin");
+
+#[test]
+fn bytes_captured_from_salts_ws_client_are_read_cut_at_every_byte() {
+    // A minion's request client asks for `/` (from `master_uri`), not `/ws`.
+    assert!(CAPTURED_AUTH.starts_with(b"GET / HTTP/1.1\r\n"));
+    assert_any_chunking_gives(
+        CAPTURED_AUTH,
+        DEFAULT_BUDGET,
+        &found("captured-ws-minion", Source::Auth),
+    );
+    assert_any_chunking_gives(
+        CAPTURED_AES,
+        DEFAULT_BUDGET,
+        &found("captured-ws-minion", Source::Aes),
+    );
 }
