@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests of every crate (a dev-dependency only): the venv with
 //! real Salt 3008.5, a guard that stops a child's whole process group (by PID) when dropped,
-//! the condition waits (`wait_for` blocking, `wait_until` async), and stock `salt-minion` configurations.
+//! the condition waits (`wait_for` blocking, `wait_until` async), and stock `salt-minion` and
+//! `salt-master` configurations.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -180,6 +181,42 @@ pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
     ProcGuard::spawn("salt-minion", cmd)
+}
+
+/// Writes a stock salt-master config for `id` listening on `interface` (Salt's ports 4505 and
+/// 4506, `auto_accept`, two workers) under `dir/<id>-conf/master` (its state under `dir/<id>/`,
+/// log in `dir/<id>/master.log`), with `extra` YAML lines appended (`transport: ws\n`, `ssl`);
+/// returns the config directory.
+pub fn write_master_config(dir: &Path, id: &str, interface: &str, extra: &str) -> PathBuf {
+    let m = dir.join(id);
+    let m = m.display();
+    let conf = dir.join(format!("{id}-conf"));
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("master"),
+        format!(
+            "id: {id}\ninterface: {interface}\npublish_port: 4505\nret_port: 4506\n\
+             user: root\nauto_accept: True\npki_dir: {m}/pki\ncachedir: {m}/cache\n\
+             sock_dir: {m}/sock\nsqlite_queue_dir: {m}/queues\npidfile: {m}/master.pid\n\
+             log_file: {m}/master.log\nkey_logfile: {m}/key.log\nlog_level_logfile: info\n\
+             worker_threads: 2\nfile_roots: {{base: [{m}/srv/salt]}}\n\
+             pillar_roots: {{base: [{m}/srv/pillar]}}\n{extra}"
+        ),
+    )
+    .unwrap();
+    conf
+}
+
+/// Starts the venv's stock salt-master on the config directory `conf`.
+pub fn start_salt_master(conf: &Path, stderr: &Path) -> ProcGuard {
+    let mut cmd = Command::new(venv().join("bin/salt-master"));
+    cmd.arg("-c")
+        .arg(conf)
+        .args(["-l", "warning"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
+    ProcGuard::spawn("salt-master", cmd)
 }
 
 /// A 2048-bit RSA private key in PEM (PKCS#1, Salt's form) from `openssl genrsa`: a debug

@@ -25,7 +25,8 @@
 //!   signatures and X9.31 private-encrypt/public-decrypt. `rsa` is the default feature `rsa`,
 //!   which links the system's OpenSSL; the proxy builds without it.
 //! * [`salt_tcp`] and [`salt_ws`] — Salt's `tcp` and `ws` transports: framing, and the Salt-aware
-//!   probes for them (TLS with feature `tls`).
+//!   probes for them (TLS with feature `tls`), and the presence peeks of their plain request
+//!   connections.
 //! * [`sd_notify`] — systemd's readiness datagrams (`Type=notify`), for the three daemons.
 //!
 //! This crate knows nothing about proxies, jobs or config files. Nothing in it panics on bytes a

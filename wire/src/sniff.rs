@@ -71,7 +71,8 @@ pub enum GiveUp {
     /// A ZMTP mechanism other than NULL (frames may be encrypted).
     Mechanism,
     /// Reserved flag bits, a command with MORE, a message before READY; on `tcp`, a message
-    /// that is not msgpack `{head, body}` (a ZMTP greeting, a TLS record).
+    /// that is not msgpack `{head, body}` (a ZMTP greeting, a TLS record); on `ws`, no
+    /// websocket upgrade or a client frame that breaks RFC 6455.
     Framing,
     /// No id within the budget.
     OverBudget,

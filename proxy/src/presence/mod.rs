@@ -1,8 +1,8 @@
 //! Presence: which minion is where (docs/presence.md).
 //!
 //! On a request session, the first bytes the client sends are read passively for the minion id
-//! (the transport's [`Peek`]: a clear `_auth`, or the envelope of an `aes` request; ZeroMQ and
-//! plain `tcp`, see [`peek_transport`]; under TLS and on `ws` by address only), through a
+//! (the transport's [`Peek`]: a clear `_auth`, or the envelope of an `aes` request; ZeroMQ,
+//! plain `tcp` and plain `ws`, see [`peek_transport`]; under TLS by address only), through a
 //! [`Tap`] the pump calls with bytes it has already forwarded: nothing is altered or delayed, and
 //! once the id is found (or the sniffer gives up, or its budget is spent) the tap is dropped and
 //! the session's data path is exactly what it is without presence.
@@ -159,8 +159,8 @@ impl Presence {
             },
             Role::Request => {
                 let identified = Arc::new(AtomicBool::new(false));
-                // A transport whose requests cannot be peeked at (TLS, `ws`) leaves presence
-                // by address only.
+                // A transport whose requests cannot be peeked at (TLS) leaves presence by
+                // address only.
                 let budget = self.budget.load(Ordering::Relaxed);
                 let peeker = peek.and_then(|t| t.peeker(budget).ok());
                 let tap = peeker.map(|peeker| RequestTap {
@@ -319,9 +319,9 @@ impl Drop for IdWait<'_> {
 }
 
 /// The transport whose [`Peek`] reads the request sessions of a configuration (its top-level
-/// `transport` and `ssl`): `zeromq` and plain `tcp` carry the `_auth` in clear; under TLS the
-/// stream is encrypted end to end (`None`: presence by address only), and `ws` has no peek yet
-/// (its requests sit inside websocket frames behind an HTTP upgrade).
+/// `transport` and `ssl`): `zeromq`, plain `tcp` and plain `ws` (its requests in websocket
+/// frames behind an HTTP upgrade) carry the `_auth` in clear; under TLS the stream is encrypted
+/// end to end (`None`: presence by address only).
 pub fn peek_transport(global: &Global) -> Option<Transport> {
     if global.ssl.is_some() {
         return None;
@@ -329,7 +329,7 @@ pub fn peek_transport(global: &Global) -> Option<Transport> {
     match global.transport {
         SaltTransport::Zeromq => Some(Transport::Zeromq),
         SaltTransport::Tcp => Some(Transport::Tcp),
-        SaltTransport::Ws => None,
+        SaltTransport::Ws => Some(Transport::Ws),
     }
 }
 
@@ -522,7 +522,7 @@ mod peek_tests {
     use saltgate_config::transport::SslConfig;
 
     #[test]
-    fn request_sessions_are_read_on_zeromq_and_plain_tcp_and_by_address_under_tls_and_on_ws() {
+    fn request_sessions_are_read_on_plain_zeromq_tcp_and_ws_and_by_address_under_tls() {
         let g = |transport, ssl: Option<SslConfig>| Global {
             transport,
             ssl,
@@ -533,7 +533,7 @@ mod peek_tests {
             (g(SaltTransport::Zeromq, None), Some(Transport::Zeromq)),
             (g(SaltTransport::Tcp, None), Some(Transport::Tcp)),
             (g(SaltTransport::Tcp, tls.clone()), None),
-            (g(SaltTransport::Ws, None), None),
+            (g(SaltTransport::Ws, None), Some(Transport::Ws)),
             (g(SaltTransport::Ws, tls), None),
         ] {
             assert_eq!(peek_transport(&global), want, "{global:?}");

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod logs;
+pub mod real_salt;
 pub mod router;
 
 use std::collections::HashMap;

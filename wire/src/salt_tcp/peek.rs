@@ -147,4 +147,4 @@ pub fn peek(stream: &[u8], budget: usize) -> Verdict {
 
 #[cfg(test)]
 #[path = "peek_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -1,4 +1,5 @@
-//! Tests of the `tcp` presence peek (split out to keep peek.rs short).
+//! Tests of the `tcp` presence peek (split out to keep peek.rs short). Its request envelopes
+//! (`auth_envelope`, `ping_envelope`, `aes_envelope`) serve the `ws` peek's tests too.
 
 use bytes::BytesMut;
 use rand::{Rng, SeedableRng};
@@ -10,7 +11,7 @@ use crate::sniff::{self, Sighting, Source, DEFAULT_BUDGET};
 
 /// A clear `_auth` envelope shaped as a Salt 3008 minion's (`minion_sign_in_payload`, every
 /// string str-typed), about 1 KiB like the real one.
-fn auth_envelope(id: &str) -> Value {
+pub(crate) fn auth_envelope(id: &str) -> Value {
     let load = map(vec![
         ("cmd", text("_auth")),
         ("id", text(id)),
@@ -29,11 +30,11 @@ fn auth_envelope(id: &str) -> Value {
     salt_compat(RequestEnvelope::clear(load).to_value())
 }
 
-fn ping_envelope() -> Value {
+pub(crate) fn ping_envelope() -> Value {
     RequestEnvelope::clear(map(vec![("cmd", text("ping"))])).to_value()
 }
 
-fn aes_envelope(id: &str) -> Value {
+pub(crate) fn aes_envelope(id: &str) -> Value {
     envelope::decode(&RequestEnvelope::aes(id, &[0x9c; 180]).encode()).expect("aes envelope")
 }
 

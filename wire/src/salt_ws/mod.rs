@@ -1,12 +1,17 @@
 //! Salt's `ws` transport (`salt/transport/ws.py` in 3008.5): an aiohttp websocket; the client
-//! connects to `http(s)://master:port/ws` and sends each request as **one binary frame** holding
-//! the msgpack envelope (`salt.payload.dumps(load)`, no `{head, body}` framing); the reply comes
-//! back as one binary frame. The publish port is the same on `/ws`, publishes as binary frames.
+//! connects to `http(s)://master:port/ws` (a minion's request client to its `master_uri` made
+//! `http://ip:port`, path `/`: the master upgrades on any path), dialling a new websocket for each
+//! request, and sends each request as **one binary frame** holding the msgpack envelope
+//! (`salt.payload.dumps(load)`, no `{head, body}` framing); the reply comes back as one binary
+//! frame. The publish port is the same on `/ws`, publishes as binary frames.
 //!
 //! A minimal RFC 6455 client: the opening handshake ([`handshake_request`], [`read_handshake`]
 //! checking `Sec-WebSocket-Accept`), masked client frames ([`encode_frame`]) and a bounded decoder
 //! of the server's frames ([`WsDecoder`]: binary, text, close, ping, pong, fragments). Every buffer
-//! is bounded and bad input is an error naming the byte or header, never a panic.
+//! is bounded and bad input is an error naming the byte or header, never a panic. The other
+//! direction, a client's upgrade and frames read passively for presence, is [`peek`].
+
+pub mod peek;
 
 use base64::Engine;
 use sha1::{Digest, Sha1};

@@ -22,6 +22,7 @@ use crate::salt_tcp::peek::TcpPeek;
 use crate::salt_tcp::pubserver::TcpPublisher;
 use crate::salt_tcp::server::{TcpReplier, TcpRequestServer};
 use crate::salt_tcp::subscriber::TcpSubscriber;
+use crate::salt_ws::peek::WsPeek;
 
 /// A [`RequestClient`] of any transport.
 pub enum AnyRequestClient {
@@ -58,6 +59,7 @@ pub enum AnyPublishClient {
 pub enum AnyPeeker {
     Zeromq(zeromq::Sniffer),
     Tcp(TcpPeek),
+    Ws(WsPeek),
 }
 
 fn not_yet(t: Transport) -> std::io::Error {
@@ -166,7 +168,7 @@ impl Transport {
         match self {
             Transport::Zeromq => Ok(AnyPeeker::Zeromq(zeromq::Sniffer::new(budget))),
             Transport::Tcp => Ok(AnyPeeker::Tcp(TcpPeek::new(budget))),
-            t => Err(t.unsupported()),
+            Transport::Ws => Ok(AnyPeeker::Ws(WsPeek::new(budget))),
         }
     }
 }
@@ -328,6 +330,7 @@ impl Peek for AnyPeeker {
         match self {
             AnyPeeker::Zeromq(s) => Peek::feed(s, bytes),
             AnyPeeker::Tcp(s) => Peek::feed(s, bytes),
+            AnyPeeker::Ws(s) => Peek::feed(s, bytes),
         }
     }
 
@@ -335,6 +338,7 @@ impl Peek for AnyPeeker {
         match self {
             AnyPeeker::Zeromq(s) => Peek::budget(s),
             AnyPeeker::Tcp(s) => Peek::budget(s),
+            AnyPeeker::Ws(s) => Peek::budget(s),
         }
     }
 }

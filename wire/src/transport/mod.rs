@@ -22,7 +22,8 @@
 //! whose targeted publishes need the master's [`PresenceCheck`]), TLS through the options' `tls`
 //! (feature `tls`), and its presence peek ([`crate::salt_tcp::peek::TcpPeek`],
 //! [`Transport::peeker`]); its probes through the seam are still to come (they fail with
-//! [`TransportError::NotImplemented`]). `ws` has none yet.
+//! [`TransportError::NotImplemented`]). `ws` has its presence peek
+//! ([`crate::salt_ws::peek::WsPeek`]) and nothing else yet.
 //!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
 //! the framing around them is the transport's. Users pick an implementation at run time with
@@ -44,8 +45,9 @@
 //!   `topic_lst` only to the connections whose id is listed ([`Targets::Minions`]), all others
 //!   to every connection. No heartbeat: TCP keepalive only. Optional TLS (`ssl` options).
 //! * **`ws`** (`salt/transport/ws.py`): an aiohttp websocket at the path `/ws` (HTTP upgrade,
-//!   `http://` or `https://` with `ssl`), one **binary frame per msgpack payload**, no `head`:
-//!   one request in flight per connection, replies in order. The publish server sends every
+//!   `http://` or `https://` with `ssl`; a minion's requests go to `/`, any path upgrades), one
+//!   **binary frame per msgpack payload**, no `head`: one request in flight per connection,
+//!   replies in order (3008.5's request client dials a new websocket for every request). The publish server sends every
 //!   publish to every client (no topics). Text frames are control (`"close"`).
 //! * **ZeroMQ**: ZMTP 3.1 frames; a request is the REQ envelope `["", payload]`, a publish a
 //!   single frame (or `[topic, payload]` with `zmq_filtering`); PING/PONG heartbeats.

@@ -1,0 +1,326 @@
+//! Presence on Salt's `ws` transport: the minion id of a plain (not TLS) request connection, read
+//! passively from the bytes the client sends (the `ws` counterpart of
+//! [`crate::salt_tcp::peek::TcpPeek`] and [`crate::sniff::Sniffer`]).
+//!
+//! A `ws` request connection ([`super`]; `salt/transport/ws.py`, `RequestClient`) is an HTTP/1.1
+//! upgrade request (up to its blank line), then RFC 6455 frames from the client:
+//! masked, possibly fragmented (a first frame, continuation frames), with control frames (ping,
+//! pong, close) allowed between the fragments, payload lengths in 7, 16 or 64 bits. Each binary
+//! message is one request: the bare msgpack envelope (`salt.payload.dumps(load)`, no `{head,
+//! body}` as on `tcp`). Salt 3008.5's `RequestClient.send` dials a new websocket for every
+//! request, so a connection usually carries one: the `_auth` of an authentication, or an `aes`
+//! request whose envelope has the id in clear. Which envelopes give an id, and which ids count,
+//! is the other transports' code ([`crate::sniff::examine_envelope`]), so every transport gives
+//! the same verdict for the same request. Text messages (Salt's `"close"`) are read past. The
+//! request's path is not checked: a minion's is `/` (its `RequestClient` turns the minion's
+//! `master_uri`, `tcp://ip:port`, into `http://ip:port`), the publish client's `/ws`, and the
+//! master's aiohttp server upgrades on any path.
+//!
+//! Bounded like the others: it looks at no more than `budget` bytes of the stream (the upgrade
+//! request included) and holds at most that many (the message being assembled is unmasked in
+//! place, in the one buffer), and gives up ([`GiveUp::OverBudget`]) as soon as a frame's
+//! declared length would end past the budget, without waiting for its bytes. Anything that is not
+//! a websocket upgrade followed by valid client frames (a ZMTP greeting, a TLS record, an HTTP
+//! request without `Upgrade: websocket`, an unmasked frame, reserved bits or opcodes, a
+//! continuation with nothing to continue) is [`GiveUp::Framing`]; a binary message that is not a
+//! request envelope is [`GiveUp::Malformed`]. Frames with RSV1 set (a negotiated
+//! `permessage-deflate`, which Salt's aiohttp client never offers) are given up on as framing. It
+//! never panics on hostile bytes, and the verdict depends only on the bytes, never on their
+//! chunking.
+//!
+//! Under TLS (`ssl`) the stream is encrypted end to end: the proxy attaches no peek there.
+
+use crate::envelope;
+use crate::sniff::{examine_envelope, GiveUp, Verdict, MIN_BUDGET};
+
+use super::{OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT};
+
+/// Where the stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// In the upgrade request; `scanned`: bytes already searched for its blank line.
+    Upgrade {
+        scanned: usize,
+    },
+    Frames,
+}
+
+/// The passive reader of one `ws` request connection's client → master bytes.
+#[derive(Debug)]
+pub struct WsPeek {
+    budget: usize,
+    /// Bytes of the stream taken so far (at most `budget`).
+    taken: usize,
+    /// In [`Phase::Frames`]: `buf[..message]` is the unmasked payload of the binary message being
+    /// assembled, the rest raw bytes not yet parsed. Freed once the verdict is final.
+    buf: Vec<u8>,
+    message: usize,
+    /// The opcode of a fragmented data message in progress (its first frame had no FIN).
+    fragmented: Option<u8>,
+    phase: Phase,
+    verdict: Verdict,
+}
+
+/// A client frame's header, once all of it (mask key included) has arrived.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    fin: bool,
+    opcode: u8,
+    /// Header bytes, the mask key included.
+    len: usize,
+    payload: u64,
+}
+
+impl WsPeek {
+    /// A peek that looks at the first `budget` bytes (at least [`MIN_BUDGET`]).
+    pub fn new(budget: usize) -> Self {
+        WsPeek {
+            budget: budget.max(MIN_BUDGET),
+            taken: 0,
+            buf: Vec::new(),
+            message: 0,
+            fragmented: None,
+            phase: Phase::Upgrade { scanned: 0 },
+            verdict: Verdict::Pending,
+        }
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Bytes of memory held right now (never more than the budget; 0 once the verdict is final).
+    pub fn buffered(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    pub fn verdict(&self) -> &Verdict {
+        &self.verdict
+    }
+
+    /// Takes the next bytes of the stream; returns the verdict so far. Once it is final, later
+    /// calls return it at once.
+    pub fn feed(&mut self, bytes: &[u8]) -> &Verdict {
+        if self.verdict.is_final() {
+            return &self.verdict;
+        }
+        let take = bytes.len().min(self.budget - self.taken);
+        self.take_in(&bytes[..take]);
+        self.taken += take;
+        if let Some(v) = self.parse() {
+            self.finish(v);
+        } else if self.taken == self.budget {
+            // Waiting for bytes beyond the budget.
+            self.finish(Verdict::GaveUp(GiveUp::OverBudget));
+        }
+        &self.verdict
+    }
+
+    /// Appends, growing the buffer by hand so that its capacity never exceeds the budget.
+    fn take_in(&mut self, bytes: &[u8]) {
+        let need = self.buf.len() + bytes.len();
+        if need > self.buf.capacity() {
+            let cap = need
+                .max(self.buf.len() * 2)
+                .max(1024)
+                .min(self.budget)
+                .max(need);
+            self.buf.reserve_exact(cap - self.buf.len());
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    fn finish(&mut self, v: Verdict) {
+        self.verdict = v;
+        self.buf = Vec::new();
+    }
+
+    fn parse(&mut self) -> Option<Verdict> {
+        if let Phase::Upgrade { scanned } = self.phase {
+            match upgrade_end(&self.buf, scanned) {
+                Err(()) => return Some(Verdict::GaveUp(GiveUp::Framing)),
+                Ok(None) => {
+                    self.phase = Phase::Upgrade {
+                        scanned: self.buf.len(),
+                    };
+                    return None;
+                }
+                Ok(Some(end)) => {
+                    self.buf.drain(..end);
+                    self.phase = Phase::Frames;
+                }
+            }
+        }
+        self.frames()
+    }
+
+    /// Examines every whole frame buffered; `Some` once the verdict is known.
+    fn frames(&mut self) -> Option<Verdict> {
+        let framing = Some(Verdict::GaveUp(GiveUp::Framing));
+        loop {
+            let raw = &self.buf[self.message..];
+            let head = match frame_head(raw) {
+                Ok(Some(h)) => h,
+                Ok(None) => return None,
+                Err(()) => return framing,
+            };
+            // Where the frame ends in the stream: past the budget, no use waiting for it.
+            let start = (self.taken - raw.len()) as u64;
+            let end = start + head.len as u64 + head.payload;
+            if end > self.budget as u64 {
+                return Some(Verdict::GaveUp(GiveUp::OverBudget));
+            }
+            // Fits in the budget, hence in memory.
+            let size = head.len + head.payload as usize;
+            if raw.len() < size {
+                return None;
+            }
+            let keep = match (head.opcode, self.fragmented) {
+                (OP_CLOSE | OP_PING | OP_PONG, _) => false,
+                (OP_TEXT | OP_BINARY, None) => {
+                    if !head.fin {
+                        self.fragmented = Some(head.opcode);
+                    }
+                    head.opcode == OP_BINARY
+                }
+                (OP_CONT, Some(op)) => {
+                    if head.fin {
+                        self.fragmented = None;
+                    }
+                    op == OP_BINARY
+                }
+                // A new message inside a fragmented one, a continuation of nothing.
+                _ => return framing,
+            };
+            let at = self.message;
+            if !keep {
+                self.buf.drain(at..at + size);
+                continue;
+            }
+            let key: [u8; 4] = [
+                self.buf[at + head.len - 4],
+                self.buf[at + head.len - 3],
+                self.buf[at + head.len - 2],
+                self.buf[at + head.len - 1],
+            ];
+            for (i, b) in self.buf[at + head.len..at + size].iter_mut().enumerate() {
+                *b ^= key[i % 4];
+            }
+            self.buf.drain(at..at + head.len);
+            self.message += head.payload as usize;
+            if self.fragmented.is_some() {
+                continue;
+            }
+            // A whole binary message: one request envelope.
+            let verdict = match envelope::decode(&self.buf[..self.message]) {
+                Ok(v) => examine_envelope(&v),
+                Err(_) => Some(Verdict::GaveUp(GiveUp::Malformed)),
+            };
+            if verdict.is_some() {
+                return verdict;
+            }
+            self.buf.drain(..self.message);
+            self.message = 0;
+        }
+    }
+}
+
+/// The end (past the blank line) of the upgrade request at the start of `buf`, `Ok(None)` while
+/// incomplete, `Err` when it is not a websocket upgrade. `scanned`: bytes already searched.
+fn upgrade_end(buf: &[u8], scanned: usize) -> Result<Option<usize>, ()> {
+    const GET: &[u8] = b"GET ";
+    let n = buf.len().min(GET.len());
+    if buf[..n] != GET[..n] {
+        return Err(());
+    }
+    let from = scanned.saturating_sub(3);
+    let Some(at) = buf[from..].windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let end = from + at + 4;
+    let head = String::from_utf8_lossy(&buf[..end - 4]);
+    let mut lines = head.split("\r\n");
+    let request = lines.next().unwrap_or_default();
+    if !request.ends_with(" HTTP/1.1") || request.split(' ').count() != 3 {
+        return Err(());
+    }
+    let mut upgrade = false;
+    for line in lines {
+        let (name, value) = line.split_once(':').ok_or(())?;
+        if name.trim().eq_ignore_ascii_case("upgrade") {
+            upgrade |= value
+                .split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("websocket"));
+        }
+    }
+    if upgrade {
+        Ok(Some(end))
+    } else {
+        Err(())
+    }
+}
+
+/// A client frame's header from the start of `raw`: `Ok(None)` while incomplete, `Err` when it
+/// breaks RFC 6455 for a client (not masked, reserved bits or opcodes, a control frame that is
+/// fragmented or over 125 bytes, a 64-bit length with its top bit set).
+fn frame_head(raw: &[u8]) -> Result<Option<Head>, ()> {
+    let (Some(&b0), Some(&b1)) = (raw.first(), raw.get(1)) else {
+        return Ok(None);
+    };
+    let (fin, opcode) = (b0 & 0x80 != 0, b0 & 0x0f);
+    if b0 & 0x70 != 0 || b1 & 0x80 == 0 {
+        return Err(());
+    }
+    match opcode {
+        OP_CONT | OP_TEXT | OP_BINARY => {}
+        OP_CLOSE | OP_PING | OP_PONG if fin && b1 & 0x7f <= 125 => {}
+        _ => return Err(()),
+    }
+    let (payload, ext) = match b1 & 0x7f {
+        126 => match raw.get(2..4) {
+            Some(x) => (u64::from(u16::from_be_bytes([x[0], x[1]])), 2),
+            None => return Ok(None),
+        },
+        127 => match raw.get(2..10) {
+            Some(x) => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(x);
+                (u64::from_be_bytes(b), 8)
+            }
+            None => return Ok(None),
+        },
+        n => (u64::from(n), 0),
+    };
+    if payload >> 63 != 0 {
+        return Err(());
+    }
+    let len = 2 + ext + 4;
+    if raw.len() < len {
+        return Ok(None);
+    }
+    Ok(Some(Head {
+        fin,
+        opcode,
+        len,
+        payload,
+    }))
+}
+
+impl crate::transport::Peek for WsPeek {
+    fn feed(&mut self, bytes: &[u8]) -> &Verdict {
+        WsPeek::feed(self, bytes)
+    }
+
+    fn budget(&self) -> usize {
+        WsPeek::budget(self)
+    }
+}
+
+/// Reads `stream` in one piece (what [`WsPeek::feed`] gives in any chunking).
+pub fn peek(stream: &[u8], budget: usize) -> Verdict {
+    WsPeek::new(budget).feed(stream).clone()
+}
+
+#[cfg(test)]
+#[path = "peek_tests.rs"]
+mod tests;
