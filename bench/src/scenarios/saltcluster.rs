@@ -55,7 +55,9 @@ pub struct SaltCluster {
 }
 
 /// One member's configuration: Salt's defaults but for paths, ports, `auto_accept`, the
-/// open-files limit and the cluster keys.
+/// open-files limit and the cluster keys. Its `id` is its address: 3008.5 finds a peer's key
+/// by the id the peer announces and the address `cluster_peers` names, and a member with another
+/// id never becomes ready (`KeyError: '<id>'` in its log).
 pub fn member_config(
     dir: &Path,
     shared: &Path,
@@ -72,7 +74,7 @@ pub fn member_config(
         .map(|p| format!("  - {p}\n"))
         .collect();
     format!(
-        "id: bench-salt-{ip}\ninterface: {ip}\npublish_port: {}\nret_port: {}\n\
+        "id: {ip}\ninterface: {ip}\npublish_port: {}\nret_port: {}\n\
          cluster_id: saltgate_bench\ncluster_peers:\n{peers}cluster_pki_dir: {sh}/pki\n\
          cluster_pool_port: {}\ncluster_secret: \"{secret}\"\n\
          user: root\npki_dir: {d}/pki\ncachedir: {sh}/cache\nsock_dir: {d}/sock\n\
@@ -307,7 +309,7 @@ mod tests {
             t.contains("cluster_peers:\n  - 127.0.3.2\n  - 127.0.3.4\ncluster_pki_dir: /sh/pki\n"),
             "{t}"
         );
-        assert!(t.contains("interface: 127.0.3.3\n"));
+        assert!(t.contains("id: 127.0.3.3\ninterface: 127.0.3.3\n"), "{t}");
         assert!(t.contains("cachedir: /sh/cache\n") && t.contains("pki_dir: /m2/pki\n"));
         assert!(t.contains("cluster_pool_port: 4520\n") && t.contains("ret_port: 4506\n"));
         assert!(t.contains("cluster_secret: \"s3cr3t\"\n"));

@@ -224,6 +224,10 @@ impl SaltMaster {
 
     /// SIGTERM to the group, SIGKILL after 10 s.
     pub async fn stop(mut self) {
+        self.stop_group().await;
+    }
+
+    async fn stop_group(&mut self) {
         let pg = self.pid() as i32;
         // SAFETY: signalling the process group we created (its leader is our child).
         unsafe {
@@ -238,6 +242,24 @@ impl SaltMaster {
                 libc::kill(-pg, libc::SIGKILL);
             }
             let _ = self.child.wait().await;
+        }
+    }
+}
+
+/// A master dropped without [`SaltMaster::stop`] (a failed start, an error on the way) takes its
+/// whole process group with it: `kill_on_drop` alone would kill only the leader, and its workers
+/// would live on, with their directory gone.
+impl Drop for SaltMaster {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let pg = self.pid() as i32;
+            if pg > 0 {
+                // SAFETY: signalling the process group we created (its leader is our child,
+                // not yet reaped).
+                unsafe {
+                    libc::kill(-pg, libc::SIGKILL);
+                }
+            }
         }
     }
 }
