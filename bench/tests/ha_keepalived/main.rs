@@ -295,13 +295,13 @@ fn print_reports(reports: &[Report]) {
             println!("{}: {when}: missed per minion {m:?}", r.mode.name());
             let lost: BTreeMap<&String, usize> = r
                 .stock
-                .iter()
+                .union(&r.swarm)
                 .map(|id| (id, m[id] - not_run[id]))
                 .filter(|(_, n)| *n > 0)
                 .collect();
             if !lost.is_empty() {
                 println!(
-                    "{}: {when}: of those, jobs a stock minion ran whose return was lost: {lost:?}",
+                    "{}: {when}: of those, jobs a minion ran whose return was lost: {lost:?}",
                     r.mode.name()
                 );
             }
@@ -322,9 +322,9 @@ fn print_reports(reports: &[Report]) {
     }
 }
 
-/// What must hold: with replay, no minion, stock or swarm, misses a job (for a stock minion: a
-/// job it did not even start to run; one it ran whose return was lost with the node is printed
-/// above), and no job runs twice; the VIP moves in time in every mode. HAProxy, L4 and plain
+/// What must hold: with replay, no minion, stock or swarm, misses a job (a job it did not even
+/// receive: a stock minion's log, the swarm's failed returns; one it ran whose return was lost
+/// with the node is printed above), and no job runs twice; the VIP moves in time in every mode. HAProxy, L4 and plain
 /// fan-out are references for the misses.
 fn check(reports: &[Report]) {
     for r in reports.iter().filter(|r| r.mode == Mode::Replay) {

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::jobs::{all_answered_after, misses, not_run, stream, Jobs};
+use crate::jobs::{
+    all_answered_after, misses, not_run, stream, swarm_lost_returns, swarm_ran, Jobs,
+};
 use crate::lab::{bin, holds_vip, in_ns, replay_counters, until, within, Lab};
 use crate::masters::{Lag, Masters};
 use crate::stock::{self, Restarted};
@@ -254,10 +256,17 @@ pub async fn scenario(lab: &mut Lab, how: Mode, masters: &Masters) -> Report {
     .await;
     let missed_a_dies = misses(&jobs, killed_a, killed_b, &ids);
     let missed_b_dies = misses(&jobs, killed_b, b_window_end, &ids);
-    let ran: BTreeMap<String, BTreeSet<String>> = stock_ids
+    // The jobs each minion received even if its return was lost: a stock minion's log, the
+    // swarm's failed returns.
+    let mut ran: BTreeMap<String, BTreeSet<String>> = stock_ids
         .iter()
         .map(|id| (id.clone(), stock::ran_jids(&lab.dir, id)))
         .collect();
+    ran.extend(swarm_ran(
+        &jobs,
+        &swarm_ids,
+        &swarm_lost_returns(&swarm_log),
+    ));
     let not_run_a_dies = not_run(&jobs, killed_a, killed_b, &ids, &ran);
     let not_run_b_dies = not_run(&jobs, killed_b, b_window_end, &ids, &ran);
     let restarted = restarted.map(|(r, from)| {
