@@ -2,6 +2,7 @@
 //! who missed what (whether a minion answered a job twice: [`crate::masters::Masters`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -147,4 +148,44 @@ pub fn range(m: &BTreeMap<String, usize>, ids: &BTreeSet<String>) -> String {
     } else {
         format!("{lo}-{hi}")
     }
+}
+
+/// The jids whose return the swarm gave up on (its log: "the minion failed to return the job
+/// information ... jid=JID", one line per minion), with how many lines each: those minions received
+/// and ran the job, and their return was refused by the dying node (the request path, as a stock
+/// minion's "RequestClient is closed"; docs/ha.md).
+pub fn swarm_lost_returns(log: &Path) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    for l in text
+        .lines()
+        .filter(|l| l.contains("failed to return the job information"))
+    {
+        if let Some(jid) = l.split_whitespace().find_map(|w| w.strip_prefix("jid=")) {
+            *out.entry(jid.to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// For [`not_run`]: the jids each swarm minion of `swarm` received, as far as the swarm's log
+/// tells ([`swarm_lost_returns`]). The log does not name the minion: a job whose return `n` of
+/// them gave up on is put down to the first `n` (by id) that did not answer it.
+pub fn swarm_ran(
+    jobs: &Jobs,
+    swarm: &BTreeSet<String>,
+    lost: &BTreeMap<String, usize>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> =
+        swarm.iter().map(|i| (i.clone(), BTreeSet::new())).collect();
+    for j in jobs.lock().unwrap().iter() {
+        let (Some(jid), Some(answered)) = (&j.jid, &j.answered) else {
+            continue;
+        };
+        let n = lost.get(jid).copied().unwrap_or(0);
+        for id in swarm.difference(answered).take(n) {
+            out.get_mut(id).unwrap().insert(jid.clone());
+        }
+    }
+    out
 }

@@ -234,16 +234,23 @@ pub fn established_with(ns: &str, peer: &str) -> usize {
 }
 
 /// Waits (polling every 50 ms) until `cond`; how long it took, or a panic naming `what`.
-pub async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+pub async fn until(limit: Duration, what: &str, cond: impl FnMut() -> bool) -> Duration {
+    match within(limit, cond).await {
+        Some(took) => took,
+        None => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// Waits (polling every 50 ms) until `cond`, at most `limit`: how long it took, or None.
+pub async fn within(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
     loop {
         if cond() {
-            return t0.elapsed();
+            return Some(t0.elapsed());
         }
-        assert!(
-            t0.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
+        if t0.elapsed() >= limit {
+            return None;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -257,6 +264,9 @@ pub struct Lab {
     pub saltgate: PathBuf,
     /// How many swarm minions a scenario starts.
     pub swarm: usize,
+    /// In fan-out mode, the masters' `cluster_pki_dir` for `dedup_cluster_pki_dir` (real Salt:
+    /// every member re-publishes a peer's job, later and later under load; docs/ha.md).
+    pub dedup: Option<PathBuf>,
 }
 
 impl Lab {
@@ -296,6 +306,15 @@ impl Lab {
                     "  bind: 0.0.0.0:9505\n  allow_unauthenticated: true   # the peer asks /ready",
                 );
             }
+        }
+        if let (Some(d), Mode::Fanout | Mode::Replay) = (&self.dedup, mode) {
+            yaml = yaml.replace(
+                "    mode: fanout\n",
+                &format!(
+                    "    mode: fanout\n    dedup_cluster_pki_dir: \"{}\"\n",
+                    d.display()
+                ),
+            );
         }
         let conf = self.dir.join(format!("saltgate-{n}.yaml"));
         std::fs::write(&conf, yaml).unwrap();

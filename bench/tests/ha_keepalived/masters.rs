@@ -57,6 +57,56 @@ impl Masters {
     }
 }
 
+/// How late one minion's returns reached master1 (real Salt only).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Lag {
+    /// Returns seen (late ones included).
+    pub returns: usize,
+    /// Of those, how many came more than the stream's job timeout after the publish: the stream
+    /// counts that job as missed.
+    pub late: usize,
+    /// The slowest, in seconds from the publish.
+    pub max_s: f64,
+}
+
+impl std::fmt::Display for Lag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} returns, slowest {:.1} s, {} late",
+            self.returns, self.max_s, self.late
+        )
+    }
+}
+
+impl Masters {
+    /// Per minion of `ids`: how late its returns reached master1, late ones included, counting
+    /// as late those more than `timeout_s` after the publish. Real Salt only (saltjobd.py's
+    /// `lag`); None for saltgate-master, whose returns log has no time.
+    pub fn return_lags(
+        &self,
+        ids: &BTreeSet<String>,
+        timeout_s: u64,
+    ) -> Option<BTreeMap<String, Lag>> {
+        let Masters::Salt(jobs) = self else {
+            return None;
+        };
+        let mut out: BTreeMap<String, Lag> =
+            ids.iter().map(|i| (i.clone(), Lag::default())).collect();
+        for (_, id, lag) in jobs.returns_with_lag() {
+            let (Some(l), Some(lag)) = (out.get_mut(&id), lag) else {
+                continue;
+            };
+            l.returns += 1;
+            l.max_s = l.max_s.max(lag);
+            if lag > timeout_s as f64 {
+                l.late += 1;
+            }
+        }
+        Some(out)
+    }
+}
+
 /// The jid of the job in a saltgate-master job cache whose load mentions `word`, once master1
 /// stored it.
 fn jid_of(cachedir: &Path, word: &str) -> Option<String> {

@@ -17,9 +17,12 @@ one JSON object a line:
   {"n": N, "ev": "done", "error": TEXT}                  the publish failed
 Returns are taken live from master1's event bus (salt/job/JID/ret/ID): in a 3008 cluster a member
 pushes its events to its peers, so master1 sees the return of every job it published, whichever
-member the minion returned to. Every return event is also appended to RETS_JSONL as {"jid", "id"}:
-a minion that answers a job twice shows twice there.
+member the minion returned to. Every return event is also appended to RETS_JSONL as
+{"jid", "id", "lag"}: a minion that answers a job twice shows twice there; "lag" is the seconds
+from the publish (the time the jid names: master1's clock, this host's) to the return event, also for a
+return that came after the job's timeout (the "done" line does not wait for those).
 """
+import datetime
 import json
 import os
 import sys
@@ -44,6 +47,15 @@ def out(rec):
         OUT.flush()
 
 
+def jid_time(jid):
+    """The time a jid names (salt/utils/jid.py gen_jid: UTC, %Y%m%d%H%M%S%f), or None."""
+    try:
+        t = datetime.datetime.strptime(jid.split("_")[0], "%Y%m%d%H%M%S%f")
+        return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
 def listen(opts, rets_file, ready):
     with salt.utils.event.get_master_event(opts, opts["sock_dir"], listen=True) as ev:
         ev.get_event(wait=0.01, tag="salt/job/")  # subscribe before the first publish
@@ -55,9 +67,12 @@ def listen(opts, rets_file, ready):
             parts = data.get("tag", "").split("/")
             if len(parts) >= 5 and parts[3] == "ret":
                 jid, mid = parts[2], parts[4]
+                now = time.time()
                 with LOCK:
-                    RETS.setdefault(jid, {}).setdefault(mid, ((data.get("data") or {}).get("return"), time.time()))
-                rets_file.write(json.dumps({"jid": jid, "id": mid}) + "\n")
+                    RETS.setdefault(jid, {}).setdefault(mid, ((data.get("data") or {}).get("return"), now))
+                published = jid_time(jid)
+                lag = round(now - published, 3) if published is not None else None
+                rets_file.write(json.dumps({"jid": jid, "id": mid, "lag": lag}) + "\n")
                 rets_file.flush()
 
 
