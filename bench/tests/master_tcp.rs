@@ -14,7 +14,7 @@ use saltgate_bench::lab::MasterHandle;
 use saltgate_config::salt_master::parse_salt_master;
 use saltgate_config::salt_minion::MasterAddr;
 use saltgate_minion::swarm::{run_swarm, SwarmOptions};
-use saltgate_test_support::write_openssl_key;
+use saltgate_test_support::{wait_until, write_openssl_key};
 use saltgate_wire::transport::Transport;
 use serde_json::json;
 
@@ -113,6 +113,14 @@ fn a_tcp_master_serves_tcp_minions_and_sends_a_targeted_job_only_to_its_minion()
 
         let (stop_a_tx, stop_a) = tokio::sync::watch::channel(false);
         let a = swarm(tmp.path(), port, "tcpm-a-", 1, stop_a);
+        // A glob that matches no accepted minion goes to every connection, as Salt's does (an
+        // empty `topic_lst`): A's rounds are published once its key is accepted, or B's minions
+        // would get those (seen in a loaded run: one more publish each).
+        let accepted = tmp.path().join("pki/minions/tcpm-a-0");
+        wait_until("tcpm-a-0's key accepted", Duration::from_secs(60), || {
+            accepted.exists()
+        })
+        .await;
         let a_rounds = until_answered(&socket, "tcpm-a-*", 1).await;
         // A list target: answered by the one minion listed (`other` has no key).
         const LIST_JOBS: u64 = 5;
