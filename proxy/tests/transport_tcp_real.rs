@@ -21,28 +21,16 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
+use common::salt_real::{minion_answers, spawn, tail, Keep};
 use common::*;
 use saltgate_config::transport::{CertReqs, SaltTransport, SslConfig};
 use saltgate_config::{HealthSettings, MasterConfig, Probe};
 use saltgate_proxy::Options;
 use saltgate_test_support::{venv, ProcGuard};
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
-fn spawn(name: &str, mut cmd: Command, log: &Path) -> ProcGuard {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
-    ProcGuard::spawn(name, cmd)
-}
 
 /// A test CA and a server certificate for `ips` (the master's and saltgate's addresses).
 fn make_pki(dir: &Path, ips: &[&str]) {
@@ -108,31 +96,6 @@ fn make_pki(dir: &Path, ips: &[&str]) {
         "-out",
         "server.pem",
     ]);
-}
-
-/// `salt <minion> test.ping` on the master's own CLI, until it answers True (the minion reaches
-/// the master through saltgate on both ports).
-fn minion_answers(d: &Path, minion: &str, deadline: Instant) {
-    loop {
-        let out = Command::new(venv().join("bin/salt"))
-            .arg("-c")
-            .arg(d.join("master"))
-            .args(["--out", "json", "--static", "-t", "15", minion, "test.ping"])
-            .output()
-            .expect("salt runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        if text.contains(&format!("\"{minion}\": true")) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{minion} never answered test.ping: {text}\n{}\n--- minion\n{}\n--- master\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            tail(&d.join("n/minion.log")),
-            tail(&d.join("m/master.log"))
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
 }
 
 fn start_minion(d: &Path, ds: &str, minion: &str, proxy_ip: &str) -> ProcGuard {
@@ -252,7 +215,12 @@ async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
     if !tls {
         let dd = d.to_path_buf();
         tokio::task::spawn_blocking(move || {
-            minion_answers(&dd, minion, Instant::now() + Duration::from_secs(150))
+            minion_answers(
+                &dd.join("master"),
+                minion,
+                Instant::now() + Duration::from_secs(150),
+                &[dd.join("n/minion.log"), dd.join("m/master.log")],
+            )
         })
         .await
         .unwrap();
@@ -349,19 +317,6 @@ async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
         log.matches("StreamClosedError(").count()
     );
     std::mem::forget(keep);
-}
-
-/// Keeps the directory of a failed test (its logs) by moving it aside on a panic.
-struct Keep(std::path::PathBuf);
-
-impl Drop for Keep {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let to = self.0.with_extension("kept");
-            let _ = std::fs::rename(&self.0, &to);
-            eprintln!("logs kept in {}", to.display());
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

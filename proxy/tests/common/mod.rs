@@ -5,6 +5,7 @@
 pub mod api;
 pub mod logs;
 pub mod router;
+pub mod salt_real;
 
 use std::collections::HashMap;
 use std::future::Future;

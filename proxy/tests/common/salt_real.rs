@@ -1,0 +1,67 @@
+//! Helpers of the tests that run real Salt 3008.5 daemons (the venv's): a daemon spawned with
+//! its stderr to a file, the tail of a log for a failure message, a test directory kept when the
+//! test fails, and `salt <minion> test.ping` until it answers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use saltgate_test_support::{venv, ProcGuard};
+
+/// The last 40 lines of `path` (empty if it cannot be read).
+pub fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Spawns `cmd` (its own process group, stopped when the guard drops), stderr to `log`.
+pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> ProcGuard {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    ProcGuard::spawn(name, cmd)
+}
+
+/// `salt <minion> test.ping` on the CLI of the master configured in `master_conf` (a directory),
+/// until it answers True (the minion reaches the master through saltgate on both ports). On
+/// failure the message carries the tails of `logs`.
+pub fn minion_answers(master_conf: &Path, minion: &str, deadline: Instant, logs: &[PathBuf]) {
+    loop {
+        let out = Command::new(venv().join("bin/salt"))
+            .arg("-c")
+            .arg(master_conf)
+            .args(["--out", "json", "--static", "-t", "15", minion, "test.ping"])
+            .output()
+            .expect("salt runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains(&format!("\"{minion}\": true")) {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let tails: Vec<String> = logs
+                .iter()
+                .map(|l| format!("--- {}\n{}", l.display(), tail(l)))
+                .collect();
+            panic!(
+                "{minion} never answered test.ping: {text}\n{}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                tails.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Keeps the directory of a failed test (its logs) by moving it aside on a panic.
+pub struct Keep(pub PathBuf);
+
+impl Drop for Keep {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let to = self.0.with_extension("kept");
+            let _ = std::fs::rename(&self.0, &to);
+            eprintln!("logs kept in {}", to.display());
+        }
+    }
+}
