@@ -236,6 +236,10 @@ impl TcpTrack {
             if let Some(p) = self.pending.remove(i) {
                 self.kept -= p.bytes.map_or(0, |k| k.len());
             }
+            // An idle connection holds nothing, even after a burst.
+            if self.pending.is_empty() && self.pending.capacity() > 8 {
+                self.pending = VecDeque::new();
+            }
         }
     }
 
