@@ -15,7 +15,7 @@ fn a_three_member_salt_cluster_authenticates_every_minion_through_the_limit_and_
     let n = 40;
     let out = tempfile::tempdir().unwrap();
     let res = Command::new(env!("CARGO_BIN_EXE_saltgate-bench"))
-        .args(["--json", "--net", "127.38.0", "--out"])
+        .args(["--json", "--net", "127.39.0", "--out"])
         .arg(out.path())
         .args([
             "--authstorm-masters",

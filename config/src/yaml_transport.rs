@@ -58,17 +58,21 @@ pub(crate) fn conflicts(cfg: &Config) -> Vec<(String, String, String)> {
                 "use mode: l4 on the publish listener, or transport: zeromq".into(),
             ));
         }
-        if cfg.request.on_master_down == OnMasterDown::Migrate {
-            let why = if cfg.global.ssl.is_some() {
-                format!("under TLS (`ssl`) the request stream is encrypted end to end between the minion and its master: saltgate can neither see which request is unanswered nor re-send it to another master over a TLS session of its own (`transport: {name}`)")
+        // Plain `tcp` has its own relay (docs/request-continuity.md, "On Salt's `tcp` transport").
+        let migrate_refused = match (t, cfg.global.ssl.is_some()) {
+            (_, true) => Some(format!("under TLS (`ssl`) the request stream is encrypted end to end between the minion and its master: saltgate can neither see which request is unanswered nor re-send it to another master over a TLS session of its own (`transport: {name}`)")),
+            (SaltTransport::Tcp, false) => None,
+            _ => Some(format!("request continuity follows ZeroMQ REQ messages and plain `tcp`'s `{{head: {{mid}}, body}}` messages; on plain `transport: {name}` a replay would be safe (Salt's own client re-sends a request after a timeout) but is not built: docs/request-continuity.md, \"Not on `ws`, nor under TLS\"")),
+        };
+        if let Some(why) =
+            migrate_refused.filter(|_| cfg.request.on_master_down == OnMasterDown::Migrate)
+        {
+            let fix = if cfg.global.ssl.is_some() {
+                "use on_master_down: close (or keep), or transport: zeromq".to_string()
             } else {
-                format!("request continuity follows and replays ZeroMQ REQ messages; on plain `transport: {name}` a replay would be safe (Salt's own client re-sends a request after a timeout) but is not built: docs/configuration.md, \"Salt's tcp and ws transports\"")
+                "use on_master_down: close (or keep), or transport: tcp or zeromq".to_string()
             };
-            out.push((
-                "listeners.request.on_master_down".into(),
-                why,
-                "use on_master_down: close (or keep), or transport: zeromq".into(),
-            ));
+            out.push(("listeners.request.on_master_down".into(), why, fix));
         }
         if cfg.request.auth_limit.is_some() {
             out.push((
@@ -272,7 +276,7 @@ listeners:
             "    bind: 127.0.0.1:4506\n",
             "    bind: 127.0.0.1:4506\n    on_master_down: migrate\n",
         );
-        let e = parse_yaml(&format!("{migrate}transport: tcp\n"), None)
+        let e = parse_yaml(&format!("{migrate}transport: ws\n"), None)
             .unwrap_err()
             .0;
         assert!(
@@ -280,8 +284,9 @@ listeners:
                 .any(|e| e.field == "listeners.request.on_master_down"),
             "{e:?}"
         );
-        // The same listeners are fine on zeromq.
+        // The same listeners are fine on zeromq and plain tcp.
         parse_yaml(&format!("{migrate}transport: zeromq\n"), None).unwrap();
+        parse_yaml(&format!("{migrate}transport: tcp\n"), None).unwrap();
         let e = errors("ssl: {}\n");
         assert!(
             e.iter()
@@ -304,7 +309,7 @@ listeners:
     }
 
     #[test]
-    fn migrate_is_refused_with_why_under_tls_and_on_plain_tcp() {
+    fn migrate_is_refused_with_why_under_tls_and_on_ws_and_taken_on_plain_tcp() {
         let migrate = BASE.replace(
             "    bind: 127.0.0.1:4506\n",
             "    bind: 127.0.0.1:4506\n    on_master_down: migrate\n",
@@ -324,6 +329,28 @@ listeners:
         let plain = e.iter().find(|e| e.field == field).expect("refused");
         assert!(plain.message.contains("not built"), "{plain:?}");
         assert!(plain.fix.contains("on_master_down: close"), "{plain:?}");
+        assert!(plain.fix.contains("transport: tcp"), "{plain:?}");
+        let e = parse_yaml(
+            &format!("{migrate}transport: ws\nssl: {{cert_reqs: CERT_NONE}}\n"),
+            None,
+        )
+        .unwrap_err()
+        .0;
+        let tls = e.iter().find(|e| e.field == field).expect("refused");
+        assert!(tls.message.contains("encrypted end to end"), "{tls:?}");
+        // Plain tcp has its relay; a migrate_buffer goes with it.
+        let cfg = parse_yaml(
+            &format!(
+                "{}transport: tcp\n",
+                migrate.replace(
+                    "on_master_down: migrate\n",
+                    "on_master_down: migrate\n    migrate_buffer: 65536\n"
+                )
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(cfg.request.migrate_buffer, 65536);
     }
 
     #[test]

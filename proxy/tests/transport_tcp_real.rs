@@ -21,23 +21,16 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
-use common::real_salt::{minion_answers, tail, Keep};
+use common::salt_real::{minion_answers, spawn, tail, Keep};
 use common::*;
 use saltgate_config::transport::{CertReqs, SaltTransport, SslConfig};
 use saltgate_config::{HealthSettings, MasterConfig, Probe};
 use saltgate_proxy::Options;
 use saltgate_test_support::{venv, ProcGuard};
-
-fn spawn(name: &str, mut cmd: Command, log: &Path) -> ProcGuard {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
-    ProcGuard::spawn(name, cmd)
-}
 
 /// A test CA and a server certificate for `ips` (the master's and saltgate's addresses).
 fn make_pki(dir: &Path, ips: &[&str]) {
@@ -222,10 +215,12 @@ async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
     if !tls {
         let dd = d.to_path_buf();
         tokio::task::spawn_blocking(move || {
-            let logs = [dd.join("n/minion.log"), dd.join("m/master.log")];
-            let logs: Vec<&Path> = logs.iter().map(|p| p.as_path()).collect();
-            let deadline = Instant::now() + Duration::from_secs(150);
-            minion_answers(&dd.join("master"), minion, &logs, deadline)
+            minion_answers(
+                &dd.join("master"),
+                minion,
+                Instant::now() + Duration::from_secs(150),
+                &[dd.join("n/minion.log"), dd.join("m/master.log")],
+            )
         })
         .await
         .unwrap();

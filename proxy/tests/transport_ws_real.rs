@@ -12,11 +12,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
-use common::real_salt::{minion_answers, tail, Keep};
+use common::salt_real::{minion_answers, tail, Keep};
 use common::*;
 use saltgate_config::transport::SaltTransport;
 use saltgate_config::{HealthSettings, MasterConfig, Probe, Role};
@@ -97,9 +96,8 @@ async fn a_stock_ws_minion_through_saltgate_is_listed_by_id_with_its_master() {
             [minion_log.clone(), master_log.clone()],
         );
         tokio::task::spawn_blocking(move || {
-            let logs: Vec<&Path> = logs.iter().map(|p| p.as_path()).collect();
             let deadline = Instant::now() + Duration::from_secs(150);
-            minion_answers(&master_conf, MINION, &logs, deadline)
+            minion_answers(&master_conf, MINION, deadline, &logs)
         })
         .await
         .unwrap();

@@ -9,13 +9,21 @@
 //! for both directions (a REQ socket alternates request and reply), with [`track`] reading the
 //! frame boundaries as bytes pass. The one copy kept is the minion's unanswered request, up to
 //! `migrate_buffer` bytes, dropped as soon as its reply starts.
+//!
+//! On Salt's plain `tcp` transport ([`tcp_track`], chosen by [`framing::Track`]) there is no
+//! handshake: saltgate connects to the next master and re-sends every request the old one left
+//! unanswered (several may be in flight, matched by `mid`), up to `migrate_buffer` bytes for all
+//! of them together.
 
 mod auth_drain;
 pub mod auth_hold;
 pub mod auth_limit;
 mod auth_relay;
+mod framing;
 mod handshake;
 pub mod metrics;
+pub mod msgpack_walk;
+pub mod tcp_track;
 pub mod track;
 
 use crate::ops::ratelimit::{LogLimit, LOG_EVERY};
@@ -31,8 +39,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use framing::Track;
 pub use metrics::ReplayMetrics;
-use track::{Down, Skip, Up};
+use track::Skip;
 
 use crate::data::buf::{read_some, Tally, Tap};
 use crate::data::close::CloseReason;
@@ -75,8 +84,8 @@ enum Stop {
 struct Relay<'a> {
     ctx: &'a DataPlane,
     limits: IdleLimits,
-    up: Up,
-    down: Down,
+    /// What the bytes did to the requests (ZeroMQ's or plain `tcp`'s framing).
+    track: Track,
     tap: Option<Box<dyn Tap>>,
     client_eof: bool,
     last: Instant,
@@ -105,16 +114,27 @@ pub(crate) async fn serve(
 ) -> Ended {
     let m = &ctx.replay;
     let migrate = l.on_master_down == OnMasterDown::Migrate;
+    // The snapshot is not kept: a session outlives reloads.
+    let (transport, tls) = {
+        let snap = ctx.load();
+        (
+            snap.config.global.transport,
+            snap.config.global.ssl.is_some(),
+        )
+    };
     let mut r = Relay {
         ctx,
         limits,
         // Without migrate nothing is kept for re-sending.
-        up: Up::new(if migrate {
-            l.migrate_buffer as usize
-        } else {
-            0
-        }),
-        down: Down::new(),
+        track: Track::new(
+            transport,
+            tls,
+            if migrate {
+                l.migrate_buffer as usize
+            } else {
+                0
+            },
+        ),
         tap,
         client_eof: false,
         last: Instant::now(),
@@ -147,13 +167,11 @@ pub(crate) async fn serve(
             break (why, None);
         }
         let old = up.master.name();
-        let plan = r.down.movable().and_then(|()| r.up.take_replay());
-        let moved = match (plan, r.up.ready_frame()) {
-            (Ok(replay), Some(ready)) => move_to(ctx, l, peer, &old, ready)
+        let moved = match r.track.plan() {
+            Ok(replay) => move_to(ctx, l, peer, &old, r.track.handshake())
                 .await
                 .map(|(c, left)| (c, left, replay)),
-            (Ok(_), None) => Err(Skip::Handshake),
-            (Err(s), _) => Err(s),
+            Err(s) => Err(s),
         };
         let (next, left, replay) = match moved {
             Ok(x) => x,
@@ -176,7 +194,7 @@ pub(crate) async fn serve(
         // An `_auth` re-sent to the new master is not paced again; its old place is given back.
         r.permit = None;
         r.gate = r.auth.map(|a| ctx.auth_limits.gate(&up.master.name(), &a));
-        r.down = Down::resumed();
+        r.track.resumed();
         crate::session::span::record_master(up.master.label());
         if let Some(left_out) = MOVED_LOG.allow() {
             tracing::info!(target: "saltgate_proxy::replay", from = %old, to = %up.master.name(), reason = %why, replayed = replay.as_ref().map_or(0, |(b, _)| b.len()), left_out, "request session moved to another master (one line per 5 s, left_out: how many since the last)");
@@ -204,7 +222,7 @@ pub(crate) async fn serve(
     // The minion left with its `_auth` at the master: the place stays taken until the answer.
     if matches!(reason, CloseReason::ClientEof | CloseReason::ClientReset) {
         if let Some(p) = r.permit.take() {
-            auth_drain::spawn(&up.stream, std::mem::take(&mut r.down), p);
+            auth_drain::spawn(&up.stream, r.track.take_down(), p);
         }
     }
     let bytes = (
@@ -220,14 +238,15 @@ pub(crate) async fn serve(
     }
 }
 
-/// Connects to another UP master (not `old`) and does the handshake for the minion; two
-/// candidates at most, each within `timeout_connect` for the connect and again for the handshake.
+/// Connects to another UP master (not `old`) and does the handshake for the minion (ZeroMQ's,
+/// with the minion's `ready`; plain `tcp` has none); two candidates at most, each within
+/// `timeout_connect` for the connect and again for the handshake.
 async fn move_to(
     ctx: &DataPlane,
     l: &ListenerConfig,
     peer: SocketAddr,
     old: &str,
-    ready: &[u8],
+    ready: Option<&[u8]>,
 ) -> Result<(Connected, Bytes), Skip> {
     let role = Role::Request;
     let snap = ctx.load();
@@ -241,6 +260,9 @@ async fn move_to(
         }
         let Connect::Done(mut c) = connect(ctx, l, &snap, &order).await else {
             break;
+        };
+        let Some(ready) = ready else {
+            return Ok((c, Bytes::new()));
         };
         match tokio::time::timeout(
             l.timeout_connect,
@@ -271,12 +293,8 @@ async fn move_to(
 impl Relay<'_> {
     /// Tells the request tracker what the bytes written to the minion did.
     fn reply_events(&mut self, bytes: &[u8]) {
-        let ev = self.down.observe(bytes);
-        if ev.started {
-            self.up.reply_started();
-        }
+        let ev = self.track.observe_down(bytes);
         if ev.done {
-            self.up.reply_done();
             if let Some(p) = self.permit.take() {
                 p.answered();
             }
@@ -375,7 +393,7 @@ impl Relay<'_> {
         bytes: &[u8],
     ) -> Result<(), Stop> {
         // Seen before it is written: a write cut short is re-sent whole elsewhere.
-        self.up.observe(bytes);
+        self.track.observe_up(bytes);
         tokio::select! {
             w = master.write_all(bytes) => if w.is_err() {
                 return Err(self.master_gone(CloseReason::MasterReset));

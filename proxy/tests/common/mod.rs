@@ -4,8 +4,8 @@
 
 pub mod api;
 pub mod logs;
-pub mod real_salt;
 pub mod router;
+pub mod salt_real;
 
 use std::collections::HashMap;
 use std::future::Future;

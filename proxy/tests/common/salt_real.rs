@@ -1,12 +1,12 @@
-//! Helpers of the tests that run real Salt 3008.5 behind saltgate (the daemons themselves are
-//! started by test-support's `start_salt_master` / `start_salt_minion`): a log's tail for failure
-//! messages, a `test.ping` through the master's CLI, and a temporary directory kept on failure.
+//! Helpers of the tests that run real Salt 3008.5 daemons (the venv's): a daemon spawned with
+//! its stderr to a file, the tail of a log for a failure message, a test directory kept when the
+//! test fails, and `salt <minion> test.ping` until it answers.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use saltgate_test_support::venv;
+use saltgate_test_support::{venv, ProcGuard};
 
 /// The last 40 lines of `path` (empty if it cannot be read).
 pub fn tail(path: &Path) -> String {
@@ -15,10 +15,18 @@ pub fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// `salt <minion> test.ping` on the master's own CLI (config directory `master_conf`), until it
-/// answers True (the minion reaches the master through saltgate on both ports); on the deadline,
-/// fails with the tails of `logs`.
-pub fn minion_answers(master_conf: &Path, minion: &str, logs: &[&Path], deadline: Instant) {
+/// Spawns `cmd` (its own process group, stopped when the guard drops), stderr to `log`.
+pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> ProcGuard {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(log).unwrap()));
+    ProcGuard::spawn(name, cmd)
+}
+
+/// `salt <minion> test.ping` on the CLI of the master configured in `master_conf` (a directory),
+/// until it answers True (the minion reaches the master through saltgate on both ports). On
+/// failure the message carries the tails of `logs`.
+pub fn minion_answers(master_conf: &Path, minion: &str, deadline: Instant, logs: &[PathBuf]) {
     loop {
         let out = Command::new(venv().join("bin/salt"))
             .arg("-c")
@@ -31,14 +39,14 @@ pub fn minion_answers(master_conf: &Path, minion: &str, logs: &[&Path], deadline
             return;
         }
         if Instant::now() >= deadline {
-            let logs: Vec<String> = logs
+            let tails: Vec<String> = logs
                 .iter()
                 .map(|l| format!("--- {}\n{}", l.display(), tail(l)))
                 .collect();
             panic!(
                 "{minion} never answered test.ping: {text}\n{}\n{}",
                 String::from_utf8_lossy(&out.stderr),
-                logs.join("\n")
+                tails.join("\n")
             );
         }
         std::thread::sleep(Duration::from_secs(1));
