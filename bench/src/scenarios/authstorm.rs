@@ -107,16 +107,16 @@ pub struct Options {
 
 /// The master side of one way: one salt-master or a cluster.
 enum Masters {
-    One(SaltMaster),
+    One(Box<SaltMaster>),
     Cluster(SaltCluster),
 }
 
 impl Masters {
     async fn start(ctx: &Ctx, n: usize, venv: &Path, tuning: &Tuning) -> Result<Self, BenchError> {
         if n <= 1 {
-            return Ok(Masters::One(
+            return Ok(Masters::One(Box::new(
                 SaltMaster::start_with(venv, ctx.net.ip(2), tuning).await?,
-            ));
+            )));
         }
         let ips = ctx.net.masters(n);
         Ok(Masters::Cluster(
@@ -159,7 +159,7 @@ impl Masters {
 
     async fn stop(self) {
         match self {
-            Masters::One(m) => m.stop().await,
+            Masters::One(m) => (*m).stop().await,
             Masters::Cluster(c) => c.stop().await,
         }
     }
