@@ -37,6 +37,7 @@ pub mod crypticle;
 pub mod display;
 pub mod envelope;
 pub mod jid;
+mod peek_buf;
 pub mod pem;
 pub mod probe;
 pub mod publish_job;

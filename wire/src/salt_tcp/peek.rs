@@ -20,6 +20,7 @@
 //! attach one; presence is by address only there).
 
 use crate::envelope;
+use crate::peek_buf::BudgetBuf;
 use crate::sniff::{examine_envelope, GiveUp, Verdict, MIN_BUDGET};
 
 use super::{scan, FrameError, TcpMessage};
@@ -27,13 +28,10 @@ use super::{scan, FrameError, TcpMessage};
 /// The passive reader of one `tcp` request connection's client → master bytes.
 #[derive(Debug)]
 pub struct TcpPeek {
-    budget: usize,
-    /// Bytes of the stream taken so far (at most `budget`).
-    taken: usize,
+    /// The bytes taken (at most the budget) and those not yet examined.
+    input: BudgetBuf,
     /// Bytes of whole messages already examined (the start of `buf` in the stream).
     consumed: usize,
-    /// Taken bytes not yet part of an examined message; freed once the verdict is final.
-    buf: Vec<u8>,
     verdict: Verdict,
 }
 
@@ -41,21 +39,19 @@ impl TcpPeek {
     /// A peek that looks at the first `budget` bytes (at least [`MIN_BUDGET`]).
     pub fn new(budget: usize) -> Self {
         TcpPeek {
-            budget: budget.max(MIN_BUDGET),
-            taken: 0,
+            input: BudgetBuf::new(budget.max(MIN_BUDGET)),
             consumed: 0,
-            buf: Vec::new(),
             verdict: Verdict::Pending,
         }
     }
 
     pub fn budget(&self) -> usize {
-        self.budget
+        self.input.budget
     }
 
     /// Bytes of memory held right now (never more than the budget; 0 once the verdict is final).
     pub fn buffered(&self) -> usize {
-        self.buf.capacity()
+        self.input.buffered()
     }
 
     pub fn verdict(&self) -> &Verdict {
@@ -68,46 +64,30 @@ impl TcpPeek {
         if self.verdict.is_final() {
             return &self.verdict;
         }
-        let take = bytes.len().min(self.budget - self.taken);
-        self.take_in(&bytes[..take]);
-        self.taken += take;
+        let spent = self.input.take(bytes);
         if let Some(v) = self.parse() {
             self.finish(v);
-        } else if self.taken == self.budget {
+        } else if spent {
             // Waiting for bytes beyond the budget.
             self.finish(Verdict::GaveUp(GiveUp::OverBudget));
         }
         &self.verdict
     }
 
-    /// Appends, growing the buffer by hand so that its capacity never exceeds the budget.
-    fn take_in(&mut self, bytes: &[u8]) {
-        let need = self.buf.len() + bytes.len();
-        if need > self.buf.capacity() {
-            let cap = need
-                .max(self.buf.len() * 2)
-                .max(1024)
-                .min(self.budget)
-                .max(need);
-            self.buf.reserve_exact(cap - self.buf.len());
-        }
-        self.buf.extend_from_slice(bytes);
-    }
-
     fn finish(&mut self, v: Verdict) {
         self.verdict = v;
-        self.buf = Vec::new();
+        self.input.free();
     }
 
     /// Examines every whole message buffered; `Some` once the verdict is known.
     fn parse(&mut self) -> Option<Verdict> {
         loop {
-            if self.buf.is_empty() {
+            if self.input.buf.is_empty() {
                 return None;
             }
             // What is left of the budget is the most the next message may take.
-            let room = self.budget - self.consumed;
-            let len = match scan(&self.buf, room) {
+            let room = self.input.budget - self.consumed;
+            let len = match scan(&self.input.buf, room) {
                 Ok(Some(len)) => len,
                 Ok(None) => return None,
                 Err(FrameError::TooLarge { .. }) => {
@@ -115,7 +95,7 @@ impl TcpPeek {
                 }
                 Err(_) => return Some(Verdict::GaveUp(GiveUp::Framing)),
             };
-            let message = envelope::decode(&self.buf[..len])
+            let message = envelope::decode(&self.input.buf[..len])
                 .ok()
                 .and_then(|v| TcpMessage::from_value(v).ok());
             let Some(message) = message else {
@@ -124,7 +104,7 @@ impl TcpPeek {
             if let Some(v) = examine_envelope(&message.body) {
                 return Some(v);
             }
-            self.buf.drain(..len);
+            self.input.buf.drain(..len);
             self.consumed += len;
         }
     }

@@ -31,6 +31,7 @@
 //! Under TLS (`ssl`) the stream is encrypted end to end: the proxy attaches no peek there.
 
 use crate::envelope;
+use crate::peek_buf::BudgetBuf;
 use crate::sniff::{examine_envelope, GiveUp, Verdict, MIN_BUDGET};
 
 use super::{OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT};
@@ -48,12 +49,10 @@ enum Phase {
 /// The passive reader of one `ws` request connection's client → master bytes.
 #[derive(Debug)]
 pub struct WsPeek {
-    budget: usize,
-    /// Bytes of the stream taken so far (at most `budget`).
-    taken: usize,
-    /// In [`Phase::Frames`]: `buf[..message]` is the unmasked payload of the binary message being
-    /// assembled, the rest raw bytes not yet parsed. Freed once the verdict is final.
-    buf: Vec<u8>,
+    /// The bytes taken (at most the budget) and those not yet examined.
+    input: BudgetBuf,
+    /// In [`Phase::Frames`]: `input.buf[..message]` is the unmasked payload of the binary
+    /// message being assembled, the rest raw bytes not yet parsed.
     message: usize,
     /// The opcode of a fragmented data message in progress (its first frame had no FIN).
     fragmented: Option<u8>,
@@ -75,9 +74,7 @@ impl WsPeek {
     /// A peek that looks at the first `budget` bytes (at least [`MIN_BUDGET`]).
     pub fn new(budget: usize) -> Self {
         WsPeek {
-            budget: budget.max(MIN_BUDGET),
-            taken: 0,
-            buf: Vec::new(),
+            input: BudgetBuf::new(budget.max(MIN_BUDGET)),
             message: 0,
             fragmented: None,
             phase: Phase::Upgrade { scanned: 0 },
@@ -86,12 +83,12 @@ impl WsPeek {
     }
 
     pub fn budget(&self) -> usize {
-        self.budget
+        self.input.budget
     }
 
     /// Bytes of memory held right now (never more than the budget; 0 once the verdict is final).
     pub fn buffered(&self) -> usize {
-        self.buf.capacity()
+        self.input.buffered()
     }
 
     pub fn verdict(&self) -> &Verdict {
@@ -104,49 +101,33 @@ impl WsPeek {
         if self.verdict.is_final() {
             return &self.verdict;
         }
-        let take = bytes.len().min(self.budget - self.taken);
-        self.take_in(&bytes[..take]);
-        self.taken += take;
+        let spent = self.input.take(bytes);
         if let Some(v) = self.parse() {
             self.finish(v);
-        } else if self.taken == self.budget {
+        } else if spent {
             // Waiting for bytes beyond the budget.
             self.finish(Verdict::GaveUp(GiveUp::OverBudget));
         }
         &self.verdict
     }
 
-    /// Appends, growing the buffer by hand so that its capacity never exceeds the budget.
-    fn take_in(&mut self, bytes: &[u8]) {
-        let need = self.buf.len() + bytes.len();
-        if need > self.buf.capacity() {
-            let cap = need
-                .max(self.buf.len() * 2)
-                .max(1024)
-                .min(self.budget)
-                .max(need);
-            self.buf.reserve_exact(cap - self.buf.len());
-        }
-        self.buf.extend_from_slice(bytes);
-    }
-
     fn finish(&mut self, v: Verdict) {
         self.verdict = v;
-        self.buf = Vec::new();
+        self.input.free();
     }
 
     fn parse(&mut self) -> Option<Verdict> {
         if let Phase::Upgrade { scanned } = self.phase {
-            match upgrade_end(&self.buf, scanned) {
+            match upgrade_end(&self.input.buf, scanned) {
                 Err(()) => return Some(Verdict::GaveUp(GiveUp::Framing)),
                 Ok(None) => {
                     self.phase = Phase::Upgrade {
-                        scanned: self.buf.len(),
+                        scanned: self.input.buf.len(),
                     };
                     return None;
                 }
                 Ok(Some(end)) => {
-                    self.buf.drain(..end);
+                    self.input.buf.drain(..end);
                     self.phase = Phase::Frames;
                 }
             }
@@ -158,16 +139,16 @@ impl WsPeek {
     fn frames(&mut self) -> Option<Verdict> {
         let framing = Some(Verdict::GaveUp(GiveUp::Framing));
         loop {
-            let raw = &self.buf[self.message..];
+            let raw = &self.input.buf[self.message..];
             let head = match frame_head(raw) {
                 Ok(Some(h)) => h,
                 Ok(None) => return None,
                 Err(()) => return framing,
             };
             // Where the frame ends in the stream: past the budget, no use waiting for it.
-            let start = (self.taken - raw.len()) as u64;
+            let start = (self.input.taken - raw.len()) as u64;
             let end = start + head.len as u64 + head.payload;
-            if end > self.budget as u64 {
+            if end > self.input.budget as u64 {
                 return Some(Verdict::GaveUp(GiveUp::OverBudget));
             }
             // Fits in the budget, hence in memory.
@@ -194,32 +175,35 @@ impl WsPeek {
             };
             let at = self.message;
             if !keep {
-                self.buf.drain(at..at + size);
+                self.input.buf.drain(at..at + size);
                 continue;
             }
             let key: [u8; 4] = [
-                self.buf[at + head.len - 4],
-                self.buf[at + head.len - 3],
-                self.buf[at + head.len - 2],
-                self.buf[at + head.len - 1],
+                self.input.buf[at + head.len - 4],
+                self.input.buf[at + head.len - 3],
+                self.input.buf[at + head.len - 2],
+                self.input.buf[at + head.len - 1],
             ];
-            for (i, b) in self.buf[at + head.len..at + size].iter_mut().enumerate() {
+            for (i, b) in self.input.buf[at + head.len..at + size]
+                .iter_mut()
+                .enumerate()
+            {
                 *b ^= key[i % 4];
             }
-            self.buf.drain(at..at + head.len);
+            self.input.buf.drain(at..at + head.len);
             self.message += head.payload as usize;
             if self.fragmented.is_some() {
                 continue;
             }
             // A whole binary message: one request envelope.
-            let verdict = match envelope::decode(&self.buf[..self.message]) {
+            let verdict = match envelope::decode(&self.input.buf[..self.message]) {
                 Ok(v) => examine_envelope(&v),
                 Err(_) => Some(Verdict::GaveUp(GiveUp::Malformed)),
             };
             if verdict.is_some() {
                 return verdict;
             }
-            self.buf.drain(..self.message);
+            self.input.buf.drain(..self.message);
             self.message = 0;
         }
     }
