@@ -4,59 +4,22 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-
 use bytes::Bytes;
-use common::api::{addr, run_with, scrape, wait_for_metric};
-use common::router::{health, FakeRouter};
+use common::api::{addr, scrape};
+use common::migrate_lab::{self, Lab};
+use common::router::FakeRouter;
 use common::*;
-use saltgate_config::{Balance, OnMasterDown, Role};
-use saltgate_proxy::accesslog::MemorySink;
+use saltgate_config::transport::SaltTransport;
+use saltgate_config::Role;
 use saltgate_proxy::close::CloseReason;
-use saltgate_proxy::{Options, Running};
 use saltgate_wire::zmtp::{ReqError, ReqOptions, ReqSocket};
 
 const IDENTITY: &str = "salt-req/minion/m1/4242/0123abcd";
 
-struct Lab {
-    r: Running,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    prober: Arc<ScriptedProber>,
-    log: Arc<MemorySink>,
-}
-
-/// saltgate on 127.18.0.1 over `masters` (balance first: a session starts on the first),
-/// `on_master_down: migrate` with `migrate_buffer` bytes.
+/// saltgate on 127.18.0.1 over `masters`: the shared migrate lab.
 async fn lab(masters: &[&FakeRouter], migrate_buffer: u32) -> Lab {
-    let mut cfg = config_on(
-        "127.18.0.1",
-        masters.iter().map(|m| m.config()).collect(),
-        health(),
-    );
-    cfg.request.balance = Balance::First;
-    cfg.request.on_master_down = OnMasterDown::Migrate;
-    cfg.request.migrate_buffer = migrate_buffer;
-    let prober = Arc::new(ScriptedProber::default());
-    let log = Arc::new(MemorySink::default());
-    let (r, stop) = run_with(
-        cfg,
-        Options {
-            prober: prober.clone(),
-            access_log: log.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
-    for m in masters {
-        wait_for("masters UP", || r.master(m.name).unwrap().is_up()).await;
-    }
-    Lab {
-        r,
-        _stop: stop,
-        prober,
-        log,
-    }
+    let configs = masters.iter().map(|m| m.config()).collect();
+    migrate_lab::lab("127.18.0.1", configs, SaltTransport::Zeromq, migrate_buffer).await
 }
 
 impl Lab {
@@ -68,14 +31,6 @@ impl Lab {
                 ..Default::default()
             },
         )
-    }
-
-    fn admin(&self) -> SocketAddr {
-        self.r.admin_addr().unwrap()
-    }
-
-    async fn metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
-        wait_for_metric(self.admin(), name, labels, want).await
     }
 }
 

@@ -12,14 +12,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::api::{addr, run_with, scrape, value, wait_for_metric};
+use common::api::{addr, scrape, value};
+use common::migrate_lab::{self, Lab};
 use common::router::health;
 use common::*;
 use saltgate_config::transport::SaltTransport;
-use saltgate_config::{Balance, MasterConfig, OnMasterDown, Role};
-use saltgate_proxy::accesslog::MemorySink;
+use saltgate_config::{MasterConfig, Role};
 use saltgate_proxy::close::CloseReason;
-use saltgate_proxy::{Options, Running};
+use saltgate_proxy::Running;
 use saltgate_wire::envelope::{self, text, Value};
 use saltgate_wire::salt_tcp::{encode_message, request_frame, FrameDecoder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -184,60 +184,10 @@ impl Minion {
     }
 }
 
-struct Lab {
-    r: Running,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    prober: Arc<ScriptedProber>,
-    log: Arc<MemorySink>,
-}
-
-/// saltgate on 127.37.0.1 over `masters` on `transport: tcp` (balance first: a session starts on
-/// the first), `on_master_down: migrate` with `migrate_buffer` bytes.
+/// saltgate on 127.37.0.1 over `masters`: the shared migrate lab.
 async fn lab(masters: &[&TcpMaster], migrate_buffer: u32) -> Lab {
-    let mut cfg = config_on(
-        "127.37.0.1",
-        masters.iter().map(|m| m.config()).collect(),
-        health(),
-    );
-    cfg.global.transport = SaltTransport::Tcp;
-    cfg.request.balance = Balance::First;
-    cfg.request.on_master_down = OnMasterDown::Migrate;
-    cfg.request.migrate_buffer = migrate_buffer;
-    let prober = Arc::new(ScriptedProber::default());
-    let log = Arc::new(MemorySink::default());
-    let (r, stop) = run_with(
-        cfg,
-        Options {
-            prober: prober.clone(),
-            access_log: log.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
-    for m in masters {
-        wait_for("masters UP", || r.master(m.name).unwrap().is_up()).await;
-    }
-    Lab {
-        r,
-        _stop: stop,
-        prober,
-        log,
-    }
-}
-
-impl Lab {
-    fn admin(&self) -> SocketAddr {
-        self.r.admin_addr().unwrap()
-    }
-
-    async fn metric(&self, name: &str, labels: &[(&str, &str)], want: f64) {
-        wait_for_metric(self.admin(), name, labels, want).await
-    }
-
-    async fn record(&self) -> saltgate_proxy::accesslog::AccessRecord {
-        wait_for("the access record", || !self.log.records().is_empty()).await;
-        self.log.records()[0].clone()
-    }
+    let configs = masters.iter().map(|m| m.config()).collect();
+    migrate_lab::lab("127.37.0.1", configs, SaltTransport::Tcp, migrate_buffer).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

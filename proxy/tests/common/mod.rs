@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod logs;
+pub mod migrate_lab;
 pub mod router;
 pub mod salt_real;
 
