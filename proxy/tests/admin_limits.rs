@@ -159,27 +159,52 @@ async fn the_admin_connection_limits_come_from_the_configuration() {
         t0.elapsed()
     );
 
-    // Two stalled connections fill max_connections: 2; a third evicts the oldest at once.
+    // Two idle connections fill max_connections: 2; a third evicts the longest-idle at once.
+    // Each of the first two completes a request before the next connects, so the order in which
+    // they took their slots is known (the accept tasks otherwise race on a loaded machine). The
+    // header deadlines are long, so only an eviction closes a connection within the test.
     let limits = saltgate_config::AdminLimits {
         max_connections: 2,
+        header_timeout: Duration::from_secs(30),
+        unauthenticated_header_timeout: Duration::from_secs(30),
         ..Default::default()
     };
     let (r, _stop) = admin_with(limits).await;
     let addr = r.admin_addr().unwrap();
-    let mut first = TcpStream::connect(addr).await.unwrap();
-    first.write_all(b"G").await.unwrap();
-    let mut second = TcpStream::connect(addr).await.unwrap();
-    second.write_all(b"G").await.unwrap();
-    // The first connection holds its slot before the second asks for one.
+    let mut first = kept_alive(addr).await;
+    let mut second = kept_alive(addr).await;
     let mut third = TcpStream::connect(addr).await.unwrap();
     third.write_all(b"G").await.unwrap();
     assert!(
-        closed_within(&mut first, Duration::from_millis(1500)).await,
+        closed_within(&mut first, Duration::from_secs(5)).await,
         "the longest-idle connection was not evicted for the third (max_connections: 2)"
+    );
+    assert!(
+        !closed_within(&mut second, Duration::from_millis(200)).await,
+        "the second connection was cut, not the longest-idle one"
     );
     // The probe still answers: a fourth connection evicts the second.
     assert!(probe_ok(addr).await, "/healthz went unanswered");
     drop((second, third));
+}
+
+/// A connection that has had one answer and stays open (kept alive), idle since that answer.
+async fn kept_alive(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: saltgate\r\n\r\n")
+        .await
+        .unwrap();
+    let mut b = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
+        .await
+        .expect("no answer to /healthz within 5 s")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&b[..n]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&b[..n])
+    );
+    s
 }
 
 async fn probe_ok(addr: std::net::SocketAddr) -> bool {
