@@ -13,4 +13,8 @@ fi
 scripts/build-deps.sh
 SALTGATE_VENV=$(interop/setup.sh | tail -n 1)
 export SALTGATE_VENV
-cargo test --workspace --locked "$@"
+if [ "$#" -gt 0 ]; then
+  exec cargo test --workspace --locked "$@"
+fi
+# Every test binary, in two lanes at once (scripts/test-lanes.py says why and how).
+exec python3 scripts/test-lanes.py

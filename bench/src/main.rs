@@ -456,22 +456,59 @@ fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Builds the release `saltgate` (and, for `swarm`, `saltgate-master` and `saltgate-minion`)
-/// in this workspace; returns the directory they are in.
+/// The environment variables cargo sets when it runs a package's binary or test (and its build
+/// scripts), which a build script may watch: not the user's own `CARGO_HOME`, `CARGO_TARGET_DIR`,
+/// `CARGO_BUILD_*`, `CARGO_PROFILE_*`, ...
+fn cargo_set_for_a_package(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "OUT_DIR"
+        )
+}
+
+/// Builds the release `saltgate`, `saltgate-master` and `saltgate-minion` in this workspace (the
+/// last two are needed for `swarm`; they are built always, see below); returns the directory
+/// they are in.
 fn build_binaries(swarm: bool) -> Result<PathBuf> {
     let root = workspace_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut args = vec!["build", "--release", "-p", "saltgate-proxy"];
-    if swarm {
-        args.extend(["-p", "saltgate-master", "-p", "saltgate-minion"]);
-    }
+    // Always the three packages, as the packages and the interop suite build them: the same
+    // package set gives the same features, so one release build serves every later step.
+    let args = [
+        "build",
+        "--release",
+        "-p",
+        "saltgate-proxy",
+        "-p",
+        "saltgate-master",
+        "-p",
+        "saltgate-minion",
+    ];
     eprintln!(
         "saltgate-bench: {cargo} {} (in {})",
         args.join(" "),
         root.display()
     );
-    let status = std::process::Command::new(&cargo)
-        .args(&args)
+    let mut cmd = std::process::Command::new(&cargo);
+    // Run from a test (`cargo test` sets these for the test process), the variables cargo sets
+    // for a package would reach this cargo; build scripts that watch them (ring's:
+    // `rerun-if-env-changed=CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...) would then see a change
+    // and rebuild, here and again in the next build from a shell.
+    for (k, _) in std::env::vars_os() {
+        if k.to_str().is_some_and(cargo_set_for_a_package) {
+            cmd.env_remove(&k);
+        }
+    }
+    let status = cmd
+        .args(args)
         .current_dir(&root)
         .status()
         .with_context(|| format!("run {cargo}"))?;
@@ -540,4 +577,36 @@ fn git_commit() -> String {
         .filter(|o| o.status.success())
         .map(|o| format!("commit {}", String::from_utf8_lossy(&o.stdout).trim()))
         .unwrap_or_else(|| "commit unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cargo_set_for_a_package as set;
+
+    #[test]
+    fn only_the_variables_cargo_sets_for_a_package_are_left_out_of_the_release_build() {
+        for k in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_EXE_saltgate-bench",
+            "OUT_DIR",
+        ] {
+            assert!(
+                set(k),
+                "{k} is set by cargo for the test: it must not reach the build"
+            );
+        }
+        for k in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "CARGO_PROFILE_RELEASE_LTO",
+            "CARGO",
+            "PATH",
+        ] {
+            assert!(!set(k), "{k} is the user's: it must reach the build");
+        }
+    }
 }

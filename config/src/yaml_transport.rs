@@ -40,7 +40,8 @@ pub(crate) fn parse(c: &mut Checker<'_>, top: &Fields<'_>) -> (SaltTransport, Op
 }
 
 /// The combinations that cannot work with `transport` / `ssl`: `(field, problem, fix)`.
-/// (Presence is not one: under TLS and on `ws` it is by address only, docs/presence.md.)
+/// (Presence is not one: under TLS it is by address only; on plain `tcp` and `ws` it reads the
+/// `_auth`, docs/presence.md.)
 pub(crate) fn conflicts(cfg: &Config) -> Vec<(String, String, String)> {
     let t = cfg.global.transport;
     let mut out = Vec::new();

@@ -103,6 +103,13 @@ autoreject_file: {d}/conf/autoreject.conf
 autosign_grains_dir: {d}/conf/autosign_grains
 max_open_files: 16384
 worker_threads: 3
+# A 3008 cluster member mirrors every peer's job and return into the job cache in its one
+# EventMonitor process, and builds a MasterMinion (grains recomputed, eight subprocesses) for each;
+# the same process forwards peers' publishes to its minions. Without the cache that work fell
+# behind the suite's returns on two cores, and the forwards waited behind it (every load balancer
+# missed whole rounds, HAProxy too): docs/ha.md, "The same pair in front of a real salt-master
+# 3008.5 cluster"; docs/interop.md.
+grains_cache: True
 file_roots:
   base:
     - {self.shared}/srv/salt
