@@ -35,6 +35,11 @@ import threading
 import time
 
 HEAVY_LANE_PACKAGES = {"saltgate-bench"}
+# These build the release binaries (`cargo build --release`, or wait for a build already under
+# way: .ci/run starts one in the background): last in their lane, so that the build has the
+# cores the waiting tests leave idle before they need it.
+RELEASE_LAST = {("saltgate-bench", "tests/quick.rs"),
+                ("saltgate-bench", "tests/authstorm_cluster_real.rs")}
 
 
 def say(msg):
@@ -142,6 +147,7 @@ def main():
     if only:
         bins = [b for b in bins if b[0] in only]
     one_lane = os.environ.get("TEST_LANES") == "1"
+    bins.sort(key=lambda b: (b[0], b[1]) in RELEASE_LAST)  # stable: cargo's order otherwise
     heavy = [b for b in bins if b[0] in HEAVY_LANE_PACKAGES]
     rest = [b for b in bins if b[0] not in HEAVY_LANE_PACKAGES]
     lanes = [("all", bins)] if one_lane else [("bench", heavy), ("rest", rest)]

@@ -296,6 +296,37 @@ fn gate(masters: &[&str], role: Role) -> saltgate_config::Config {
     cfg
 }
 
+/// The minion's key pair, made with Salt's `salt.crypt.gen_keys`, its public key accepted in the
+/// cluster's shared `cluster_pki_dir` before the minion first starts (Salt's "preseed minion
+/// keys"). Left to `auto_accept`, the key is accepted by the member that got the minion's `_auth`
+/// (A), while its publish connection is on B; 3008.5's tcp publish server checks the id the
+/// minion sends on that connection against the key cache once (`presence_callback`,
+/// `verify_minion`) and ignores the subscription when the key is not there yet ("Unexpectedly got
+/// no pub key", B's log): the minion, which never sends its id again, then got no job at all (a
+/// CI run of 2026-11-28, under load).
+fn preseed_minion_key(d: &Path) {
+    let code = "import os,sys,salt.crypt\n\
+                pki,acc,mid=sys.argv[1:4]\n\
+                os.makedirs(pki,exist_ok=True); os.makedirs(acc,exist_ok=True)\n\
+                priv,pub=salt.crypt.gen_keys(2048)\n\
+                for p,data,mode in ((os.path.join(pki,'minion.pem'),priv,0o400),\n\
+                \x20   (os.path.join(pki,'minion.pub'),pub,0o644),(os.path.join(acc,mid),pub,0o644)):\n\
+                \x20   fd=os.open(p,os.O_WRONLY|os.O_CREAT|os.O_EXCL,mode)\n\
+                \x20   f=os.fdopen(fd,'w'); f.write(data); f.close()\n";
+    let out = Command::new(venv().join("bin/python"))
+        .args(["-c", code])
+        .arg(d.join(MINION).join("pki"))
+        .arg(d.join("shared/pki/minions"))
+        .arg(MINION)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "minion key: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Starts the minion (its keys kept from an earlier start) and waits until it answers.
 async fn start_minion(d: &Path) -> ProcGuard {
     let conf = d.join(format!("{MINION}-conf"));
@@ -306,6 +337,7 @@ async fn start_minion(d: &Path) -> ProcGuard {
             "transport: tcp\nreturn_retry_timer: {RETURN_RETRY_TIMER}\nreturn_retry_timer_max: {RETURN_RETRY_TIMER}\n"
         ));
         std::fs::write(conf.join("minion"), text).unwrap();
+        preseed_minion_key(d);
     }
     let mut cmd = Command::new(venv().join("bin/salt-minion"));
     cmd.arg("-c").arg(&conf).args(["-l", "warning"]);
