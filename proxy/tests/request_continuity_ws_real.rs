@@ -224,10 +224,11 @@ async fn start_waiting_job(d: &Path, via: &str, n: u32) -> (String, PathBuf) {
         go.display()
     );
     let out = salt(d, via, &["--async", MINION, "cmd.run", &script]);
+    // The CLI's own `ws` client warns on stderr after the jid (aiohttp's "Unclosed client
+    // session": `RequestClient` replaces its session on every send).
     let jid = out
         .split_whitespace()
-        .last()
-        .filter(|j| j.len() == 20 && j.bytes().all(|b| b.is_ascii_digit()))
+        .find(|j| j.len() == 20 && j.bytes().all(|b| b.is_ascii_digit()))
         .unwrap_or_else(|| panic!("no jid from salt --async: {out}"))
         .to_string();
     poll(
@@ -355,6 +356,7 @@ async fn a_ws_minions_return_in_flight_to_a_stopped_master_is_stored_by_the_othe
     let d = dir.path();
     let _ = tracing_subscriber::fmt()
         .with_env_filter("saltgate_proxy=info")
+        .with_ansi(false)
         .with_writer(std::sync::Mutex::new(
             std::fs::File::create(d.join("saltgate.log")).unwrap(),
         ))
@@ -426,6 +428,8 @@ async fn a_ws_minions_return_in_flight_to_a_stopped_master_is_stored_by_the_othe
     );
     assert!(moved >= 1.0, "the return's session moved at DOWN ({moved})");
     let since = read(&minion_log).split_off(log_at);
+    // The check below needs the minion's trace lines.
+    assert!(since.contains("[TRACE"), "the minion logs at trace");
     for line in failure_lines() {
         assert!(
             !since.contains(line),
