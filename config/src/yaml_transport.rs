@@ -59,21 +59,14 @@ pub(crate) fn conflicts(cfg: &Config) -> Vec<(String, String, String)> {
                 "use mode: l4 on the publish listener, or transport: zeromq".into(),
             ));
         }
-        // Plain `tcp` has its own relay (docs/request-continuity.md, "On Salt's `tcp` transport").
-        let migrate_refused = match (t, cfg.global.ssl.is_some()) {
-            (_, true) => Some(format!("under TLS (`ssl`) the request stream is encrypted end to end between the minion and its master: saltgate can neither see which request is unanswered nor re-send it to another master over a TLS session of its own (`transport: {name}`)")),
-            (SaltTransport::Tcp, false) => None,
-            _ => Some(format!("request continuity follows ZeroMQ REQ messages and plain `tcp`'s `{{head: {{mid}}, body}}` messages; on plain `transport: {name}` a replay would be safe (Salt's own client re-sends a request after a timeout) but is not built: docs/request-continuity.md, \"Not on `ws`, nor under TLS\"")),
-        };
-        if let Some(why) =
-            migrate_refused.filter(|_| cfg.request.on_master_down == OnMasterDown::Migrate)
-        {
-            let fix = if cfg.global.ssl.is_some() {
-                "use on_master_down: close (or keep), or transport: zeromq".to_string()
-            } else {
-                "use on_master_down: close (or keep), or transport: tcp or zeromq".to_string()
-            };
-            out.push(("listeners.request.on_master_down".into(), why, fix));
+        // Plain `tcp` and plain `ws` have their own relays (docs/request-continuity.md, "On Salt's
+        // `tcp` transport", "On Salt's `ws` transport"); under TLS nothing can be replayed.
+        if cfg.global.ssl.is_some() && cfg.request.on_master_down == OnMasterDown::Migrate {
+            out.push((
+                "listeners.request.on_master_down".into(),
+                format!("under TLS (`ssl`) the request stream is encrypted end to end between the minion and its master: saltgate can neither see which request is unanswered nor re-send it to another master over a TLS session of its own (`transport: {name}`; docs/request-continuity.md, \"Not under TLS\")"),
+                "use on_master_down: close (or keep), or drop `ssl` (plain tcp and ws have request continuity), or transport: zeromq".into(),
+            ));
         }
         if cfg.request.auth_limit.is_some() {
             out.push((
@@ -277,17 +270,10 @@ listeners:
             "    bind: 127.0.0.1:4506\n",
             "    bind: 127.0.0.1:4506\n    on_master_down: migrate\n",
         );
-        let e = parse_yaml(&format!("{migrate}transport: ws\n"), None)
-            .unwrap_err()
-            .0;
-        assert!(
-            e.iter()
-                .any(|e| e.field == "listeners.request.on_master_down"),
-            "{e:?}"
-        );
-        // The same listeners are fine on zeromq and plain tcp.
+        // The same listeners are fine on zeromq, plain tcp and plain ws.
         parse_yaml(&format!("{migrate}transport: zeromq\n"), None).unwrap();
         parse_yaml(&format!("{migrate}transport: tcp\n"), None).unwrap();
+        parse_yaml(&format!("{migrate}transport: ws\n"), None).unwrap();
         let e = errors("ssl: {}\n");
         assert!(
             e.iter()
@@ -310,7 +296,7 @@ listeners:
     }
 
     #[test]
-    fn migrate_is_refused_with_why_under_tls_and_on_ws_and_taken_on_plain_tcp() {
+    fn migrate_is_refused_with_why_under_tls_and_taken_on_plain_tcp_and_plain_ws() {
         let migrate = BASE.replace(
             "    bind: 127.0.0.1:4506\n",
             "    bind: 127.0.0.1:4506\n    on_master_down: migrate\n",
@@ -324,13 +310,9 @@ listeners:
         .0;
         let tls = e.iter().find(|e| e.field == field).expect("refused");
         assert!(tls.message.contains("encrypted end to end"), "{tls:?}");
-        let e = parse_yaml(&format!("{migrate}transport: ws\n"), None)
-            .unwrap_err()
-            .0;
-        let plain = e.iter().find(|e| e.field == field).expect("refused");
-        assert!(plain.message.contains("not built"), "{plain:?}");
-        assert!(plain.fix.contains("on_master_down: close"), "{plain:?}");
-        assert!(plain.fix.contains("transport: tcp"), "{plain:?}");
+        assert!(tls.message.contains("transport: tcp"), "{tls:?}");
+        assert!(tls.fix.contains("on_master_down: close"), "{tls:?}");
+        assert!(tls.fix.contains("drop `ssl`"), "{tls:?}");
         let e = parse_yaml(
             &format!("{migrate}transport: ws\nssl: {{cert_reqs: CERT_NONE}}\n"),
             None,
@@ -339,6 +321,21 @@ listeners:
         .0;
         let tls = e.iter().find(|e| e.field == field).expect("refused");
         assert!(tls.message.contains("encrypted end to end"), "{tls:?}");
+        assert!(tls.message.contains("transport: ws"), "{tls:?}");
+        // Plain ws has its relay, with its migrate_buffer.
+        let cfg = parse_yaml(
+            &format!(
+                "{}transport: ws\n",
+                migrate.replace(
+                    "on_master_down: migrate\n",
+                    "on_master_down: migrate\n    migrate_buffer: 4096\n"
+                )
+            ),
+            None,
+        )
+        .unwrap();
+        assert_eq!(cfg.request.on_master_down, crate::OnMasterDown::Migrate);
+        assert_eq!(cfg.request.migrate_buffer, 4096);
         // Plain tcp has its relay; a migrate_buffer goes with it.
         let cfg = parse_yaml(
             &format!(

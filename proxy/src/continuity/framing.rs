@@ -1,27 +1,32 @@
 //! Which request tracker a relayed session uses: ZeroMQ's ([`super::track`], a REQ socket's
-//! frames and handshake) or plain `tcp`'s ([`super::tcp_track`], `{head: {mid}, body}` messages,
-//! no handshake). The relay ([`super::serve`]) only asks this what the bytes did, what to
+//! frames and handshake), plain `tcp`'s ([`super::tcp_track`], `{head: {mid}, body}` messages,
+//! no handshake) or plain `ws`'s ([`super::ws_track`], an HTTP upgrade, then binary messages). The relay ([`super::serve`]) only asks this what the bytes did, what to
 //! re-send, and which handshake a new master needs.
 
 use bytes::Bytes;
 use saltgate_config::transport::SaltTransport;
 
+use super::handshake::Handshake;
 use super::tcp_track::TcpTrack;
 use super::track::{Down, ReplyEvents, Skip, Up};
+use super::ws_track::WsTrack;
 
 /// A request session's tracker, by the masters' transport.
 pub(super) enum Track {
     Zmq { up: Up, down: Down },
     Tcp(TcpTrack),
+    Ws(WsTrack),
 }
 
 impl Track {
-    /// `cap`: bytes kept for re-sending (0: none). Plain `tcp` gets its own tracker; every other
-    /// transport ZeroMQ's, which gives up at once on bytes that are not ZMTP (`ws`, TLS: where
-    /// check-config refuses `migrate` anyway), so such a session closes with its master.
+    /// `cap`: bytes kept for re-sending (0: none). Plain `tcp` and plain `ws` get their own
+    /// trackers; every other transport ZeroMQ's, which gives up at once on bytes that are not
+    /// ZMTP (TLS: where check-config refuses `migrate` anyway), so such a session closes with its
+    /// master.
     pub fn new(transport: SaltTransport, tls: bool, cap: usize) -> Self {
         match (transport, tls) {
             (SaltTransport::Tcp, false) => Track::Tcp(TcpTrack::new(cap)),
+            (SaltTransport::Ws, false) => Track::Ws(WsTrack::new(cap)),
             _ => Track::Zmq {
                 up: Up::new(cap),
                 down: Down::new(),
@@ -34,6 +39,7 @@ impl Track {
         match self {
             Track::Zmq { up, .. } => up.observe(bytes),
             Track::Tcp(t) => t.observe_up(bytes),
+            Track::Ws(t) => t.observe_up(bytes),
         }
     }
 
@@ -51,6 +57,7 @@ impl Track {
                 ev
             }
             Track::Tcp(t) => t.observe_down(bytes),
+            Track::Ws(t) => t.observe_down(bytes),
         }
     }
 
@@ -63,16 +70,28 @@ impl Track {
                 Ok(replay)
             }
             Track::Tcp(t) => t.take_replay(),
+            Track::Ws(t) => t.take_replay(),
         }
     }
 
-    /// The minion's READY, for the ZMTP handshake saltgate does with the next master in its
-    /// name; `None`: the transport has no handshake (plain `tcp`).
-    pub fn handshake(&self) -> Option<&[u8]> {
+    /// The handshake saltgate does with the next master in the minion's name (ZeroMQ: the
+    /// minion's READY; `ws`: its upgrade request); `None`: the transport has none (plain `tcp`).
+    pub fn handshake(&self) -> Option<Handshake<'_>> {
         match self {
-            Track::Zmq { up, .. } => up.ready_frame(),
+            Track::Zmq { up, .. } => up.ready_frame().map(Handshake::Zmtp),
             Track::Tcp(_) => None,
+            Track::Ws(t) => t.upgrade().map(|(request, key)| Handshake::Ws {
+                request,
+                key,
+                pass: t.pass_answer(),
+            }),
         }
+    }
+
+    /// The session's protocol ended on its own (a `ws` close frame passed): its master's end is
+    /// not a death, there is nothing to move.
+    pub fn finished(&self) -> bool {
+        matches!(self, Track::Ws(t) if t.finished())
     }
 
     /// The session now runs on another master, whose handshake (if any) saltgate did.
@@ -80,6 +99,7 @@ impl Track {
         match self {
             Track::Zmq { down, .. } => *down = Down::resumed(),
             Track::Tcp(t) => t.resumed(),
+            Track::Ws(t) => t.resumed(),
         }
     }
 
@@ -88,7 +108,7 @@ impl Track {
     pub fn take_down(&mut self) -> Down {
         match self {
             Track::Zmq { down, .. } => std::mem::take(down),
-            Track::Tcp(_) => Down::new(),
+            Track::Tcp(_) | Track::Ws(_) => Down::new(),
         }
     }
 }

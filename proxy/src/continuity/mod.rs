@@ -14,6 +14,10 @@
 //! handshake: saltgate connects to the next master and re-sends every request the old one left
 //! unanswered (several may be in flight, matched by `mid`), up to `migrate_buffer` bytes for all
 //! of them together.
+//!
+//! On Salt's plain `ws` transport ([`ws_track`]) the handshake is the minion's HTTP upgrade:
+//! saltgate sends it again to the next master, keeps that master's `101` from the minion (unless
+//! the minion had none yet), and re-sends the binary messages left unanswered.
 
 mod auth_drain;
 pub mod auth_hold;
@@ -25,6 +29,8 @@ pub mod metrics;
 pub mod msgpack_walk;
 pub mod tcp_track;
 pub mod track;
+pub mod ws_track;
+pub mod ws_walk;
 
 use crate::ops::ratelimit::{LogLimit, LOG_EVERY};
 use std::net::SocketAddr;
@@ -159,6 +165,10 @@ pub(crate) async fn serve(
             Stop::MidWrite(reason) => break (reason, None),
             Stop::Master(why) => why,
         };
+        if r.track.finished() {
+            // A `ws` close frame passed: the master ended the websocket, as it was asked to.
+            break (why, None);
+        }
         if why != CloseReason::MasterDown {
             // Salt masters do not close minions' connections while they run: check it soon.
             up.master.upstream.nudge_check(Role::Request);
@@ -239,14 +249,14 @@ pub(crate) async fn serve(
 }
 
 /// Connects to another UP master (not `old`) and does the handshake for the minion (ZeroMQ's,
-/// with the minion's `ready`; plain `tcp` has none); two candidates at most, each within
-/// `timeout_connect` for the connect and again for the handshake.
+/// with the minion's READY; `ws`'s upgrade; plain `tcp` has none); two candidates at most, each
+/// within `timeout_connect` for the connect and again for the handshake.
 async fn move_to(
     ctx: &DataPlane,
     l: &ListenerConfig,
     peer: SocketAddr,
     old: &str,
-    ready: Option<&[u8]>,
+    hs: Option<handshake::Handshake<'_>>,
 ) -> Result<(Connected, Bytes), Skip> {
     let role = Role::Request;
     let snap = ctx.load();
@@ -261,12 +271,12 @@ async fn move_to(
         let Connect::Done(mut c) = connect(ctx, l, &snap, &order).await else {
             break;
         };
-        let Some(ready) = ready else {
+        if hs.is_none() {
             return Ok((c, Bytes::new()));
-        };
+        }
         match tokio::time::timeout(
             l.timeout_connect,
-            handshake::as_minion(&mut c.stream, ready),
+            handshake::run(&mut c.stream, hs.as_ref()),
         )
         .await
         {
