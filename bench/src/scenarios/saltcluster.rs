@@ -10,7 +10,8 @@
 //!   in that gap generates a key of its own, keeps it in memory, and its minions then fail with
 //!   "Unable to decrypt message". The key pair is made before any member starts, the founder
 //!   (the first address) starts first and the others once its ports are open, and a start in
-//!   which a member still logged "Generating key-pair" for `cluster.pem` is thrown away and
+//!   which a member still logged "Generating key-pair" for `cluster.pem` (or "Unable to read
+//!   key" for it: a process that read it in the gap, and exited) is thrown away and
 //!   tried again from scratch ([`ATTEMPTS`] times).
 
 use std::net::{IpAddr, SocketAddr};
@@ -153,8 +154,10 @@ fn cluster_key(venv: &Path, pki: &Path) -> Result<(), BenchError> {
 /// Whether the member's log says it generated a cluster key of its own (the join race).
 fn lost_key_race(m: &SaltMaster) -> bool {
     std::fs::read_to_string(m.log_path()).is_ok_and(|t| {
-        t.lines()
-            .any(|l| l.contains("Generating key-pair") && l.contains("cluster.pem"))
+        t.lines().any(|l| {
+            (l.contains("Generating key-pair") || l.contains("Unable to read key"))
+                && l.contains("cluster.pem")
+        })
     })
 }
 

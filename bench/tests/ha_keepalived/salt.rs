@@ -162,7 +162,8 @@ fn log_has(d: &Path, i: usize, what: &str, also: Option<&str>) -> bool {
 /// cluster-ready (it logs "opening request gate"). The founder first, the others once its ports
 /// listen. 3008.5 may still race on the shared cluster key (a join-reply rewrites cluster.pem,
 /// and a master starting in that gap makes a key of its own: "Generating key-pair for
-/// .../cluster.pem", and minions later fail to decrypt); then everything is stopped, wiped and
+/// .../cluster.pem", and minions later fail to decrypt; or a process that reads it in the gap
+/// logs "Unable to read key: .../cluster.pem" and exits); then everything is stopped, wiped and
 /// started again, as interop/harness/cluster.py does, at most three times.
 pub async fn start_cluster(lab: &mut Lab) {
     let d = lab.dir.clone();
@@ -198,7 +199,10 @@ pub async fn start_cluster(lab: &mut Lab) {
         )
         .await;
         let bad: Vec<usize> = (0..MASTER_IPS.len())
-            .filter(|i| log_has(&d, *i, "Generating key-pair", Some("cluster.pem")))
+            .filter(|i| {
+                log_has(&d, *i, "Generating key-pair", Some("cluster.pem"))
+                    || log_has(&d, *i, "Unable to read key", Some("cluster.pem"))
+            })
             .collect();
         if bad.is_empty() {
             return;
