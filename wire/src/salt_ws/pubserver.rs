@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use super::conn::{read_message, WsConn};
 use super::server::{close_code, close_with, cut_of, write_loop};
 use super::upgrade::{server_frame, CLOSE_NORMAL};
-use super::{WsDecoder, WsMessage, OP_BINARY, OP_CLOSE, OP_PONG};
+use super::{WsDecoder, WsMessage, OP_BINARY, OP_PONG};
 use crate::accept::{Acceptor, ConnectionPermit};
 use crate::salt_tcp::client::Stream;
 use crate::salt_tcp::server::{handshake, End};

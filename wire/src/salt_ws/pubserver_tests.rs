@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::*;
-use crate::salt_ws::{client_frame, handshake_request, read_handshake, OP_PING, WS_PATH};
+use crate::salt_ws::{client_frame, handshake_request, read_handshake, OP_CLOSE, OP_PING, WS_PATH};
 use crate::transport::{AnyPublishServer, PublishClient, PublishClientOptions, Transport};
 
 const T: Duration = Duration::from_secs(10);

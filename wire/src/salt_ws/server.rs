@@ -469,3 +469,7 @@ impl Replier for WsReplier {
 #[cfg(test)]
 #[path = "server_tests.rs"]
 mod tests;
+
+#[cfg(all(test, feature = "tls"))]
+#[path = "tls_tests.rs"]
+mod tls_tests;
