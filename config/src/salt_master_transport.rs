@@ -1,13 +1,13 @@
 //! The master's `transport`, `ssl` and `disable_aes_with_tls` keys (Salt's names and values),
 //! read into [`MasterTransport`]. A child of `salt_master.rs` (kept apart for its size).
 //!
-//! * `transport`: `zeromq` (Salt's default) or `tcp`; `ws` is refused, naming the key
+//! * `transport`: `zeromq` (Salt's default), `tcp` or `ws`
 //!   (saltgate-master does not speak it).
 //! * `ssl`: Salt's dict, the server side: `certfile` (required), `keyfile`, `ca_certs` (required
 //!   unless `cert_reqs: CERT_NONE`: saltgate reads no system CA store), `cert_reqs` (default
 //!   `CERT_REQUIRED` on a master, as Salt 3008.5); `ssl_version`, `ciphers`, `verify_locations`,
 //!   `verify_flags` are accepted and not used. `True` is `{}` (and then fails for lack of a
-//!   `certfile`), `False`/null is off. Only with `transport: tcp`.
+//!   `certfile`), `False`/null is off. Only with `transport: tcp` or `ws`.
 //! * `disable_aes_with_tls`: accepted. In Salt 3008.5 it swaps the master's `Crypticle` for a
 //!   `TLSAwareCrypticle` that would skip AES only when handed the peer's certificate, and no
 //!   caller hands it one (`salt/channel/server.py`, `salt/crypt.py`): every message stays
@@ -25,9 +25,9 @@ use crate::transport::{CertReqs, SaltTransport, SslConfig, CERT_REQS, SSL_KEYS};
 /// The transport keys of a master file, validated.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MasterTransport {
-    /// `transport`: zeromq (Salt's default) or tcp.
+    /// `transport`: zeromq (Salt's default), tcp or ws.
     pub kind: SaltTransport,
-    /// `ssl` (tcp only): the master's certificate and what it asks of minions.
+    /// `ssl` (tcp and ws): the master's certificate and what it asks of minions.
     pub ssl: Option<SslConfig>,
     /// `disable_aes_with_tls`, as written (it changes nothing on the wire; see the module doc).
     pub disable_aes_with_tls: bool,
@@ -92,32 +92,26 @@ pub(crate) fn read(
     let mut out = MasterTransport::default();
     if let Some(t) = raw.transport {
         match SaltTransport::parse(t.value.trim()) {
-            Some(SaltTransport::Ws) => errors.push(ConfigError::new(
-                at(file, t),
-                "transport",
-                "transport ws is not supported by saltgate-master",
-                "use transport: tcp or zeromq (and the same on the minions)",
-            )),
             Some(k) => out.kind = k,
             None => errors.push(ConfigError::new(
                 at(file, t),
                 "transport",
                 format!("unknown transport {:?}", t.value),
-                "use zeromq (Salt's default) or tcp",
+                "use zeromq (Salt's default), tcp or ws",
             )),
         }
     }
     if let Some(v) = raw.ssl {
         out.ssl = ssl(v, file, errors, warnings);
-        if out.ssl.is_some() && out.kind != SaltTransport::Tcp {
+        if out.ssl.is_some() && out.kind == SaltTransport::Zeromq {
             errors.push(ConfigError::new(
                 at(file, v),
                 "ssl",
                 format!(
-                    "Salt's ssl applies to the tcp transport, and transport is {}",
+                    "Salt's ssl applies to the tcp and ws transports, and transport is {}",
                     out.kind.as_str()
                 ),
-                "set transport: tcp (and the same on the minions), or remove ssl",
+                "set transport: tcp or ws (and the same on the minions), or remove ssl",
             ));
         }
     }
@@ -295,11 +289,6 @@ mod tests {
     #[test]
     fn what_saltgate_master_cannot_do_is_refused_naming_the_key() {
         for (text, key, what) in [
-            (
-                "transport: ws\n",
-                "transport",
-                "not supported by saltgate-master",
-            ),
             ("transport: zmq\n", "transport", "unknown transport"),
             (
                 "ssl: {certfile: /c, ca_certs: /a}\n",

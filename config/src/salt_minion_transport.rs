@@ -2,11 +2,11 @@
 //! read into the model the proxy uses ([`crate::transport`]). A child of `salt_minion.rs` (kept
 //! apart for its size).
 //!
-//! * `transport`: `zeromq` (Salt's default) or `tcp`; `ws` is refused, naming the key
+//! * `transport`: `zeromq` (Salt's default), `tcp` or `ws`
 //!   (saltgate-minion does not speak it yet).
 //! * `ssl`: Salt's dict (`certfile`, `keyfile`, `ca_certs`, `cert_reqs`; `ssl_version`,
 //!   `ciphers`, `verify_locations`, `verify_flags` accepted and not used) plus saltgate's
-//!   `server_name`; `True` is `{}`, `False`/null off. Only with `transport: tcp`.
+//!   `server_name`; `True` is `{}`, `False`/null off. Only with `transport: tcp` or `ws`.
 //! * `disable_aes_with_tls`: accepted, with a warning when True: Salt 3008.5's own minion never
 //!   reads it (only the master's request channel builds a `TLSAwareCrypticle`, and no caller gives
 //!   it the peer's certificate), so the wire keeps Salt's AES layer either way; so does
@@ -30,24 +30,15 @@ const SSL_USED: &[&str] = &[
 ];
 
 pub(super) fn transport(c: &mut Checker<'_>, v: &Spanned<Raw>) -> Option<SaltTransport> {
-    let t = c.text(v, "transport", "write transport: zeromq or transport: tcp")?;
+    let t = c.text(v, "transport", "write transport: zeromq, tcp or ws")?;
     match SaltTransport::parse(&t) {
-        Some(SaltTransport::Ws) => {
-            c.err(
-                v,
-                "transport",
-                "transport ws is not supported by saltgate-minion yet",
-                "use transport: tcp or zeromq (and the same on the master)",
-            );
-            None
-        }
         Some(x) => Some(x),
         None => {
             c.err(
                 v,
                 "transport",
                 format!("unknown transport {t:?}"),
-                "use zeromq or tcp (the master's own `transport`)",
+                "use zeromq, tcp or ws (the master's own `transport`)",
             );
             None
         }
@@ -157,15 +148,15 @@ pub(super) fn disable_aes_with_tls(c: &mut Checker<'_>, v: &Spanned<Raw>) {
     }
 }
 
-/// The checks across keys: `ssl` needs `transport: tcp`.
+/// The checks across keys: `ssl` needs `transport: tcp` or `ws`.
 pub(super) fn check(c: &mut Checker<'_>, transport: SaltTransport, ssl: Option<&Spanned<Raw>>) {
     if let (Some(v), SaltTransport::Zeromq) = (ssl, transport) {
         if !matches!(v.value, Raw::Null | Raw::Bool(false)) {
             c.err(
                 v,
                 "ssl",
-                "Salt's ssl applies to the tcp transport, and transport is zeromq",
-                "set transport: tcp (as on the master), or remove ssl",
+                "Salt's ssl applies to the tcp and ws transports, and transport is zeromq",
+                "set transport: tcp or ws (as on the master), or remove ssl",
             );
         }
     }
@@ -230,11 +221,9 @@ mod tests {
 
     #[test]
     fn what_saltgate_minion_cannot_do_is_refused_naming_the_key() {
-        let (e, _) = first_error("transport: ws\n");
-        assert!(
-            e.contains("transport") && e.contains("not supported by saltgate-minion"),
-            "{e}"
-        );
+        let l = parse_minion("transport: ws\nssl: {cert_reqs: CERT_NONE}\n", None).unwrap();
+        assert_eq!(l.config.transport, SaltTransport::Ws);
+        assert!(l.config.ssl.is_some());
         let (e, _) = first_error("transport: zmq\n");
         assert!(e.contains("unknown transport"), "{e}");
         let (e, _) = first_error("ssl:\n  ca_certs: /x\n");

@@ -376,11 +376,7 @@ fn transport_of(config: &SaltMasterConfig) -> Result<(Transport, Option<TlsServe
     let transport = match t.kind {
         SaltTransport::Zeromq => Transport::Zeromq,
         SaltTransport::Tcp => Transport::Tcp,
-        SaltTransport::Ws => {
-            return Err(ServeError::Tls(
-                "transport: ws is not supported by saltgate-master; use tcp or zeromq".into(),
-            ))
-        }
+        SaltTransport::Ws => Transport::Ws,
     };
     let tls = match &t.ssl {
         None => None,

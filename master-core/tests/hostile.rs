@@ -1,6 +1,6 @@
 //! Hostile clients of the request port (issue 31 item 2), against an in-process master on
 //! 127.0.1.31: what an unauthenticated client can make it hold is bounded, and each cut is
-//! counted under its reason on the metrics endpoint.
+//! counted under its reason on the metrics endpoint (ZeroMQ, and Salt's tcp and ws).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -312,6 +312,63 @@ async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_cou
         .await
         .unwrap();
     // The label keeps its ZeroMQ-era name on tcp (docs/master.md, Metrics).
+    assert_eq!(counted(&m, "request/zmtp_protocol").await, 1);
+    m.stop().await;
+}
+
+/// Issue 27: the same limits on `transport: ws` (Salt's websocket, one binary message a
+/// request): a frame header announcing 60 MiB before the connection is trusted, a request
+/// trickled past `saltgate_frame_timeout`, and a ZeroMQ minion's greeting, each counted under
+/// the same reason; a clear ping through the seam's ws client is answered.
+#[tokio::test]
+async fn on_ws_an_oversized_frame_a_trickle_and_a_zeromq_peer_are_cut_and_counted() {
+    use saltgate_wire::salt_ws::{client_frame, handshake_request, OP_BINARY};
+    let (m, _dir) =
+        master("transport: ws\nsaltgate_untrusted_max_frame: 65536\nsaltgate_frame_timeout: 1\n")
+            .await;
+    let addr = m.bound.ret;
+    let mut c = saltgate_wire::transport::Transport::Ws
+        .request_client(addr, &Default::default())
+        .unwrap();
+    let reply = saltgate_wire::transport::RequestClient::send(
+        &mut c,
+        Bytes::from(ping(16)),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    let v = envelope::decode(&reply).unwrap();
+    assert!(envelope::get(&v, "pad").is_some(), "a small ping is echoed");
+
+    let upgrade = handshake_request(&addr.to_string(), "/", "dGhlIHNhbXBsZSBub25jZQ==");
+    let mut big = upgrade.clone();
+    // A frame header announcing 60 MiB (64-bit length), masked.
+    big.extend_from_slice(&[0x82, 0x80 | 127]);
+    big.extend_from_slice(&(60u64 << 20).to_be_bytes());
+    big.extend_from_slice(&[1, 2, 3, 4]);
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&big).await.unwrap();
+    assert_eq!(counted(&m, "request/oversized").await, 1);
+
+    // The upgrade at once, then the request a byte every 100 ms.
+    let slow = client_frame(OP_BINARY, &ping(300));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&upgrade).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        for b in slow {
+            if s.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert_eq!(counted(&m, "request/frame_timeout").await, 1);
+    trickle.abort();
+
+    let mut z = TcpStream::connect(addr).await.unwrap();
+    z.write_all(&saltgate_wire::zmtp::Greeting::ours(false).encode())
+        .await
+        .unwrap();
     assert_eq!(counted(&m, "request/zmtp_protocol").await, 1);
     m.stop().await;
 }

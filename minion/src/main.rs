@@ -85,7 +85,7 @@ enum Cmd {
         /// Request pillar after each authentication, as a real minion does (costly on the master).
         #[arg(long)]
         pillar: bool,
-        /// The master's transport (Salt's `transport`): zeromq or tcp (plain; no TLS in a swarm).
+        /// The master's transport (Salt's `transport`): zeromq, tcp or ws (plain; no TLS in a swarm).
         #[arg(long, default_value = "zeromq")]
         transport: String,
     },
@@ -208,10 +208,7 @@ async fn serve(cmd: Cmd) -> anyhow::Result<()> {
             transport,
         } => {
             let transport = match transport.parse::<Transport>() {
-                Ok(t @ (Transport::Zeromq | Transport::Tcp)) => t,
-                Ok(t) => bail!(
-                    "--transport {t}: not supported by saltgate-minion yet; use zeromq or tcp"
-                ),
+                Ok(t) => t,
                 Err(e) => bail!("--{e}"),
             };
             let (host, port) = split_host_port(&master)

@@ -2,6 +2,8 @@
 //! `saltgate-master` started on a loopback address of 127.0.1.0/24 with ports chosen by the OS.
 #![allow(dead_code)]
 
+pub mod salt_transport;
+
 #[allow(unused_imports)] // each test binary uses its own subset
 pub use saltgate_test_support::{
     start_salt_minion, venv, wait_for, write_minion_config, ProcGuard,

@@ -3,6 +3,8 @@
 //! minion binary.
 #![allow(dead_code)]
 
+pub mod salt_transport;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -11,7 +11,13 @@
 //! is bounded and bad input is an error naming the byte or header, never a panic. The other
 //! direction, a client's upgrade and frames read passively for presence, is [`peek`].
 
+pub mod client;
+pub mod conn;
 pub mod peek;
+pub mod pubserver;
+pub mod server;
+pub mod subscriber;
+pub mod upgrade;
 
 use base64::Engine;
 use sha1::{Digest, Sha1};
@@ -188,6 +194,8 @@ pub struct WsDecoder {
     max: usize,
     /// A fragmented data message being assembled: opcode and bytes so far.
     partial: Option<(u8, Vec<u8>)>,
+    /// Reads a client's frames (masked, as RFC 6455 requires) instead of a server's.
+    from_client: bool,
 }
 
 impl WsDecoder {
@@ -197,7 +205,27 @@ impl WsDecoder {
             offset: 0,
             max,
             partial: None,
+            from_client: false,
         }
+    }
+
+    /// A decoder of a client's frames, for a server: every frame must be masked (RFC 6455
+    /// 5.1), and is unmasked.
+    pub fn for_client_frames(max: usize) -> Self {
+        WsDecoder {
+            from_client: true,
+            ..WsDecoder::new(max)
+        }
+    }
+
+    /// Changes the per-message limit (a peer vouched for may send more).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
+    /// Bytes buffered and not yet returned as a message.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() + self.partial.as_ref().map_or(0, |(_, p)| p.len())
     }
 
     /// Appends bytes read; refuses to buffer more than a message's limit (plus a frame header).
@@ -278,10 +306,15 @@ impl WsDecoder {
                 format!("reserved bits set (0x{b0:02x}; no extension was agreed)"),
             ));
         }
-        if b1 & 0x80 != 0 {
+        let masked = b1 & 0x80 != 0;
+        if masked != self.from_client {
             return Err(bad(
                 1,
-                "a frame from the server is masked (RFC 6455 5.1)".into(),
+                if self.from_client {
+                    "a frame from the client is not masked (RFC 6455 5.1)".into()
+                } else {
+                    "a frame from the server is masked (RFC 6455 5.1)".into()
+                },
             ));
         }
         let (fin, opcode) = (b0 & 0x80 != 0, b0 & 0x0f);
@@ -308,11 +341,19 @@ impl WsDecoder {
                 limit: self.max,
             });
         }
+        let hdr = if masked { hdr + 4 } else { hdr };
         let end = hdr + len as usize;
         if b.len() < end {
             return Ok(None);
         }
-        let payload = b[hdr..end].to_vec();
+        let mut payload = b[hdr..end].to_vec();
+        if masked {
+            let key = [b[hdr - 4], b[hdr - 3], b[hdr - 2], b[hdr - 1]];
+            payload
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x ^= key[i % 4]);
+        }
         self.buf.drain(..end);
         self.offset += end;
         Ok(Some((fin, opcode, payload)))

@@ -22,18 +22,24 @@ use crate::salt_tcp::peek::TcpPeek;
 use crate::salt_tcp::pubserver::TcpPublisher;
 use crate::salt_tcp::server::{TcpReplier, TcpRequestServer};
 use crate::salt_tcp::subscriber::TcpSubscriber;
+use crate::salt_ws::client::WsRequestClient;
 use crate::salt_ws::peek::WsPeek;
+use crate::salt_ws::pubserver::WsPublisher;
+use crate::salt_ws::server::{WsReplier, WsRequestServer};
+use crate::salt_ws::subscriber::WsSubscriber;
 
 /// A [`RequestClient`] of any transport.
 pub enum AnyRequestClient {
     Zeromq(zeromq::ReqSocket),
     Tcp(TcpRequestClient),
+    Ws(WsRequestClient),
 }
 
 /// A [`RequestServer`] of any transport.
 pub enum AnyRequestServer {
     Zeromq(zeromq::Router),
     Tcp(TcpRequestServer),
+    Ws(WsRequestServer),
 }
 
 /// A [`Replier`] of any transport.
@@ -41,18 +47,21 @@ pub enum AnyRequestServer {
 pub enum AnyReplier {
     Zeromq(zeromq::RouterSender),
     Tcp(TcpReplier),
+    Ws(WsReplier),
 }
 
 /// A [`PublishServer`] of any transport.
 pub enum AnyPublishServer {
     Zeromq(zeromq::Publisher),
     Tcp(TcpPublisher),
+    Ws(WsPublisher),
 }
 
 /// A [`PublishClient`] of any transport.
 pub enum AnyPublishClient {
     Zeromq(zeromq::Subscriber),
     Tcp(TcpSubscriber),
+    Ws(WsSubscriber),
 }
 
 /// A [`Peek`] of any transport.
@@ -60,10 +69,6 @@ pub enum AnyPeeker {
     Zeromq(zeromq::Sniffer),
     Tcp(TcpPeek),
     Ws(WsPeek),
-}
-
-fn not_yet(t: Transport) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::Unsupported, t.unsupported())
 }
 
 #[cfg(feature = "tls")]
@@ -93,7 +98,7 @@ impl Transport {
                 )))
             }
             Transport::Tcp => Ok(AnyRequestClient::Tcp(TcpRequestClient::new(addr, opts))),
-            t => Err(t.unsupported()),
+            Transport::Ws => Ok(AnyRequestClient::Ws(WsRequestClient::new(addr, opts))),
         }
     }
 
@@ -117,7 +122,9 @@ impl Transport {
             Transport::Tcp => Ok(AnyRequestServer::Tcp(
                 TcpRequestServer::bind(addr, opts).await?,
             )),
-            t => Err(not_yet(t)),
+            Transport::Ws => Ok(AnyRequestServer::Ws(
+                WsRequestServer::bind(addr, opts).await?,
+            )),
         }
     }
 
@@ -138,7 +145,7 @@ impl Transport {
                 ))
             }
             Transport::Tcp => Ok(AnyPublishServer::Tcp(TcpPublisher::bind(addr, opts).await?)),
-            t => Err(not_yet(t)),
+            Transport::Ws => Ok(AnyPublishServer::Ws(WsPublisher::bind(addr, opts).await?)),
         }
     }
 
@@ -158,7 +165,7 @@ impl Transport {
                 Ok(AnyPublishClient::Zeromq(zeromq::subscribe_all(addr, opts)))
             }
             Transport::Tcp => Ok(AnyPublishClient::Tcp(TcpSubscriber::connect(addr, opts))),
-            t => Err(t.unsupported()),
+            Transport::Ws => Ok(AnyPublishClient::Ws(WsSubscriber::connect(addr, opts))),
         }
     }
 
@@ -178,6 +185,7 @@ impl RequestClient for AnyRequestClient {
         match self {
             AnyRequestClient::Zeromq(s) => RequestClient::peer_addr(s),
             AnyRequestClient::Tcp(s) => RequestClient::peer_addr(s),
+            AnyRequestClient::Ws(s) => RequestClient::peer_addr(s),
         }
     }
 
@@ -185,6 +193,7 @@ impl RequestClient for AnyRequestClient {
         match self {
             AnyRequestClient::Zeromq(s) => RequestClient::send(s, payload, timeout).await,
             AnyRequestClient::Tcp(s) => RequestClient::send(s, payload, timeout).await,
+            AnyRequestClient::Ws(s) => RequestClient::send(s, payload, timeout).await,
         }
     }
 }
@@ -196,6 +205,7 @@ impl RequestServer for AnyRequestServer {
         match self {
             AnyRequestServer::Zeromq(s) => RequestServer::local_addr(s),
             AnyRequestServer::Tcp(s) => RequestServer::local_addr(s),
+            AnyRequestServer::Ws(s) => RequestServer::local_addr(s),
         }
     }
 
@@ -203,6 +213,7 @@ impl RequestServer for AnyRequestServer {
         match self {
             AnyRequestServer::Zeromq(s) => RequestServer::recv(s).await,
             AnyRequestServer::Tcp(s) => RequestServer::recv(s).await,
+            AnyRequestServer::Ws(s) => RequestServer::recv(s).await,
         }
     }
 
@@ -210,6 +221,7 @@ impl RequestServer for AnyRequestServer {
         match self {
             AnyRequestServer::Zeromq(s) => AnyReplier::Zeromq(s.replier()),
             AnyRequestServer::Tcp(s) => AnyReplier::Tcp(s.replier()),
+            AnyRequestServer::Ws(s) => AnyReplier::Ws(s.replier()),
         }
     }
 
@@ -217,6 +229,7 @@ impl RequestServer for AnyRequestServer {
         match self {
             AnyRequestServer::Zeromq(s) => RequestServer::refusals(s),
             AnyRequestServer::Tcp(s) => RequestServer::refusals(s),
+            AnyRequestServer::Ws(s) => RequestServer::refusals(s),
         }
     }
 }
@@ -226,6 +239,7 @@ impl Replier for AnyReplier {
         match self {
             AnyReplier::Zeromq(s) => Replier::reply(s, to, payload).await,
             AnyReplier::Tcp(s) => Replier::reply(s, to, payload).await,
+            AnyReplier::Ws(s) => Replier::reply(s, to, payload).await,
         }
     }
 
@@ -233,6 +247,7 @@ impl Replier for AnyReplier {
         match self {
             AnyReplier::Zeromq(s) => Replier::trust(s, to),
             AnyReplier::Tcp(s) => Replier::trust(s, to),
+            AnyReplier::Ws(s) => Replier::trust(s, to),
         }
     }
 
@@ -240,6 +255,7 @@ impl Replier for AnyReplier {
         match self {
             AnyReplier::Zeromq(s) => Replier::is_connected(s, to),
             AnyReplier::Tcp(s) => Replier::is_connected(s, to),
+            AnyReplier::Ws(s) => Replier::is_connected(s, to),
         }
     }
 
@@ -247,6 +263,7 @@ impl Replier for AnyReplier {
         match self {
             AnyReplier::Zeromq(s) => Replier::paused_inbound(s),
             AnyReplier::Tcp(s) => Replier::paused_inbound(s),
+            AnyReplier::Ws(s) => Replier::paused_inbound(s),
         }
     }
 
@@ -254,6 +271,7 @@ impl Replier for AnyReplier {
         match self {
             AnyReplier::Zeromq(s) => Replier::peer_count(s),
             AnyReplier::Tcp(s) => Replier::peer_count(s),
+            AnyReplier::Ws(s) => Replier::peer_count(s),
         }
     }
 }
@@ -263,6 +281,7 @@ impl PublishServer for AnyPublishServer {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::local_addr(s),
             AnyPublishServer::Tcp(s) => PublishServer::local_addr(s),
+            AnyPublishServer::Ws(s) => PublishServer::local_addr(s),
         }
     }
 
@@ -270,6 +289,7 @@ impl PublishServer for AnyPublishServer {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::publish(s, payload, targets),
             AnyPublishServer::Tcp(s) => PublishServer::publish(s, payload, targets),
+            AnyPublishServer::Ws(s) => PublishServer::publish(s, payload, targets),
         }
     }
 
@@ -277,6 +297,7 @@ impl PublishServer for AnyPublishServer {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::subscriber_count(s),
             AnyPublishServer::Tcp(s) => PublishServer::subscriber_count(s),
+            AnyPublishServer::Ws(s) => PublishServer::subscriber_count(s),
         }
     }
 
@@ -284,6 +305,7 @@ impl PublishServer for AnyPublishServer {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::dropped_total(s),
             AnyPublishServer::Tcp(s) => PublishServer::dropped_total(s),
+            AnyPublishServer::Ws(s) => PublishServer::dropped_total(s),
         }
     }
 
@@ -291,6 +313,7 @@ impl PublishServer for AnyPublishServer {
         match self {
             AnyPublishServer::Zeromq(s) => PublishServer::refusals(s),
             AnyPublishServer::Tcp(s) => PublishServer::refusals(s),
+            AnyPublishServer::Ws(s) => PublishServer::refusals(s),
         }
     }
 }
@@ -300,6 +323,7 @@ impl PublishClient for AnyPublishClient {
         match self {
             AnyPublishClient::Zeromq(s) => PublishClient::recv(s).await,
             AnyPublishClient::Tcp(s) => PublishClient::recv(s).await,
+            AnyPublishClient::Ws(s) => PublishClient::recv(s).await,
         }
     }
 
@@ -307,6 +331,7 @@ impl PublishClient for AnyPublishClient {
         match self {
             AnyPublishClient::Zeromq(s) => PublishClient::is_connected(s),
             AnyPublishClient::Tcp(s) => PublishClient::is_connected(s),
+            AnyPublishClient::Ws(s) => PublishClient::is_connected(s),
         }
     }
 
@@ -314,6 +339,7 @@ impl PublishClient for AnyPublishClient {
         match self {
             AnyPublishClient::Zeromq(s) => PublishClient::connect_count(s),
             AnyPublishClient::Tcp(s) => PublishClient::connect_count(s),
+            AnyPublishClient::Ws(s) => PublishClient::connect_count(s),
         }
     }
 
@@ -321,6 +347,7 @@ impl PublishClient for AnyPublishClient {
         match self {
             AnyPublishClient::Zeromq(s) => PublishClient::set_hello(s, hello),
             AnyPublishClient::Tcp(s) => PublishClient::set_hello(s, hello),
+            AnyPublishClient::Ws(s) => PublishClient::set_hello(s, hello),
         }
     }
 }

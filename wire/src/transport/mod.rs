@@ -22,8 +22,11 @@
 //! whose targeted publishes need the master's [`PresenceCheck`]), TLS through the options' `tls`
 //! (feature `tls`), and its presence peek ([`crate::salt_tcp::peek::TcpPeek`],
 //! [`Transport::peeker`]); its probes through the seam are still to come (they fail with
-//! [`TransportError::NotImplemented`]). `ws` has its presence peek
-//! ([`crate::salt_ws::peek::WsPeek`]) and nothing else yet.
+//! [`TransportError::NotImplemented`]). `ws` has the same four roles
+//! ([`crate::salt_ws::client::WsRequestClient`], [`crate::salt_ws::subscriber::WsSubscriber`],
+//! [`crate::salt_ws::server::WsRequestServer`], [`crate::salt_ws::pubserver::WsPublisher`], on
+//! the codec of [`crate::salt_ws`]), TLS the same way, and its presence peek
+//! ([`crate::salt_ws::peek::WsPeek`]); its probes through the seam are still to come.
 //!
 //! Payloads cross the seam as bytes: one msgpack-encoded Salt message (see [`crate::envelope`]);
 //! the framing around them is the transport's. Users pick an implementation at run time with
@@ -47,8 +50,9 @@
 //! * **`ws`** (`salt/transport/ws.py`): an aiohttp websocket at the path `/ws` (HTTP upgrade,
 //!   `http://` or `https://` with `ssl`; a minion's requests go to `/`, any path upgrades), one
 //!   **binary frame per msgpack payload**, no `head`: one request in flight per connection,
-//!   replies in order (3008.5's request client dials a new websocket for every request). The publish server sends every
-//!   publish to every client (no topics). Text frames are control (`"close"`).
+//!   replies in order (3008.5's request client dials a new websocket for every request). The
+//!   publish server sends every publish to every client (no topics), each as a msgpack `bin`
+//!   of the payload. Text frames are control (`"close"`).
 //! * **ZeroMQ**: ZMTP 3.1 frames; a request is the REQ envelope `["", payload]`, a publish a
 //!   single frame (or `[topic, payload]` with `zmq_filtering`); PING/PONG heartbeats.
 //!
@@ -184,7 +188,7 @@ pub struct RequestClientOptions {
     pub source: Option<IpAddr>,
     /// Largest reply accepted.
     pub max_payload: usize,
-    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    /// TLS (Salt's `ssl`; `tcp` and `ws`, feature `tls`); `None` = plain.
     #[cfg(feature = "tls")]
     pub tls: Option<crate::salt_tcp::probe::TlsClient>,
 }
@@ -238,7 +242,7 @@ pub struct RequestServerOptions {
     /// Requests received and not yet taken by [`RequestServer::recv`]; beyond it peers are not
     /// read (backpressure, nothing dropped).
     pub queue: usize,
-    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    /// TLS (Salt's `ssl`; `tcp` and `ws`, feature `tls`); `None` = plain.
     #[cfg(feature = "tls")]
     pub tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
@@ -345,7 +349,7 @@ pub struct PublishServerOptions {
     /// `presence_callback`, which targeted publishes need); `None`: no subscriber is tagged, and
     /// a targeted publish reaches none (ZeroMQ ignores it).
     pub presence: Option<PresenceCheck>,
-    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    /// TLS (Salt's `ssl`; `tcp` and `ws`, feature `tls`); `None` = plain.
     #[cfg(feature = "tls")]
     pub tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
@@ -410,7 +414,7 @@ pub struct PublishClientOptions {
     /// A message sent to the publisher on each connect, where the transport has one (`tcp`:
     /// Salt's `send_id`, a msgpack Salt message; ZeroMQ: none); `None`: nothing is sent.
     pub hello: Option<Bytes>,
-    /// TLS (Salt's `ssl`; `tcp` only, feature `tls`); `None` = plain.
+    /// TLS (Salt's `ssl`; `tcp` and `ws`, feature `tls`); `None` = plain.
     #[cfg(feature = "tls")]
     pub tls: Option<crate::salt_tcp::probe::TlsClient>,
 }

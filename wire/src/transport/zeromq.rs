@@ -280,7 +280,7 @@ impl Peek for Sniffer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::{Transport, TransportError};
+    use crate::transport::Transport;
 
     fn msg(frames: &[&'static [u8]]) -> RouterMessage {
         RouterMessage {
@@ -311,19 +311,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_transport_not_implemented_yet_names_the_key() {
+    #[tokio::test]
+    async fn every_transport_has_its_clients_and_a_missing_probe_names_the_key() {
+        use crate::transport::Prober;
         let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let t = Transport::Ws;
-        let e = t
-            .request_client(addr, &RequestClientOptions::default())
-            .err()
-            .unwrap();
-        assert_eq!(e, TransportError::NotImplemented(t));
-        assert!(e.to_string().starts_with("transport: "), "{e}");
-        // Presence reads every transport's plain requests (under TLS the proxy attaches none).
         for t in Transport::ALL {
+            assert!(
+                t.request_client(addr, &RequestClientOptions::default())
+                    .is_ok(),
+                "{t}"
+            );
+            // Presence reads every transport's plain requests (under TLS the proxy attaches none).
             assert!(t.peeker(16).is_ok(), "{t}");
         }
+        // The probes through the seam are ZeroMQ's only (the proxy calls salt_tcp::probe).
+        let d = std::time::Duration::from_millis(100);
+        let e = Transport::Ws.ping(addr, d, d).await.unwrap_err();
+        assert!(e.to_string().contains("transport"), "{e}");
     }
 }
