@@ -13,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::api::*;
+use common::salt_real::real_master;
 use common::*;
-use saltgate_config::{HealthSettings, MasterConfig, Probe, Role};
+use saltgate_config::{HealthSettings, Probe, Role};
 
 const MASTER_IP: &str = "127.14.0.20";
 const PROXY_IP: &str = "127.14.0.21";
@@ -106,18 +107,7 @@ async fn a_stock_salt_minion_through_saltgate_is_listed_with_its_master() {
     };
     let mut cfg = config_on(
         PROXY_IP,
-        vec![MasterConfig {
-            name: "real".into(),
-            host: MASTER_IP.into(),
-            publish_port: 4505,
-            request_port: 4506,
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health,
-        }],
+        vec![real_master("real", MASTER_IP, health)],
         health,
     );
     cfg.publish.bind = vec![format!("{PROXY_IP}:4505").parse().unwrap()];

@@ -18,8 +18,7 @@ const IDENTITY: &str = "salt-req/minion/m1/4242/0123abcd";
 
 /// saltgate on 127.18.0.1 over `masters`: the shared migrate lab.
 async fn lab(masters: &[&FakeRouter], migrate_buffer: u32) -> Lab {
-    let configs = masters.iter().map(|m| m.config()).collect();
-    migrate_lab::lab("127.18.0.1", configs, SaltTransport::Zeromq, migrate_buffer).await
+    migrate_lab::lab_of("127.18.0.1", masters, SaltTransport::Zeromq, migrate_buffer).await
 }
 
 impl Lab {
@@ -62,7 +61,7 @@ async fn a_master_killed_mid_request_leaves_the_reply_to_another_on_the_same_con
     assert_eq!(ask(&mut minion, "job-2").await.unwrap(), "b:job-2");
     assert_eq!(minion.dial_count(), 1, "the minion connected once");
     assert_eq!(b.requests(), ["job-1", "job-2"], "job-1 re-sent once");
-    let ids = b.got.lock().unwrap().clone();
+    let ids = b.seen.lock().unwrap().clone();
     assert!(
         ids.iter().all(|(id, _)| id == IDENTITY),
         "b saw the minion's identity"

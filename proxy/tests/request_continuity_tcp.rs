@@ -8,92 +8,38 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::api::{addr, scrape, value};
 use common::migrate_lab::{self, Lab};
-use common::router::health;
+use common::mode_master::{ModeMaster, ANSWER, HALF_THEN_DIE, HOLD};
 use common::*;
 use saltgate_config::transport::SaltTransport;
-use saltgate_config::{MasterConfig, Role};
+use saltgate_config::Role;
 use saltgate_proxy::close::CloseReason;
 use saltgate_proxy::Running;
 use saltgate_wire::envelope::{self, text, Value};
 use saltgate_wire::salt_tcp::{encode_message, request_frame, FrameDecoder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
 
-/// What a fake master does with a request.
-const ANSWER: u8 = 0;
-/// Reads it and never answers (a hung master, or one about to die).
-const HOLD: u8 = 1;
-/// Writes the first half of its reply, then closes the connection.
-const HALF_THEN_DIE: u8 = 2;
-
-/// A Salt `tcp` master's request port: answers `<name>:<body>` under the request's `head`.
-struct TcpMaster {
-    name: &'static str,
-    addr: SocketAddr,
-    mode: Arc<AtomicU8>,
-    /// (mid, body) in arrival order, over all connections.
-    got: Arc<Mutex<Vec<(String, String)>>>,
-    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
-}
+/// A Salt `tcp` master's request port: answers `<name>:<body>` under the request's `head`; it
+/// notes (mid, body) in arrival order, over all connections.
+type TcpMaster = ModeMaster<Vec<(String, String)>>;
 
 impl TcpMaster {
     async fn start(name: &'static str, ip: &str, mode: u8) -> TcpMaster {
-        let l = TcpListener::bind((ip, 0)).await.unwrap();
-        let m = TcpMaster {
-            name,
-            addr: l.local_addr().unwrap(),
-            mode: Arc::new(AtomicU8::new(mode)),
-            got: Default::default(),
-            tasks: Default::default(),
-        };
-        let (mode, got, tasks) = (m.mode.clone(), m.got.clone(), m.tasks.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let t = tokio::spawn(serve(name, s, mode.clone(), got.clone()));
-                tasks.lock().unwrap().push(t);
-            }
-        });
-        m.tasks.lock().unwrap().push(accept);
-        m
-    }
-
-    /// The master dies: its listener and every connection close.
-    fn kill(&self) {
-        for t in self.tasks.lock().unwrap().drain(..) {
-            t.abort();
-        }
+        TcpMaster::serving(name, ip, mode, serve).await
     }
 
     fn bodies(&self) -> Vec<String> {
-        self.got
+        self.seen
             .lock()
             .unwrap()
             .iter()
             .map(|(_, b)| b.clone())
             .collect()
-    }
-
-    fn config(&self) -> MasterConfig {
-        MasterConfig {
-            name: self.name.into(),
-            host: self.addr.ip().to_string(),
-            // Health is scripted: no port is dialled by a check.
-            publish_port: self.addr.port(),
-            request_port: self.addr.port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health: health(),
-        }
     }
 }
 
@@ -186,8 +132,7 @@ impl Minion {
 
 /// saltgate on 127.37.0.1 over `masters`: the shared migrate lab.
 async fn lab(masters: &[&TcpMaster], migrate_buffer: u32) -> Lab {
-    let configs = masters.iter().map(|m| m.config()).collect();
-    migrate_lab::lab("127.37.0.1", configs, SaltTransport::Tcp, migrate_buffer).await
+    migrate_lab::lab_of("127.37.0.1", masters, SaltTransport::Tcp, migrate_buffer).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

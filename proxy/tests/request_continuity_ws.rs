@@ -9,32 +9,24 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::api::{addr, scrape, value};
 use common::migrate_lab::{self, Lab};
-use common::router::health;
+use common::mode_master::{ModeMaster, ANSWER, HALF_THEN_DIE, HOLD};
 use common::*;
 use saltgate_config::transport::SaltTransport;
-use saltgate_config::{MasterConfig, Role};
+use saltgate_config::Role;
 use saltgate_proxy::Running;
 use saltgate_wire::salt_ws::{
     accept_key, client_frame, handshake_request, new_key, read_handshake, WsDecoder, WsMessage,
     OP_BINARY,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
 
-/// What a fake master does.
-const ANSWER: u8 = 0;
-/// Takes requests and never answers (a hung master, or one about to die).
-const HOLD: u8 = 1;
-/// Writes the first half of its reply, then closes the connection.
-const HALF_THEN_DIE: u8 = 2;
-/// Reads the upgrade request and never answers it.
+/// A [`ModeMaster`] mode of this test's own: reads the upgrade request and never answers it.
 const NO_UPGRADE: u8 = 3;
 
 #[derive(Default)]
@@ -48,40 +40,11 @@ struct Seen {
 }
 
 /// A Salt `ws` master's request port.
-struct WsMaster {
-    name: &'static str,
-    addr: SocketAddr,
-    mode: Arc<AtomicU8>,
-    seen: Arc<Mutex<Seen>>,
-    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
-}
+type WsMaster = ModeMaster<Seen>;
 
 impl WsMaster {
     async fn start(name: &'static str, ip: &str, mode: u8) -> WsMaster {
-        let l = TcpListener::bind((ip, 0)).await.unwrap();
-        let m = WsMaster {
-            name,
-            addr: l.local_addr().unwrap(),
-            mode: Arc::new(AtomicU8::new(mode)),
-            seen: Default::default(),
-            tasks: Default::default(),
-        };
-        let (mode, seen, tasks) = (m.mode.clone(), m.seen.clone(), m.tasks.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let t = tokio::spawn(serve(name, s, mode.clone(), seen.clone()));
-                tasks.lock().unwrap().push(t);
-            }
-        });
-        m.tasks.lock().unwrap().push(accept);
-        m
-    }
-
-    /// The master dies: its listener and every connection close.
-    fn kill(&self) {
-        for t in self.tasks.lock().unwrap().drain(..) {
-            t.abort();
-        }
+        WsMaster::serving(name, ip, mode, serve).await
     }
 
     fn bodies(&self) -> Vec<String> {
@@ -94,22 +57,6 @@ impl WsMaster {
 
     fn frame_bytes(&self) -> usize {
         self.seen.lock().unwrap().frame_bytes
-    }
-
-    fn config(&self) -> MasterConfig {
-        MasterConfig {
-            name: self.name.into(),
-            host: self.addr.ip().to_string(),
-            // Health is scripted: no port is dialled by a check.
-            publish_port: self.addr.port(),
-            request_port: self.addr.port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health: health(),
-        }
     }
 }
 
@@ -302,8 +249,7 @@ fn binary(s: &str) -> Option<WsMessage> {
 
 /// saltgate on 127.40.0.1 over `masters`: the shared migrate lab.
 async fn lab(masters: &[&WsMaster], migrate_buffer: u32) -> Lab {
-    let configs = masters.iter().map(|m| m.config()).collect();
-    migrate_lab::lab("127.40.0.1", configs, SaltTransport::Ws, migrate_buffer).await
+    migrate_lab::lab_of("127.40.0.1", masters, SaltTransport::Ws, migrate_buffer).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,10 +25,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
-use common::salt_real::{minion_answers, spawn, tail, Keep};
+use common::salt_real::{minion_answers, real_master, salt_aware, spawn, tail, Keep};
 use common::*;
 use saltgate_config::transport::{CertReqs, SaltTransport, SslConfig};
-use saltgate_config::{HealthSettings, MasterConfig, Probe};
 use saltgate_proxy::Options;
 use saltgate_test_support::{venv, ProcGuard};
 
@@ -161,24 +160,10 @@ async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
     let master = spawn("salt-master", cmd, &d.join("master.stderr"));
 
     // saltgate: transport tcp, the default Salt-aware probe and schedule.
-    let health = HealthSettings {
-        probe: Probe::Salt,
-        ..HealthSettings::default()
-    };
+    let health = salt_aware();
     let mut cfg = config_on(
         proxy_ip,
-        vec![MasterConfig {
-            name: "real".into(),
-            host: master_ip.into(),
-            publish_port: 4505,
-            request_port: 4506,
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health,
-        }],
+        vec![real_master("real", master_ip, health)],
         health,
     );
     cfg.global.transport = SaltTransport::Tcp;

@@ -15,10 +15,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
-use common::salt_real::{minion_answers, tail, Keep};
+use common::salt_real::{minion_answers, real_master, salt_aware, tail, Keep};
 use common::*;
 use saltgate_config::transport::SaltTransport;
-use saltgate_config::{HealthSettings, MasterConfig, Probe, Role};
+use saltgate_config::Role;
 use saltgate_proxy::Options;
 use saltgate_test_support::{
     start_salt_master, start_salt_minion, write_master_config, write_minion_config,
@@ -45,24 +45,10 @@ async fn a_stock_ws_minion_through_saltgate_is_listed_by_id_with_its_master() {
     let _master = start_salt_master(&master_conf, &d.join("master.stderr"));
 
     // saltgate: transport ws, the default Salt-aware probe and schedule.
-    let health = HealthSettings {
-        probe: Probe::Salt,
-        ..HealthSettings::default()
-    };
+    let health = salt_aware();
     let mut cfg = config_on(
         PROXY_IP,
-        vec![MasterConfig {
-            name: "real".into(),
-            host: MASTER_IP.into(),
-            publish_port: 4505,
-            request_port: 4506,
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health,
-        }],
+        vec![real_master("real", MASTER_IP, health)],
         health,
     );
     cfg.global.transport = SaltTransport::Ws;

@@ -1,6 +1,6 @@
 //! saltgate with `on_master_down: migrate` over masters whose health the test scripts: the
-//! request-continuity tests' lab, on ZeroMQ (request_continuity.rs) and on plain `tcp`
-//! (request_continuity_tcp.rs).
+//! request-continuity tests' lab, on ZeroMQ (request_continuity.rs), plain `tcp`
+//! (request_continuity_tcp.rs) and `ws` (request_continuity_ws.rs).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,8 +11,19 @@ use saltgate_proxy::accesslog::{AccessRecord, MemorySink};
 use saltgate_proxy::{Options, Running};
 
 use super::api::{run_with, wait_for_metric};
-use super::router::health;
+use super::mode_master::{health, ModeMaster};
 use super::{config_on, wait_for, ScriptedProber};
+
+/// [`lab`] over fake masters.
+pub async fn lab_of<S>(
+    ip: &str,
+    masters: &[&ModeMaster<S>],
+    transport: SaltTransport,
+    migrate_buffer: u32,
+) -> Lab {
+    let configs = masters.iter().map(|m| m.config()).collect();
+    lab(ip, configs, transport, migrate_buffer).await
+}
 
 pub struct Lab {
     pub r: Running,

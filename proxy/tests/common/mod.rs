@@ -5,6 +5,8 @@
 pub mod api;
 pub mod logs;
 pub mod migrate_lab;
+pub mod migrate_real;
+pub mod mode_master;
 pub mod router;
 pub mod salt_real;
 

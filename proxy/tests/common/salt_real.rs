@@ -1,12 +1,38 @@
 //! Helpers of the tests that run real Salt 3008.5 daemons (the venv's): a daemon spawned with
 //! its stderr to a file, the tail of a log for a failure message, a test directory kept when the
-//! test fails, and `salt <minion> test.ping` until it answers.
+//! test fails, `salt <minion> test.ping` until it answers, and a real master as saltgate's
+//! config names it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use saltgate_config::{HealthSettings, MasterConfig, Probe};
 use saltgate_test_support::{venv, ProcGuard};
+
+/// The default schedule with the default Salt-aware probe (saltgate's `probe: salt`).
+pub fn salt_aware() -> HealthSettings {
+    HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    }
+}
+
+/// Master `name`, a real one at `ip` on Salt's ports (4505, 4506), checked with `health`.
+pub fn real_master(name: &str, ip: &str, health: HealthSettings) -> MasterConfig {
+    MasterConfig {
+        name: name.into(),
+        host: ip.into(),
+        publish_port: 4505,
+        request_port: 4506,
+        weight: 1,
+        maxconn: None,
+        backup: false,
+        disabled: false,
+        check: true,
+        health,
+    }
+}
 
 /// The last 40 lines of `path` (empty if it cannot be read).
 pub fn tail(path: &Path) -> String {
