@@ -181,7 +181,7 @@ fn bench(cli: Cli, args: &[String]) -> Result<()> {
     let need_build = (targets.contains(&TargetKind::Saltgate) && cli.saltgate_bin.is_none())
         || (swarm && (cli.master_bin.is_none() || cli.minion_bin.is_none()));
     let built = if need_build {
-        Some(build_binaries(swarm)?)
+        Some(build_binaries()?)
     } else {
         None
     };
@@ -321,7 +321,7 @@ fn master_bench(cli: Cli, args: &[String]) -> Result<()> {
     let net = Net::parse(&cli.net)?;
     let _ = rlimit::increase_nofile_limit(u64::MAX);
     let built = if cli.master_bin.is_none() || cli.minion_bin.is_none() {
-        Some(build_binaries(true)?)
+        Some(build_binaries()?)
     } else {
         None
     };
@@ -392,7 +392,7 @@ fn authstorm_bench(cli: Cli, args: &[String]) -> Result<()> {
         )
     });
     let built = if (saltgate_needed && cli.saltgate_bin.is_none()) || cli.minion_bin.is_none() {
-        Some(build_binaries(true)?)
+        Some(build_binaries()?)
     } else {
         None
     };
@@ -474,10 +474,9 @@ fn cargo_set_for_a_package(name: &str) -> bool {
         )
 }
 
-/// Builds the release `saltgate`, `saltgate-master` and `saltgate-minion` in this workspace (the
-/// last two are needed for `swarm`; they are built always, see below); returns the directory
-/// they are in.
-fn build_binaries(swarm: bool) -> Result<PathBuf> {
+/// Builds the release `saltgate`, `saltgate-master` and `saltgate-minion` in this workspace
+/// (all three whatever the scenarios need, see below); returns the directory they are in.
+fn build_binaries() -> Result<PathBuf> {
     let root = workspace_root();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // Always the three packages, as the packages and the interop suite build them: the same
@@ -524,10 +523,7 @@ fn build_binaries(swarm: bool) -> Result<PathBuf> {
         None => root.join("target"),
     };
     let dir = target.join("release");
-    for bin in ["saltgate", "saltgate-master", "saltgate-minion"]
-        .iter()
-        .take(if swarm { 3 } else { 1 })
-    {
+    for bin in ["saltgate", "saltgate-master", "saltgate-minion"] {
         if !dir.join(bin).exists() {
             bail!(
                 "built, but {} does not exist; pass --saltgate-bin, --master-bin, --minion-bin",
