@@ -142,14 +142,17 @@ impl Prober for SaltProbes {
 /// a fresh one is outstanding beside it.
 pub const KEPT_PING_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// For how long after the kept ping was sent each check also sends a fresh ping beside it. A
-/// ping is lost only when sent just before Salt opens its request gate (a few seconds after
-/// the master stops answering `cluster_retry`); pings sent later are queued and answered in
-/// order, so fresh pings past this window would only queue stale work ahead of the next check.
+/// For how long after the kept ping was sent fresh pings go out beside it. A ping is lost only
+/// when sent just before Salt opens its request gate (a few seconds after the master stops
+/// answering `cluster_retry`); pings sent later are queued and answered in order, however long
+/// the master's backlog makes them wait.
 pub const FRESH_PING_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Most pings outstanding at once on one DOWN request port: the kept one and one fresh.
-pub const MAX_OUTSTANDING_PINGS: usize = 2;
+/// The longest gap between two fresh pings (see [`Outstanding::wants_ping`]).
+pub const FRESH_PING_MAX_GAP: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// Most pings outstanding at once on one DOWN request port: the kept one and the fresh ones.
+pub const MAX_OUTSTANDING_PINGS: usize = 6;
 
 type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 
@@ -172,12 +175,11 @@ fn kept_ping_settings(settings: &HealthSettings) -> HealthSettings {
 
 /// How long a check on a DOWN request port waits for an answer: on a port steadily DOWN,
 /// `rise x downinter` (at most `timeout`). Nothing is lost by the shorter wait: the ping stays
-/// outstanding and its answer passes a check whenever it comes. But each check (within
-/// [`FRESH_PING_WINDOW`] of the kept ping) sends a fresh ping beside it, so if the kept one was
-/// lost, a fresh one goes out within `rise x downinter` of the master starting to answer, which
-/// keeps UP within `rise x downinter + 2 s` of its first answer. In transition (a check passed
-/// already) the
-/// wait is `timeout`, as on an UP port, so a slow master's answers still count.
+/// outstanding and its answer passes a check whenever it comes. Fresh pings go out beside the
+/// kept one (see [`Outstanding::wants_ping`]), so if the kept one was lost, one sent soon after
+/// the gate opened waits in its place in the master's queue, and UP comes within
+/// `rise x downinter + 2 s` of the master answering that place. In transition (a check passed
+/// already) the wait is `timeout`, as on an UP port, so a slow master's answers still count.
 fn down_check_wait(settings: &HealthSettings, state: &HealthState) -> std::time::Duration {
     if state.successes > 0 {
         settings.timeout
@@ -189,13 +191,16 @@ fn down_check_wait(settings: &HealthSettings, state: &HealthState) -> std::time:
 }
 
 /// The pings outstanding on a DOWN request port, oldest first, at most
-/// [`MAX_OUTSTANDING_PINGS`]: the kept one (the oldest: a starting master answers its queue in
-/// order, so it is answered first, if it is answered at all) and the freshest one (a ping sent
-/// in the window before Salt opens its request gate can be dropped by the master, never
-/// answered: a fresh one sent beside it each check, for [`FRESH_PING_WINDOW`], is answered once
-/// the workers serve). When a check needs a third, the older fresh one is dropped, never the
-/// kept one; a ping that fails (its [`KEPT_PING_LIMIT`], a reset) leaves, and the next oldest
-/// becomes the kept one.
+/// [`MAX_OUTSTANDING_PINGS`]. The kept one is the oldest: a starting master answers its queue in
+/// order, so it is answered first, if it is answered at all. But a ping sent in the window before
+/// Salt opens its request gate can be dropped by the master, never answered, so fresh pings go out
+/// beside it, for [`FRESH_PING_WINDOW`], at gaps that double (see [`Outstanding::wants_ping`]).
+/// A fresh ping is never dropped for a newer one while it waits: a restarted master busy with its
+/// minions' `_auth` backlog answers a ping tens of seconds after it was sent, in its place in the
+/// queue, and a ping replaced every check would go back to the end of that queue each time
+/// (interop scenario 4, CI: UP 5.5 s after the suite's own ping, sent at the same time, was
+/// answered). A ping that fails (its [`KEPT_PING_LIMIT`], a reset, a `cluster_retry`) leaves, and
+/// the next oldest becomes the kept one.
 #[derive(Default)]
 struct Outstanding<'a> {
     /// Each ping with when it was sent.
@@ -215,11 +220,12 @@ impl<'a> Outstanding<'a> {
         self.pings.clear();
     }
 
-    /// Makes room for a fresh ping: the older fresh one goes when the set is full (before the
-    /// fresh one is made, so never more than [`MAX_OUTSTANDING_PINGS`] exist at once).
+    /// Makes room for a ping: when the set is full, the newest goes (it waits behind every
+    /// other one in the master's queue), never the kept one; done before the ping is made, so
+    /// never more than [`MAX_OUTSTANDING_PINGS`] exist at once.
     fn make_room(&mut self) {
         if self.pings.len() >= MAX_OUTSTANDING_PINGS {
-            drop(self.pings.remove(1.min(self.pings.len() - 1)));
+            drop(self.pings.pop());
         }
     }
 
@@ -228,15 +234,20 @@ impl<'a> Outstanding<'a> {
         self.pings.push((tokio::time::Instant::now(), ping));
     }
 
-    /// Whether a check sends a ping: when none is outstanding, beside the kept one while it is
-    /// younger than [`FRESH_PING_WINDOW`], and always once a check passed (`in_transition`: the
-    /// `rise` checks need answers of their own).
+    /// Whether a check sends a ping: when none is outstanding; always once a check passed
+    /// (`in_transition`: the `rise` checks need answers of their own); and beside the kept one
+    /// while it is younger than [`FRESH_PING_WINDOW`], each fresh one once the newest is as old
+    /// as it was young when it went out (its age when sent, counted from the kept one; at most
+    /// [`FRESH_PING_MAX_GAP`]). So with checks every 2 s the pings go out 0, 2, 4, 8, 16 and
+    /// 24 s after the kept one: a few, early in the queue, whenever the gate opened.
     fn wants_ping(&self, in_transition: bool) -> bool {
-        in_transition
-            || self
-                .pings
-                .first()
-                .is_none_or(|(sent, _)| sent.elapsed() < FRESH_PING_WINDOW)
+        let (Some((first, _)), Some((newest, _))) = (self.pings.first(), self.pings.last()) else {
+            return true;
+        };
+        let gap = newest
+            .saturating_duration_since(*first)
+            .min(FRESH_PING_MAX_GAP);
+        in_transition || (first.elapsed() < FRESH_PING_WINDOW && newest.elapsed() >= gap)
     }
 
     /// The first answer of any ping (that ping leaves; the others stay outstanding). A failed
@@ -304,9 +315,9 @@ pub async fn run_port_checks(
     // `timeout` is kept outstanding instead of abandoned: a starting master queues every ping
     // it gets before its workers serve, and answers them in order, so a fresh ping per check
     // only lines up behind the stale ones. But a ping sent just before Salt opens its request
-    // gate can be dropped unanswered, so each later check also sends a fresh ping beside the
-    // kept one (see `Outstanding`: at most two). The first answer of any passes a check as soon
-    // as it comes, between checks too (`early`).
+    // gate can be dropped unanswered, so fresh pings go out beside the kept one, at doubling
+    // gaps, each kept in its place in the queue (see `Outstanding`). The first answer of any
+    // passes a check as soon as it comes, between checks too (`early`).
     let mut pings = Outstanding::default();
     let mut early: Option<Result<(), String>> = None;
     loop {
