@@ -25,7 +25,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
-use common::salt_real::{minion_answers, real_master, salt_aware, spawn, tail, Keep};
+use common::salt_real::{
+    minion_answers, real_master, salt_aware, spawn, stopped_down_and_resumed, tail, Keep,
+};
 use common::*;
 use saltgate_config::transport::{CertReqs, SaltTransport, SslConfig};
 use saltgate_proxy::Options;
@@ -247,60 +249,15 @@ async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
     }
 
     // SIGSTOP every process of the master: DOWN within 5 s (the handshake stage: TLS's, or on
-    // plain tcp the read of the check's bytes).
-    assert!(
-        m.is_up(),
-        "{:?}",
-        m.last_check(saltgate_config::Role::Request)
-    );
-    master.signal_group("-STOP");
-    let t0 = Instant::now();
-    let within = Duration::from_secs(5);
-    let limit = tokio::time::Instant::now() + within;
-    while m.is_up() {
-        assert!(
-            tokio::time::Instant::now() < limit,
-            "a stopped tcp master still UP after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let down_after = t0.elapsed();
-    let reason = m.last_check(saltgate_config::Role::Request).detail;
-    master.signal_group("-CONT");
-    let t1 = Instant::now();
-    let limit = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !m.is_up() {
-        assert!(
-            tokio::time::Instant::now() < limit,
-            "the resumed master not UP within 20 s: {:?}",
-            m.last_check(saltgate_config::Role::Request)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    eprintln!(
-        "transport tcp{}: DOWN {down_after:?} after SIGSTOP ({reason}); UP {:?} after SIGCONT",
-        if tls { "+TLS" } else { "" },
-        t1.elapsed()
-    );
-    // Some checks on the resumed master, then its log: no parsing traceback from our probes.
-    let checks = m.last_check(saltgate_config::Role::Request);
-    assert!(checks.ok, "{checks:?}");
-    let log = std::fs::read_to_string(d.join("m/master.log")).unwrap_or_default()
-        + &std::fs::read_to_string(d.join("master.stderr")).unwrap_or_default();
-    // (A ping the probe gave up on while the master was stopped is answered after SIGCONT onto a
-    // closed stream: Salt logs that as "Task exception was never retrieved ... StreamClosedError",
-    // as it does for any client that gives up. Not a parsing error.)
-    for bad in ["Exception parsing", "TypeError", "not subscriptable"] {
-        assert!(
-            !log.contains(bad),
-            "the master logged {bad:?}:\n{}",
-            tail(&d.join("m/master.log"))
-        );
-    }
-    eprintln!(
-        "master log: {} StreamClosedError line(s), 0 parsing errors",
-        log.matches("StreamClosedError(").count()
-    );
+    // plain tcp the read of the check's bytes); SIGCONT: UP again; no parsing traceback.
+    let what = if tls { "tcp+TLS" } else { "tcp" };
+    stopped_down_and_resumed(
+        &master,
+        &m,
+        what,
+        &[d.join("m/master.log"), d.join("master.stderr")],
+    )
+    .await;
     std::mem::forget(keep);
 }
 

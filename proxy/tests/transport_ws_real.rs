@@ -4,7 +4,9 @@
 //! - the minion answers `test.ping` through saltgate (its websockets on both ports);
 //! - `/api/v1/minions` lists it by id, with that master on both ports: the `ws` peek read the id
 //!   from its `_auth` (and from the `aes` requests, each on a websocket of its own: Salt 3008.5's
-//!   `RequestClient` dials one per request).
+//!   `RequestClient` dials one per request);
+//! - SIGSTOP every process of the master: DOWN within 5 s (the probe's upgrade stage); SIGCONT: UP
+//!   again; the master's log holds no parsing traceback from the probes.
 //!
 //! Needs the Salt venv (`SALTGATE_VENV` or test-support's setup; `aiohttp`, which Salt's `ws`
 //! transport is built on, is one of Salt 3008.5's own requirements). Addresses: 127.37.0.0/24.
@@ -15,7 +17,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
-use common::salt_real::{minion_answers, real_master, salt_aware, tail, Keep};
+use common::salt_real::{
+    minion_answers, real_master, salt_aware, stopped_down_and_resumed, tail, Keep,
+};
 use common::*;
 use saltgate_config::transport::SaltTransport;
 use saltgate_config::Role;
@@ -42,7 +46,7 @@ async fn a_stock_ws_minion_through_saltgate_is_listed_by_id_with_its_master() {
     let minion_log = d.join(MINION).join("minion.log");
 
     let master_conf = write_master_config(d, MASTER, MASTER_IP, "transport: ws\n");
-    let _master = start_salt_master(&master_conf, &d.join("master.stderr"));
+    let master = start_salt_master(&master_conf, &d.join("master.stderr"));
 
     // saltgate: transport ws, the default Salt-aware probe and schedule.
     let health = salt_aware();
@@ -135,6 +139,16 @@ async fn a_stock_ws_minion_through_saltgate_is_listed_by_id_with_its_master() {
         sessions("request", "saltgate_listener_sessions_current"),
         result("ended"),
     );
+
+    // SIGSTOP every process of the master: DOWN within 5 s (the probe's websocket upgrade
+    // stage); SIGCONT: UP again; no parsing traceback in its log.
+    stopped_down_and_resumed(
+        &master,
+        &m,
+        "ws",
+        &[master_log.clone(), d.join("master.stderr")],
+    )
+    .await;
     drop(keep);
 }
 

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use saltgate_config::{HealthSettings, MasterConfig, Probe};
+use saltgate_config::{HealthSettings, MasterConfig, Probe, Role};
+use saltgate_proxy::select::master::Master;
 use saltgate_test_support::{venv, ProcGuard};
 
 /// The default schedule with the default Salt-aware probe (saltgate's `probe: salt`).
@@ -90,4 +91,67 @@ impl Drop for Keep {
             eprintln!("logs kept in {}", to.display());
         }
     }
+}
+
+/// SIGSTOPs every process of the real `master` (saltgate's `m`): DOWN within 5 s, as for
+/// ZeroMQ (issue 27; the probe's handshake stage); SIGCONT: UP again within 20 s; then the
+/// master's `logs` hold no parsing traceback from the probes (the ZeroMQ greeting made a tcp
+/// master log "Exception parsing response ... TypeError" on every check). `what` names the
+/// transport in the messages.
+pub async fn stopped_down_and_resumed(
+    master: &ProcGuard,
+    m: &Master,
+    what: &str,
+    logs: &[PathBuf],
+) {
+    assert!(m.is_up(), "{what}: {:?}", m.last_check(Role::Request));
+    master.signal_group("-STOP");
+    let t0 = Instant::now();
+    let within = Duration::from_secs(5);
+    let limit = tokio::time::Instant::now() + within;
+    while m.is_up() {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "a stopped {what} master still UP after {within:?}: {:?}",
+            m.last_check(Role::Request)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let down_after = t0.elapsed();
+    let reason = m.last_check(Role::Request).detail;
+    master.signal_group("-CONT");
+    let t1 = Instant::now();
+    let limit = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !m.is_up() {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "the resumed {what} master not UP within 20 s: {:?}",
+            m.last_check(Role::Request)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "transport {what}: DOWN {down_after:?} after SIGSTOP ({reason}); UP {:?} after SIGCONT",
+        t1.elapsed()
+    );
+    let checks = m.last_check(Role::Request);
+    assert!(checks.ok, "{what}: {checks:?}");
+    let log: String = logs
+        .iter()
+        .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+        .collect();
+    // (A ping the probe gave up on while the master was stopped is answered after SIGCONT onto a
+    // closed stream: Salt logs that as "Task exception was never retrieved ... StreamClosedError",
+    // as it does for any client that gives up. Not a parsing error.)
+    for bad in ["Exception parsing", "TypeError", "not subscriptable"] {
+        assert!(
+            !log.contains(bad),
+            "the {what} master logged {bad:?}:\n{}",
+            tail(&logs[0])
+        );
+    }
+    eprintln!(
+        "{what} master log: {} StreamClosedError line(s), 0 parsing errors",
+        log.matches("StreamClosedError(").count()
+    );
 }
