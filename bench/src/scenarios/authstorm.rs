@@ -197,6 +197,9 @@ pub struct WayRun {
     /// Admitted `_auth` whose minion left before the master answered (the master's wasted work
     /// the gate let through).
     pub gate_orphaned: Option<f64>,
+    /// saltgate's DOWN flips over the storm by reason (the check's detail, its digits cut),
+    /// most frequent first: why a busy master was taken for a dead one.
+    pub down_reasons: Vec<(String, u64)>,
     pub swarm_auth_timeouts: i64,
     pub swarm_auth_retries: i64,
     pub rotation: Option<Rotation>,
@@ -363,6 +366,17 @@ impl Front {
             Some(dropped),
             Some(orphaned),
         )
+    }
+
+    /// saltgate's DOWN flips (its event ring, `/api/v1/events`), counted by reason.
+    async fn down_reasons(&self) -> Vec<(String, u64)> {
+        let Some(admin) = self.admin else {
+            return Vec::new();
+        };
+        let Ok(text) = http_get(admin, "/api/v1/events").await else {
+            return Vec::new();
+        };
+        down_reasons(&text)
     }
 
     async fn stop(self) {
@@ -539,6 +553,7 @@ async fn measure(
         gate_admitted: admitted,
         gate_dropped: dropped,
         gate_orphaned: orphaned,
+        down_reasons: front.down_reasons().await,
         swarm_auth_timeouts: t.auth_timeouts,
         swarm_auth_retries: t.auth_retries,
         rotation: None,
@@ -620,6 +635,29 @@ async fn rotation(
     };
     eprintln!("saltgate-bench: authstorm rotation: {r:?}");
     Ok(r)
+}
+
+/// The DOWN flips of an `/api/v1/events` answer, counted by reason with its digits cut (the
+/// seconds and counts in a reason differ from one flip to the next), most frequent first.
+pub fn down_reasons(events_json: &str) -> Vec<(String, u64)> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(events_json) else {
+        return Vec::new();
+    };
+    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+    for e in v["events"].as_array().into_iter().flatten() {
+        if e["kind"] == "flip" && e["to"] == "down" {
+            let reason = e["reason"].as_str().unwrap_or("?");
+            let cut: String = reason
+                .chars()
+                .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                .collect();
+            let key = format!("{} port: {cut}", e["port"].as_str().unwrap_or("?"));
+            *counts.entry(key).or_default() += 1;
+        }
+    }
+    let mut v: Vec<(String, u64)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
 }
 
 /// Every size, every way in turn (the order rotated from one size to the next).
@@ -773,6 +811,23 @@ mod tests {
             2.0
         );
         assert_eq!(metric(t, "saltgate_auth_dropped_total", ""), 5.0);
+    }
+
+    #[test]
+    fn down_flips_are_counted_by_reason_without_their_numbers() {
+        let j = r#"{"events":[
+            {"seq":3,"at_ms":3,"kind":"flip","master":"m1","port":"request","from":"up","to":"down","reason":"salt ping: no answer within 5s"},
+            {"seq":2,"at_ms":2,"kind":"flip","master":"m2","port":"request","from":"up","to":"down","reason":"salt ping: no answer within 6s"},
+            {"seq":1,"at_ms":1,"kind":"flip","master":"m1","port":"request","from":"down","to":"up","reason":"ok"},
+            {"seq":0,"at_ms":0,"kind":"reload","generation":1,"trigger":"start","ok":true,"error":null}]}"#;
+        assert_eq!(
+            down_reasons(j),
+            vec![(
+                "request port: salt ping: no answer within #s".to_string(),
+                2
+            )]
+        );
+        assert!(down_reasons("not json").is_empty());
     }
 
     #[test]

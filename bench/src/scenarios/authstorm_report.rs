@@ -205,7 +205,7 @@ pub fn markdown(r: &AuthstormReport) -> String {
     for w in &r.runs {
         let _ = writeln!(
             s,
-            "- {} {}: other processes' CPU {:.0} % of the machine, loadavg `{}`; swarm `_auth` retries {}; saltgate `_auth` admitted {} dropped {} orphaned {}{}",
+            "- {} {}: other processes' CPU {:.0} % of the machine, loadavg `{}`; swarm `_auth` retries {}; saltgate `_auth` admitted {} dropped {} orphaned {}{}{}",
             w.way.label(),
             count_label(w.minions),
             w.foreign_cpu_pct,
@@ -214,6 +214,16 @@ pub fn markdown(r: &AuthstormReport) -> String {
             o(w.gate_admitted),
             o(w.gate_dropped),
             o(w.gate_orphaned),
+            if w.down_reasons.is_empty() {
+                String::new()
+            } else {
+                let r: Vec<String> = w
+                    .down_reasons
+                    .iter()
+                    .map(|(why, n)| format!("{n}x `{why}`"))
+                    .collect();
+                format!("; DOWN flips by reason: {}", r.join(", "))
+            },
             w.rotation.as_ref().map_or(String::new(), |x| format!(
                 "; rotation: key rotated {:.1} s after salt-key -d, {} returns, DOWN {}",
                 x.secs_to_rotate,
@@ -244,6 +254,7 @@ mod tests {
             gate_admitted: None,
             gate_dropped: None,
             gate_orphaned: None,
+            down_reasons: Vec::new(),
             swarm_auth_timeouts: 0,
             swarm_auth_retries: 0,
             rotation: None,
