@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     next_conn: AtomicU64,
     pub refusals: Arc<ProtocolRefusals>,
     hwm: usize,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
 
 impl Shared {
@@ -66,6 +68,24 @@ impl Shared {
     fn update(&self, f: impl FnOnce(&mut Vec<Arc<Slot>>)) {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         f(Arc::make_mut(&mut slots));
+    }
+
+    /// The TLS handshake when configured ([`super::handshake`]); a failure is counted.
+    pub async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        what: &str,
+    ) -> Option<super::Stream> {
+        super::handshake(
+            tcp,
+            peer,
+            #[cfg(feature = "tls")]
+            self.tls.as_ref(),
+            &self.refusals,
+            what,
+        )
+        .await
     }
 
     /// Adds a subscriber; the receiver gives the frames to write it (it ends when the server is
@@ -152,6 +172,8 @@ impl Core {
             next_conn: AtomicU64::new(0),
             refusals: Arc::default(),
             hwm: opts.hwm.max(1),
+            #[cfg(feature = "tls")]
+            tls: opts.tls.clone(),
         });
         let settings = Arc::new(settings);
         let sh = shared.clone();

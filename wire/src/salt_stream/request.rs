@@ -190,7 +190,7 @@ impl Core {
         serve: F,
     ) -> std::io::Result<Self>
     where
-        F: Fn(Accepted) -> Fut + Send + Sync + 'static,
+        F: Fn(TcpStream, Accepted) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let (local_addr, mut acceptor) = Acceptor::bind_salt(
@@ -224,14 +224,14 @@ impl Core {
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
         let sh = shared.clone();
         let accept = acceptor.spawn_each(move |stream, peer, permit| {
-            serve(Accepted {
-                tcp: stream,
+            let conn = Accepted {
                 peer,
                 shared: sh.clone(),
                 tx: tx.clone(),
                 settings: settings.clone(),
                 permit,
-            })
+            };
+            serve(stream, conn)
         });
         Ok(Core {
             local_addr,
@@ -255,15 +255,29 @@ impl Core {
     }
 }
 
-/// An accepted connection, with what serving it needs.
+/// What serving an accepted connection needs.
 pub(crate) struct Accepted {
-    pub tcp: TcpStream,
     pub peer: SocketAddr,
     pub shared: Arc<Shared>,
     pub tx: mpsc::Sender<Delivered>,
     pub settings: Arc<Settings>,
     /// Held for the connection's life (the connection limits).
     pub permit: ConnectionPermit,
+}
+
+impl Accepted {
+    /// The TLS handshake when configured ([`super::handshake`]); a failure is counted.
+    pub async fn handshake(&self, tcp: TcpStream, what: &str) -> Option<super::Stream> {
+        super::handshake(
+            tcp,
+            self.peer,
+            #[cfg(feature = "tls")]
+            self.settings.tls.as_ref(),
+            &self.shared.refusals,
+            what,
+        )
+        .await
+    }
 }
 
 /// The replier's side of the table ([`crate::transport::Replier`]), the reply's frame aside.

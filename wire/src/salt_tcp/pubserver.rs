@@ -33,7 +33,7 @@ use super::frame_raw::{publish_frame, split_frame, RawError};
 use super::server::{cut_of, framing_detail};
 use crate::accept::ConnectionPermit;
 use crate::salt_stream::publish::{Core, Shared, Slot};
-use crate::salt_stream::{drive, handshake, note_end, until, write_loop, End, WriteRules};
+use crate::salt_stream::{drive, note_end, until, write_loop, End, WriteRules};
 use crate::transport::{
     ProtocolRefusals, PublishReport, PublishServer, PublishServerOptions, Targets,
 };
@@ -72,8 +72,6 @@ impl std::fmt::Debug for PresenceCheck {
 
 struct Settings {
     presence: Option<PresenceCheck>,
-    #[cfg(feature = "tls")]
-    tls: Option<super::tls_server::TlsServer>,
 }
 
 /// Salt's `tcp` publish server on one port ([`PublishServer`]). Dropping it closes every
@@ -87,8 +85,6 @@ impl TcpPublisher {
     pub async fn bind(addr: SocketAddr, opts: &PublishServerOptions) -> std::io::Result<Self> {
         let settings = Settings {
             presence: opts.presence.clone(),
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
         };
         Ok(TcpPublisher {
             core: Core::bind(addr, opts, settings, serve).await?,
@@ -109,16 +105,7 @@ async fn serve(
     _permit: ConnectionPermit,
 ) {
     const WHAT: &str = "tcp publish subscriber";
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
+    let Some(stream) = shared.handshake(tcp, peer, WHAT).await else {
         return;
     };
     let (sub, rx) = shared.join();

@@ -33,13 +33,14 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::client::Stream;
 use super::frame_raw::{reply_frame, split_frame, RawError};
 use crate::salt_stream::request::{Accepted, Core, Delivered, ReplierCore, Settings, Shared};
-use crate::salt_stream::{drive, handshake, note_end, until, write_loop, End, WriteRules};
+use crate::salt_stream::{drive, note_end, until, write_loop, End, WriteRules};
 use crate::transport::{
     Incoming, ProtocolRefusals, Replier, ReplyError, ReplyTo, Request, RequestServer,
     RequestServerOptions,
@@ -76,28 +77,18 @@ pub(crate) fn cut_of(e: &RawError) -> Cut {
     }
 }
 
-async fn serve(c: Accepted) {
+async fn serve(tcp: TcpStream, c: Accepted) {
     const WHAT: &str = "tcp request peer";
+    let Some(stream) = c.handshake(tcp, WHAT).await else {
+        return;
+    };
     let Accepted {
-        tcp,
         peer,
         shared,
         tx,
         settings,
         permit: _permit,
     } = c;
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
-        return;
-    };
     let (conn, out_rx) = shared.register();
     let (rd, wr) = tokio::io::split(stream);
     let rules = WriteRules {

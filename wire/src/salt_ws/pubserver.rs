@@ -27,7 +27,7 @@ use super::upgrade::{server_frame, CLOSE_NORMAL};
 use super::{WsDecoder, WsMessage, OP_BINARY, OP_PONG};
 use crate::accept::ConnectionPermit;
 use crate::salt_stream::publish::{Core, Shared};
-use crate::salt_stream::{drive, handshake, note_end, write_loop, End, Stream};
+use crate::salt_stream::{drive, note_end, write_loop, End, Stream};
 use crate::transport::{
     ProtocolRefusals, PublishReport, PublishServer, PublishServerOptions, Targets,
 };
@@ -36,8 +36,6 @@ pub use crate::salt_tcp::pubserver::{DRAIN_TIMEOUT, HELLO_TIMEOUT, MAX_HELLO};
 
 struct Settings {
     handshake_timeout: Duration,
-    #[cfg(feature = "tls")]
-    tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
 
 /// Salt's `ws` publish server on one port ([`PublishServer`]). Dropping it closes every
@@ -51,8 +49,6 @@ impl WsPublisher {
     pub async fn bind(addr: SocketAddr, opts: &PublishServerOptions) -> std::io::Result<Self> {
         let settings = Settings {
             handshake_timeout: opts.handshake_timeout,
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
         };
         Ok(WsPublisher {
             core: Core::bind(addr, opts, settings, serve).await?,
@@ -87,16 +83,7 @@ async fn serve(
     _permit: ConnectionPermit,
 ) {
     const WHAT: &str = "ws publish subscriber";
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
+    let Some(stream) = shared.handshake(tcp, peer, WHAT).await else {
         return;
     };
     let ws = match WsConn::accept(stream, MAX_HELLO, settings.handshake_timeout).await {

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -33,9 +34,7 @@ use super::conn::{read_message, ConnError, WsConn};
 use super::upgrade::{server_frame, CLOSE_NORMAL, CLOSE_PROTOCOL, CLOSE_TOO_BIG};
 use super::{WsDecoder, WsError, WsMessage, OP_BINARY, OP_CLOSE, OP_PONG};
 use crate::salt_stream::request::{Accepted, Core, Delivered, ReplierCore, Settings, Shared};
-use crate::salt_stream::{
-    drive, handshake, note_end, write_loop, End, Stream, WriteRules, HANDSHAKE_TIMEOUT,
-};
+use crate::salt_stream::{drive, note_end, write_loop, End, Stream, WriteRules, HANDSHAKE_TIMEOUT};
 use crate::transport::{
     Incoming, ProtocolRefusals, Replier, ReplyError, ReplyTo, Request, RequestServer,
     RequestServerOptions,
@@ -91,29 +90,19 @@ pub(crate) fn close_code(e: &ConnError) -> u16 {
     }
 }
 
-async fn serve(c: Accepted) {
+async fn serve(tcp: TcpStream, c: Accepted) {
     const WHAT: &str = "ws request peer";
     let start = Instant::now();
+    let Some(stream) = c.handshake(tcp, WHAT).await else {
+        return;
+    };
     let Accepted {
-        tcp,
         peer,
         shared,
         tx,
         settings,
         permit: _permit,
     } = c;
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
-        return;
-    };
     let limit = settings.payload_timeout.unwrap_or(HANDSHAKE_TIMEOUT);
     let ws = match WsConn::accept(stream, settings.untrusted_max, limit).await {
         Ok((ws, _)) => ws,
