@@ -44,6 +44,7 @@ pub mod publish_job;
 pub mod reserve;
 #[cfg(feature = "rsa")]
 pub mod rsa;
+mod salt_stream;
 pub mod salt_tcp;
 pub mod salt_ws;
 pub mod sd_notify;

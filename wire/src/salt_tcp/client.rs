@@ -10,17 +10,16 @@
 //! connection the master closed is noticed before a request is written on it.
 
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{new_mid, request_frame, FrameDecoder};
 use crate::accept::Keepalive;
 use crate::envelope;
-use crate::transport::{RequestClient, RequestClientOptions, RequestError};
+use crate::transport::{PublishClientOptions, RequestClient, RequestClientOptions, RequestError};
 
 /// The TLS side of a client (Salt's `ssl`); the same type the probes use.
 #[cfg(feature = "tls")]
@@ -30,10 +29,7 @@ pub use super::probe::TlsClient;
 /// server only answers requests).
 const MAX_OTHER_MESSAGES: usize = 16;
 
-pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Io for T {}
-/// A plain or TLS stream.
-pub(crate) type Stream = Pin<Box<dyn Io>>;
+pub(crate) use crate::salt_stream::Stream;
 
 /// How to reach a master: where from, keepalive, TLS.
 #[derive(Debug, Clone, Default)]
@@ -42,6 +38,28 @@ pub(crate) struct Dial {
     pub keepalive: Option<Keepalive>,
     #[cfg(feature = "tls")]
     pub tls: Option<TlsClient>,
+}
+
+impl From<&RequestClientOptions> for Dial {
+    fn from(opts: &RequestClientOptions) -> Self {
+        Dial {
+            source: opts.source,
+            keepalive: opts.keepalive,
+            #[cfg(feature = "tls")]
+            tls: opts.tls.clone(),
+        }
+    }
+}
+
+impl From<&PublishClientOptions> for Dial {
+    fn from(opts: &PublishClientOptions) -> Self {
+        Dial {
+            source: opts.source,
+            keepalive: opts.keepalive,
+            #[cfg(feature = "tls")]
+            tls: opts.tls.clone(),
+        }
+    }
 }
 
 /// Connects to `addr` (bound to `source` first when given), tunes the socket, and makes the TLS
@@ -133,12 +151,7 @@ impl TcpRequestClient {
     pub fn new(addr: SocketAddr, opts: &RequestClientOptions) -> Self {
         TcpRequestClient {
             addr,
-            how: Dial {
-                source: opts.source,
-                keepalive: opts.keepalive,
-                #[cfg(feature = "tls")]
-                tls: opts.tls.clone(),
-            },
+            how: Dial::from(opts),
             connect_timeout: opts.connect_timeout,
             max_payload: opts.max_payload,
             conn: None,

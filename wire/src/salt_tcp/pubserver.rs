@@ -20,21 +20,20 @@
 //! each cut is counted in [`ProtocolRefusals`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::client::Stream;
 use super::frame_raw::{publish_frame, split_frame, RawError};
-use super::server::{cut_of, framing_detail, handshake, until, End};
-use crate::accept::{Acceptor, ConnectionPermit};
+use super::server::{cut_of, framing_detail};
+use crate::accept::ConnectionPermit;
+use crate::salt_stream::publish::{Core, Shared, Slot};
+use crate::salt_stream::{drive, note_end, until, write_loop, End, WriteRules};
 use crate::transport::{
     ProtocolRefusals, PublishReport, PublishServer, PublishServerOptions, Targets,
 };
@@ -71,103 +70,30 @@ impl std::fmt::Debug for PresenceCheck {
     }
 }
 
-struct Slot {
-    tx: mpsc::Sender<Bytes>,
-    /// The minion id the subscriber proved (`None` until then).
-    id: Mutex<Option<String>>,
-    conn: u64,
-}
-
-impl Slot {
-    fn id_is(&self, ids: &[&str]) -> bool {
-        self.id
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_deref()
-            .is_some_and(|id| ids.contains(&id))
-    }
-}
-
-type Slots = Arc<Vec<Arc<Slot>>>;
-
-struct Shared {
-    slots: Mutex<Slots>,
-    dropped: AtomicU64,
-    next_conn: AtomicU64,
-    refusals: Arc<ProtocolRefusals>,
-}
-
-impl Shared {
-    fn snapshot(&self) -> Slots {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Vec<Arc<Slot>>)) {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        f(Arc::make_mut(&mut slots));
-    }
-}
-
 struct Settings {
-    hwm: usize,
     presence: Option<PresenceCheck>,
-    #[cfg(feature = "tls")]
-    tls: Option<super::tls_server::TlsServer>,
 }
 
 /// Salt's `tcp` publish server on one port ([`PublishServer`]). Dropping it closes every
 /// subscriber.
 pub struct TcpPublisher {
-    local_addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept: JoinHandle<()>,
-}
-
-impl Drop for TcpPublisher {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.shared.update(|s| s.clear());
-    }
+    core: Core,
 }
 
 impl TcpPublisher {
     /// Binds `addr` with Salt's backlog and starts accepting subscribers.
     pub async fn bind(addr: SocketAddr, opts: &PublishServerOptions) -> std::io::Result<Self> {
-        let (local_addr, mut acceptor) =
-            Acceptor::bind_salt(addr, opts.keepalive, opts.max_connections)?;
-        if let Some(l) = &opts.shared_limit {
-            acceptor = acceptor.with_limit(l.clone());
-        }
-        let shared = Arc::new(Shared {
-            slots: Mutex::new(Arc::new(Vec::new())),
-            dropped: AtomicU64::new(0),
-            next_conn: AtomicU64::new(0),
-            refusals: Arc::default(),
-        });
-        let settings = Arc::new(Settings {
-            hwm: opts.hwm.max(1),
+        let settings = Settings {
             presence: opts.presence.clone(),
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
-        });
-        let sh = shared.clone();
-        let accept = acceptor.spawn_each(move |stream, peer, permit| {
-            serve(stream, peer, sh.clone(), settings.clone(), permit)
-        });
+        };
         Ok(TcpPublisher {
-            local_addr,
-            shared,
-            accept,
+            core: Core::bind(addr, opts, settings, serve).await?,
         })
     }
 
     /// The minion ids subscribers have proved, one per tagged connection.
     pub fn present(&self) -> Vec<String> {
-        self.shared
-            .snapshot()
-            .iter()
-            .filter_map(|s| s.id.lock().unwrap_or_else(|p| p.into_inner()).clone())
-            .collect()
+        self.core.present()
     }
 }
 
@@ -179,63 +105,25 @@ async fn serve(
     _permit: ConnectionPermit,
 ) {
     const WHAT: &str = "tcp publish subscriber";
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
+    let Some(stream) = shared.handshake(tcp, peer, WHAT).await else {
         return;
     };
-    let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = mpsc::channel(settings.hwm);
-    let slot = Arc::new(Slot {
-        tx,
-        id: Mutex::new(None),
-        conn,
-    });
-    shared.update(|s| s.push(slot.clone()));
+    let (sub, rx) = shared.join();
     let (rd, wr) = tokio::io::split(stream);
-    let mut writer = tokio::spawn(write_loop(wr, rx));
-    let end = tokio::select! {
-        end = read_loop(rd, &slot, settings.presence.as_ref(), peer) => end,
-        w = &mut writer => w.unwrap_or(End::Closed),
+    let rules = WriteRules {
+        timeout: Some(DRAIN_TIMEOUT),
+        stalled: |t| format!("a publish could not be written for {t:?}"),
+        closes: |_| false,
     };
-    writer.abort();
-    shared.update(|s| s.retain(|x| x.conn != conn));
-    match end {
-        End::Closed => tracing::debug!(%peer, "tcp publish subscriber closed"),
-        End::Cut(class, detail) => shared.refusals.note_cut(peer, WHAT, class, &detail),
-    }
-}
-
-async fn write_loop(mut wr: tokio::io::WriteHalf<Stream>, mut rx: mpsc::Receiver<Bytes>) -> End {
-    while let Some(frame) = rx.recv().await {
-        let write = async {
-            wr.write_all(&frame).await?;
-            wr.flush().await
-        };
-        match tokio::time::timeout(DRAIN_TIMEOUT, write).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return End::Closed,
-            Err(_) => {
-                return End::Cut(
-                    Cut::Stalled,
-                    format!("a publish could not be written for {DRAIN_TIMEOUT:?}"),
-                )
-            }
-        }
-    }
-    End::Closed
+    let writer = tokio::spawn(write_loop(wr, rx, rules));
+    let reader = read_loop(rd, &sub.slot, settings.presence.as_ref(), peer);
+    let end = drive(writer, reader, None, || sub.leave()).await;
+    note_end(&shared.refusals, peer, WHAT, end);
 }
 
 async fn read_loop(
     mut rd: tokio::io::ReadHalf<Stream>,
-    slot: &Slot,
+    slot: &Weak<Slot>,
     presence: Option<&PresenceCheck>,
     peer: SocketAddr,
 ) -> End {
@@ -259,7 +147,9 @@ async fn read_loop(
                         match id {
                             Some(id) => {
                                 tracing::debug!(%peer, minion = %id, "tcp subscriber said its id");
-                                *slot.id.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+                                if let Some(slot) = slot.upgrade() {
+                                    slot.set_id(id);
+                                }
                             }
                             None => {
                                 tracing::debug!(%peer, "tcp subscriber's hello not verified")
@@ -300,7 +190,7 @@ async fn read_loop(
 
 impl PublishServer for TcpPublisher {
     fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.core.local_addr
     }
 
     fn publish(&self, payload: Bytes, targets: Targets<'_>) -> PublishReport {
@@ -308,37 +198,22 @@ impl PublishServer for TcpPublisher {
             Targets::Minions(ids) if !ids.is_empty() => Some(ids),
             _ => None,
         };
-        let mut framed: Option<Bytes> = None;
-        let mut report = PublishReport::default();
-        for slot in self.shared.snapshot().iter() {
-            if ids.is_some_and(|ids| !slot.id_is(ids)) {
-                continue;
-            }
-            let msg = framed
-                .get_or_insert_with(|| publish_frame(&payload))
-                .clone();
-            match slot.tx.try_send(msg) {
-                Ok(()) => report.queued += 1,
-                Err(mpsc::error::TrySendError::Full(_)) => report.dropped += 1,
-                Err(mpsc::error::TrySendError::Closed(_)) => {}
-            }
-        }
-        self.shared
-            .dropped
-            .fetch_add(report.dropped as u64, Ordering::Relaxed);
-        report
+        self.core.publish(
+            || publish_frame(&payload),
+            |slot| ids.is_none_or(|ids| slot.id_is(ids)),
+        )
     }
 
     fn subscriber_count(&self) -> usize {
-        self.shared.snapshot().len()
+        self.core.subscriber_count()
     }
 
     fn dropped_total(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
+        self.core.dropped_total()
     }
 
     fn refusals(&self) -> Arc<ProtocolRefusals> {
-        self.shared.refusals.clone()
+        self.core.shared.refusals.clone()
     }
 }
 

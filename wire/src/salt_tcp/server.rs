@@ -27,183 +27,46 @@
 //! There is no heartbeat in `tcp`: an idle connection stays open (TCP keepalive finds dead ones),
 //! as Salt's.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::client::Stream;
 use super::frame_raw::{reply_frame, split_frame, RawError};
-use crate::accept::{Acceptor, ConnectionPermit};
+use crate::salt_stream::request::{Accepted, Core, Delivered, ReplierCore, Settings, Shared};
+use crate::salt_stream::{drive, note_end, until, write_loop, End, WriteRules};
 use crate::transport::{
     Incoming, ProtocolRefusals, Replier, ReplyError, ReplyTo, Request, RequestServer,
     RequestServerOptions,
 };
 use crate::zmtp::socket::Cut;
 
-/// Longest a TLS handshake may take (the ZeroMQ sockets' `handshake_timeout`).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Replies queued for one connection before [`Replier::reply`] waits.
-const REPLY_QUEUE: usize = 64;
-
-/// A message received, with its share of the untrusted byte budget (given back when taken).
-struct Delivered {
-    request: Request,
-    _budget: Option<OwnedSemaphorePermit>,
-}
-
-struct Conn {
-    tx: mpsc::Sender<Bytes>,
-    trusted: Arc<AtomicBool>,
-}
-
-struct Shared {
-    conns: Mutex<HashMap<u64, Conn>>,
-    next_conn: AtomicU64,
-    paused: AtomicU64,
-    refusals: Arc<ProtocolRefusals>,
-    /// `untrusted_queue_bytes` (one permit a byte), with its size.
-    budget: Option<(Arc<Semaphore>, usize)>,
-}
-
-impl Shared {
-    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Conn>> {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-fn conn_key(to: &ReplyTo) -> Option<u64> {
-    <[u8; 8]>::try_from(&to.peer[..])
-        .ok()
-        .map(u64::from_be_bytes)
-}
+pub use crate::salt_stream::HANDSHAKE_TIMEOUT;
 
 /// Salt's `tcp` request server on one port ([`RequestServer`]). Dropping it closes every
 /// connection.
 pub struct TcpRequestServer {
-    local_addr: SocketAddr,
-    shared: Arc<Shared>,
-    rx: mpsc::Receiver<Delivered>,
-    accept: JoinHandle<()>,
-}
-
-impl Drop for TcpRequestServer {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.shared.conns().clear();
-    }
-}
-
-/// What every connection of a server shares.
-struct Settings {
-    max: usize,
-    untrusted_max: usize,
-    payload_timeout: Option<Duration>,
-    write_timeout: Option<Duration>,
-    #[cfg(feature = "tls")]
-    tls: Option<super::tls_server::TlsServer>,
+    core: Core,
 }
 
 impl TcpRequestServer {
     /// Binds `addr` with Salt's backlog and starts accepting.
     pub async fn bind(addr: SocketAddr, opts: &RequestServerOptions) -> std::io::Result<Self> {
-        let (local_addr, mut acceptor) = Acceptor::bind_salt(
-            addr,
-            Some(crate::accept::Keepalive::salt()),
-            opts.max_connections,
-        )?;
-        if let Some(l) = &opts.shared_limit {
-            acceptor = acceptor.with_limit(l.clone());
-        }
-        let shared = Arc::new(Shared {
-            conns: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(0),
-            paused: AtomicU64::new(0),
-            refusals: Arc::default(),
-            budget: opts
-                .untrusted_queue_bytes
-                .map(|b| b.clamp(1, u32::MAX as usize))
-                .map(|b| (Arc::new(Semaphore::new(b)), b)),
-        });
-        let settings = Arc::new(Settings {
-            max: opts.max_payload,
-            untrusted_max: opts
-                .untrusted_max_payload
-                .map_or(opts.max_payload, |u| u.min(opts.max_payload)),
-            payload_timeout: opts.payload_timeout,
-            write_timeout: opts.write_timeout,
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
-        });
-        let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let sh = shared.clone();
-        let accept = acceptor.spawn_each(move |stream, peer, permit| {
-            serve(
-                stream,
-                peer,
-                sh.clone(),
-                tx.clone(),
-                settings.clone(),
-                permit,
-            )
-        });
         Ok(TcpRequestServer {
-            local_addr,
-            shared,
-            rx,
-            accept,
+            core: Core::bind(addr, opts, serve).await?,
         })
     }
 
     /// Bytes of `untrusted_queue_bytes` not drawn now (`None` without a budget).
     pub fn untrusted_budget_available(&self) -> Option<usize> {
-        self.shared
-            .budget
-            .as_ref()
-            .map(|(s, _)| s.available_permits())
+        self.core.untrusted_budget_available()
     }
-}
-
-/// The TLS handshake when configured, within [`HANDSHAKE_TIMEOUT`]; a failure is counted and
-/// `None`.
-pub(crate) async fn handshake(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    #[cfg(feature = "tls")] tls: Option<&super::tls_server::TlsServer>,
-    refusals: &ProtocolRefusals,
-    what: &str,
-) -> Option<Stream> {
-    #[cfg(feature = "tls")]
-    if let Some(tls) = tls {
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.clone());
-        return match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-            Ok(Ok(s)) => Some(Box::pin(s) as Stream),
-            Ok(Err(e)) => {
-                let detail = format!(
-                    "TLS handshake: {e} (the minion's `ssl` must match the master's: a CA \
-                     both trust, a client certificate when cert_reqs asks for one)"
-                );
-                refusals.note_cut(peer, what, Cut::Malformed, &detail);
-                None
-            }
-            Err(_) => {
-                let detail = format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}");
-                refusals.note_cut(peer, what, Cut::Handshake, &detail);
-                None
-            }
-        };
-    }
-    let _ = (peer, refusals, what);
-    Some(Box::pin(tcp) as Stream)
 }
 
 /// The cut a [`RawError`] is counted as.
@@ -214,102 +77,34 @@ pub(crate) fn cut_of(e: &RawError) -> Cut {
     }
 }
 
-async fn serve(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    tx: mpsc::Sender<Delivered>,
-    settings: Arc<Settings>,
-    _permit: ConnectionPermit,
-) {
+async fn serve(tcp: TcpStream, c: Accepted) {
     const WHAT: &str = "tcp request peer";
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
+    let Some(stream) = c.handshake(tcp, WHAT).await else {
         return;
     };
-    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (out_tx, out_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
-    let trusted = Arc::new(AtomicBool::new(false));
-    shared.conns().insert(
-        id,
-        Conn {
-            tx: out_tx,
-            trusted: trusted.clone(),
-        },
-    );
+    let Accepted {
+        peer,
+        shared,
+        tx,
+        settings,
+        permit: _permit,
+    } = c;
+    let (conn, out_rx) = shared.register();
     let (rd, wr) = tokio::io::split(stream);
-    let mut writer = tokio::spawn(write_loop(wr, out_rx, settings.write_timeout));
-    let reader = read_loop(rd, id, &shared, &tx, &settings, &trusted);
-    let end = tokio::select! {
-        end = reader => end,
-        w = &mut writer => w.unwrap_or(End::Closed),
+    let rules = WriteRules {
+        timeout: settings.write_timeout,
+        stalled: |t| format!("the peer read nothing for {t:?} (a reply could not be written)"),
+        closes: |_| false,
     };
-    writer.abort();
-    shared.conns().remove(&id);
-    match end {
-        End::Closed => tracing::debug!(%peer, "tcp request peer closed"),
-        End::Cut(class, detail) => shared.refusals.note_cut(peer, WHAT, class, &detail),
-    }
-}
-
-/// Why a connection ended.
-pub(crate) enum End {
-    /// The peer closed it, or the server went away.
-    Closed,
-    /// A cut, counted.
-    Cut(Cut, String),
-}
-
-async fn write_loop(
-    mut wr: tokio::io::WriteHalf<Stream>,
-    mut rx: mpsc::Receiver<Bytes>,
-    write_timeout: Option<Duration>,
-) -> End {
-    while let Some(frame) = rx.recv().await {
-        let write = async {
-            wr.write_all(&frame).await?;
-            wr.flush().await
-        };
-        match write_timeout {
-            Some(t) => match tokio::time::timeout(t, write).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return End::Closed,
-                Err(_) => {
-                    return End::Cut(
-                        Cut::Stalled,
-                        format!("the peer read nothing for {t:?} (a reply could not be written)"),
-                    )
-                }
-            },
-            None => {
-                if write.await.is_err() {
-                    return End::Closed;
-                }
-            }
-        }
-    }
-    End::Closed
-}
-
-/// Sleeps until `deadline`, or for ever without one.
-pub(crate) async fn until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
+    let writer = tokio::spawn(write_loop(wr, out_rx, rules));
+    let reader = read_loop(rd, conn.peer_key(), &shared, &tx, &settings, &conn.trusted);
+    let end = drive(writer, reader, None, || conn.leave()).await;
+    note_end(&shared.refusals, peer, WHAT, end);
 }
 
 async fn read_loop(
     mut rd: tokio::io::ReadHalf<Stream>,
-    id: u64,
+    key: Bytes,
     shared: &Shared,
     tx: &mpsc::Sender<Delivered>,
     settings: &Settings,
@@ -321,11 +116,7 @@ async fn read_loop(
     let mut first = true;
     let mut deadline = settings.payload_timeout.map(|t| Instant::now() + t);
     loop {
-        let max = if trusted.load(Ordering::Relaxed) {
-            settings.max
-        } else {
-            settings.untrusted_max
-        };
+        let max = settings.max_for(trusted.load(Ordering::Relaxed));
         // Whole messages first.
         loop {
             match super::scan(&buf, max) {
@@ -337,42 +128,15 @@ async fn read_loop(
                     };
                     let request = Request {
                         reply_to: ReplyTo {
-                            peer: Bytes::copy_from_slice(&id.to_be_bytes()),
+                            peer: key.clone(),
                             head,
                         },
                         payload: body,
                         received: Instant::now(),
                     };
-                    let budget = match (&shared.budget, trusted.load(Ordering::Relaxed)) {
-                        (Some((sem, total)), false) => {
-                            let share = len.clamp(1, *total) as u32;
-                            let permit = match sem.clone().try_acquire_many_owned(share) {
-                                Ok(p) => p,
-                                Err(_) => {
-                                    shared.paused.fetch_add(1, Ordering::Relaxed);
-                                    match sem.clone().acquire_many_owned(share).await {
-                                        Ok(p) => p,
-                                        Err(_) => return End::Closed,
-                                    }
-                                }
-                            };
-                            Some(permit)
-                        }
-                        _ => None,
-                    };
-                    let d = Delivered {
-                        request,
-                        _budget: budget,
-                    };
-                    match tx.try_send(d) {
-                        Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(d)) => {
-                            shared.paused.fetch_add(1, Ordering::Relaxed);
-                            if tx.send(d).await.is_err() {
-                                return End::Closed;
-                            }
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => return End::Closed,
+                    let is_trusted = trusted.load(Ordering::Relaxed);
+                    if shared.deliver(tx, request, len, is_trusted).await.is_err() {
+                        return End::Closed;
                     }
                     first = false;
                     // The next message's clock starts at its first byte.
@@ -436,58 +200,45 @@ impl RequestServer for TcpRequestServer {
     type Replier = TcpReplier;
 
     fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.core.local_addr
     }
 
     async fn recv(&mut self) -> Option<Incoming> {
-        self.rx.recv().await.map(|d| Incoming::Request(d.request))
+        self.core.recv().await
     }
 
     fn replier(&self) -> TcpReplier {
-        TcpReplier {
-            shared: self.shared.clone(),
-        }
+        TcpReplier(ReplierCore(self.core.shared.clone()))
     }
 
     fn refusals(&self) -> Arc<ProtocolRefusals> {
-        self.shared.refusals.clone()
+        self.core.shared.refusals.clone()
     }
 }
 
 /// Replies to a [`TcpRequestServer`]'s connections ([`Replier`]).
 #[derive(Clone)]
-pub struct TcpReplier {
-    shared: Arc<Shared>,
-}
+pub struct TcpReplier(ReplierCore);
 
 impl Replier for TcpReplier {
     async fn reply(&self, to: &ReplyTo, payload: Bytes) -> Result<(), ReplyError> {
-        let tx = conn_key(to)
-            .and_then(|k| self.shared.conns().get(&k).map(|c| c.tx.clone()))
-            .ok_or(ReplyError::UnknownPeer)?;
-        tx.send(reply_frame(&to.head, &payload))
-            .await
-            .map_err(|_| ReplyError::PeerGone)
+        self.0.send(to, reply_frame(&to.head, &payload)).await
     }
 
     fn trust(&self, to: &ReplyTo) {
-        if let Some(c) =
-            conn_key(to).and_then(|k| self.shared.conns().get(&k).map(|c| c.trusted.clone()))
-        {
-            c.store(true, Ordering::Relaxed);
-        }
+        self.0.trust(to)
     }
 
     fn is_connected(&self, to: &ReplyTo) -> bool {
-        conn_key(to).is_some_and(|k| self.shared.conns().contains_key(&k))
+        self.0.is_connected(to)
     }
 
     fn paused_inbound(&self) -> u64 {
-        self.shared.paused.load(Ordering::Relaxed)
+        self.0.paused_inbound()
     }
 
     fn peer_count(&self) -> usize {
-        self.shared.conns().len()
+        self.0.peer_count()
     }
 }
 

@@ -15,7 +15,6 @@
 //! [`PublishClient::set_hello`]): it needs the session's keys.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,26 +25,16 @@ use tokio::sync::{mpsc, Notify};
 use super::client::{body_payload, dial, Dial, Stream};
 use super::{encode_message, FrameDecoder};
 use crate::envelope;
+use crate::salt_stream::redial::{self, AbortOnDrop, Link};
 use crate::transport::{PublishClient, PublishClientOptions, ReconnectPolicy};
 
 /// Largest publish accepted (Salt's `Unpacker` takes up to 100 MiB; a job with a big argument
 /// can be large).
 pub const MAX_PUBLISH: usize = 64 * 1024 * 1024;
 
-/// Aborts the background task when the client is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 #[derive(Default)]
 struct State {
-    connected: AtomicBool,
-    connects: AtomicU64,
-    dropped: AtomicU64,
+    link: Link,
     /// The framed hello (`{head: {}, body: payload}`), sent on each connect.
     hello: Mutex<Option<Bytes>>,
     /// Send the hello again now (it changed).
@@ -77,12 +66,7 @@ impl TcpSubscriber {
             *state.hello.lock().unwrap_or_else(|p| p.into_inner()) = frame_hello(h);
         }
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let how = Dial {
-            source: opts.source,
-            keepalive: opts.keepalive,
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
-        };
+        let how = Dial::from(opts);
         let task = tokio::spawn(run(
             addr,
             how,
@@ -100,7 +84,7 @@ impl TcpSubscriber {
 
     /// Publishes dropped so far because the receive queue was full.
     pub fn dropped_inbound(&self) -> u64 {
-        self.state.dropped.load(Ordering::Relaxed)
+        self.state.link.dropped()
     }
 }
 
@@ -112,28 +96,24 @@ async fn run(
     tx: mpsc::Sender<Bytes>,
     state: Arc<State>,
 ) {
-    let ivl = policy.initial_interval(&mut rand::rng());
-    let mut failures = 0u32;
-    loop {
-        match dial(addr, &how, connect_timeout).await {
-            Ok(s) => {
-                failures = 0;
-                state.connects.fetch_add(1, Ordering::SeqCst);
-                state.connected.store(true, Ordering::SeqCst);
-                let why = serve(s, &tx, &state).await;
-                state.connected.store(false, Ordering::SeqCst);
-                tracing::debug!(%addr, reason = why, "tcp publish connection closed");
-                if tx.is_closed() {
-                    return;
-                }
-            }
-            Err(e) => {
-                failures = failures.saturating_add(1);
-                tracing::debug!(%addr, error = %e, "tcp publish connect failed");
-            }
-        }
-        tokio::time::sleep(policy.delay(ivl, failures)).await;
-    }
+    let (how, tx, state) = (&how, &tx, &*state);
+    let open = || async move {
+        dial(addr, how, connect_timeout)
+            .await
+            .inspect_err(|e| tracing::debug!(%addr, error = %e, "tcp publish connect failed"))
+            .ok()
+    };
+    let serve = |s| serve(s, tx, state);
+    redial::run(
+        addr,
+        "tcp publish connection",
+        policy,
+        tx,
+        &state.link,
+        open,
+        serve,
+    )
+    .await;
 }
 
 async fn send_hello(s: &mut Stream, state: &State) -> std::io::Result<()> {
@@ -187,12 +167,8 @@ async fn serve(mut s: Stream, tx: &mpsc::Sender<Bytes>, state: &State) -> &'stat
                     let Some(payload) = body_payload(&msg.body) else {
                         continue;
                     };
-                    match tx.try_send(payload) {
-                        Ok(()) => {}
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            state.dropped.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(mpsc::error::TrySendError::Closed(_)) => return "client dropped",
+                    if state.link.hand_over(tx, payload).is_err() {
+                        return "client dropped";
                     }
                 }
                 Ok(None) => break,
@@ -208,11 +184,11 @@ impl PublishClient for TcpSubscriber {
     }
 
     fn is_connected(&self) -> bool {
-        self.state.connected.load(Ordering::SeqCst)
+        self.state.link.is_connected()
     }
 
     fn connect_count(&self) -> u64 {
-        self.state.connects.load(Ordering::SeqCst)
+        self.state.link.connect_count()
     }
 
     fn set_hello(&self, hello: Bytes) {

@@ -68,12 +68,7 @@ impl WsRequestClient {
     pub fn new(addr: SocketAddr, opts: &RequestClientOptions) -> Self {
         WsRequestClient {
             addr,
-            how: Dial {
-                source: opts.source,
-                keepalive: opts.keepalive,
-                #[cfg(feature = "tls")]
-                tls: opts.tls.clone(),
-            },
+            how: Dial::from(opts),
             connect_timeout: opts.connect_timeout,
             max_payload: opts.max_payload,
             conn: None,

@@ -14,103 +14,44 @@
 //! close it, counted in [`ProtocolRefusals`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use super::conn::{read_message, WsConn};
-use super::server::{close_code, close_with, cut_of, write_loop};
+use super::server::{close_code, close_with, cut_of, write_rules};
 use super::upgrade::{server_frame, CLOSE_NORMAL};
 use super::{WsDecoder, WsMessage, OP_BINARY, OP_PONG};
-use crate::accept::{Acceptor, ConnectionPermit};
-use crate::salt_tcp::client::Stream;
-use crate::salt_tcp::server::{handshake, End};
+use crate::accept::ConnectionPermit;
+use crate::salt_stream::publish::{Core, Shared};
+use crate::salt_stream::{drive, note_end, write_loop, End, Stream};
 use crate::transport::{
     ProtocolRefusals, PublishReport, PublishServer, PublishServerOptions, Targets,
 };
 
 pub use crate::salt_tcp::pubserver::{DRAIN_TIMEOUT, HELLO_TIMEOUT, MAX_HELLO};
 
-struct Slot {
-    tx: mpsc::Sender<Bytes>,
-    conn: u64,
-}
-
-type Slots = Arc<Vec<Arc<Slot>>>;
-
-struct Shared {
-    slots: Mutex<Slots>,
-    dropped: AtomicU64,
-    next_conn: AtomicU64,
-    refusals: Arc<ProtocolRefusals>,
-}
-
-impl Shared {
-    fn snapshot(&self) -> Slots {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Vec<Arc<Slot>>)) {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        f(Arc::make_mut(&mut slots));
-    }
-}
-
 struct Settings {
-    hwm: usize,
     handshake_timeout: Duration,
-    #[cfg(feature = "tls")]
-    tls: Option<crate::salt_tcp::tls_server::TlsServer>,
 }
 
 /// Salt's `ws` publish server on one port ([`PublishServer`]). Dropping it closes every
 /// subscriber.
 pub struct WsPublisher {
-    local_addr: SocketAddr,
-    shared: Arc<Shared>,
-    accept: JoinHandle<()>,
-}
-
-impl Drop for WsPublisher {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.shared.update(|s| s.clear());
-    }
+    core: Core,
 }
 
 impl WsPublisher {
     /// Binds `addr` with Salt's backlog and starts accepting subscribers.
     pub async fn bind(addr: SocketAddr, opts: &PublishServerOptions) -> std::io::Result<Self> {
-        let (local_addr, mut acceptor) =
-            Acceptor::bind_salt(addr, opts.keepalive, opts.max_connections)?;
-        if let Some(l) = &opts.shared_limit {
-            acceptor = acceptor.with_limit(l.clone());
-        }
-        let shared = Arc::new(Shared {
-            slots: Mutex::new(Arc::new(Vec::new())),
-            dropped: AtomicU64::new(0),
-            next_conn: AtomicU64::new(0),
-            refusals: Arc::default(),
-        });
-        let settings = Arc::new(Settings {
-            hwm: opts.hwm.max(1),
+        let settings = Settings {
             handshake_timeout: opts.handshake_timeout,
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
-        });
-        let sh = shared.clone();
-        let accept = acceptor.spawn_each(move |stream, peer, permit| {
-            serve(stream, peer, sh.clone(), settings.clone(), permit)
-        });
+        };
         Ok(WsPublisher {
-            local_addr,
-            shared,
-            accept,
+            core: Core::bind(addr, opts, settings, serve).await?,
         })
     }
 }
@@ -142,16 +83,7 @@ async fn serve(
     _permit: ConnectionPermit,
 ) {
     const WHAT: &str = "ws publish subscriber";
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
+    let Some(stream) = shared.handshake(tcp, peer, WHAT).await else {
         return;
     };
     let ws = match WsConn::accept(stream, MAX_HELLO, settings.handshake_timeout).await {
@@ -164,30 +96,12 @@ async fn serve(
         }
     };
     let (stream, dec) = ws.into_parts();
-    let conn = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = mpsc::channel(settings.hwm);
-    // The slot holds the only strong sender: dropping the publisher (which clears the slots)
-    // ends the writer, and with it the connection.
-    let weak = tx.downgrade();
-    let slot = Arc::new(Slot { tx, conn });
-    shared.update(|s| s.push(slot));
+    let (sub, rx) = shared.join();
     let (rd, wr) = tokio::io::split(stream);
-    let mut writer = tokio::spawn(write_loop(wr, rx, Some(DRAIN_TIMEOUT)));
-    let end = tokio::select! {
-        end = read_loop(rd, dec, &weak) => end,
-        w = &mut writer => w.unwrap_or(End::Closed),
-    };
-    shared.update(|s| s.retain(|x| x.conn != conn));
-    if tokio::time::timeout(Duration::from_secs(1), &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
-    match end {
-        End::Closed => tracing::debug!(%peer, "ws publish subscriber closed"),
-        End::Cut(class, detail) => shared.refusals.note_cut(peer, WHAT, class, &detail),
-    }
+    let writer = tokio::spawn(write_loop(wr, rx, write_rules(Some(DRAIN_TIMEOUT))));
+    let reader = read_loop(rd, dec, &sub.out);
+    let end = drive(writer, reader, Some(Duration::from_secs(1)), || sub.leave()).await;
+    note_end(&shared.refusals, peer, WHAT, end);
 }
 
 async fn read_loop(
@@ -231,39 +145,24 @@ async fn read_loop(
 
 impl PublishServer for WsPublisher {
     fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.core.local_addr
     }
 
     /// Every subscriber, whatever `targets` says (Salt's ws publisher has no topics).
     fn publish(&self, payload: Bytes, _targets: Targets<'_>) -> PublishReport {
-        let mut framed: Option<Bytes> = None;
-        let mut report = PublishReport::default();
-        for slot in self.shared.snapshot().iter() {
-            let msg = framed
-                .get_or_insert_with(|| publish_message(&payload))
-                .clone();
-            match slot.tx.try_send(msg) {
-                Ok(()) => report.queued += 1,
-                Err(mpsc::error::TrySendError::Full(_)) => report.dropped += 1,
-                Err(mpsc::error::TrySendError::Closed(_)) => {}
-            }
-        }
-        self.shared
-            .dropped
-            .fetch_add(report.dropped as u64, Ordering::Relaxed);
-        report
+        self.core.publish(|| publish_message(&payload), |_| true)
     }
 
     fn subscriber_count(&self) -> usize {
-        self.shared.snapshot().len()
+        self.core.subscriber_count()
     }
 
     fn dropped_total(&self) -> u64 {
-        self.shared.dropped.load(Ordering::Relaxed)
+        self.core.dropped_total()
     }
 
     fn refusals(&self) -> Arc<ProtocolRefusals> {
-        self.shared.refusals.clone()
+        self.core.shared.refusals.clone()
     }
 }
 

@@ -20,137 +20,38 @@
 //! `write_timeout` closes it (`write_timeout`); the queue and `untrusted_queue_bytes` are
 //! backpressure.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinHandle;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::conn::{read_message, ConnError, WsConn};
 use super::upgrade::{server_frame, CLOSE_NORMAL, CLOSE_PROTOCOL, CLOSE_TOO_BIG};
 use super::{WsDecoder, WsError, WsMessage, OP_BINARY, OP_CLOSE, OP_PONG};
-use crate::accept::{Acceptor, ConnectionPermit};
-use crate::salt_tcp::client::Stream;
-use crate::salt_tcp::server::{handshake, End, HANDSHAKE_TIMEOUT};
+use crate::salt_stream::request::{Accepted, Core, Delivered, ReplierCore, Settings, Shared};
+use crate::salt_stream::{drive, note_end, write_loop, End, Stream, WriteRules, HANDSHAKE_TIMEOUT};
 use crate::transport::{
     Incoming, ProtocolRefusals, Replier, ReplyError, ReplyTo, Request, RequestServer,
     RequestServerOptions,
 };
 use crate::zmtp::socket::Cut;
 
-/// Frames queued for one connection before [`Replier::reply`] waits.
-const REPLY_QUEUE: usize = 64;
-
-struct Delivered {
-    request: Request,
-    _budget: Option<OwnedSemaphorePermit>,
-}
-
-struct Conn {
-    tx: mpsc::Sender<Bytes>,
-    trusted: Arc<AtomicBool>,
-}
-
-struct Shared {
-    conns: Mutex<HashMap<u64, Conn>>,
-    next_conn: AtomicU64,
-    paused: AtomicU64,
-    refusals: Arc<ProtocolRefusals>,
-    budget: Option<(Arc<Semaphore>, usize)>,
-}
-
-impl Shared {
-    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Conn>> {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-fn conn_key(to: &ReplyTo) -> Option<u64> {
-    <[u8; 8]>::try_from(&to.peer[..])
-        .ok()
-        .map(u64::from_be_bytes)
-}
-
-struct Settings {
-    max: usize,
-    untrusted_max: usize,
-    payload_timeout: Option<Duration>,
-    write_timeout: Option<Duration>,
-    #[cfg(feature = "tls")]
-    tls: Option<crate::salt_tcp::tls_server::TlsServer>,
-}
-
 /// Salt's `ws` request server on one port ([`RequestServer`]). Dropping it closes every
 /// connection.
 pub struct WsRequestServer {
-    local_addr: SocketAddr,
-    shared: Arc<Shared>,
-    rx: mpsc::Receiver<Delivered>,
-    accept: JoinHandle<()>,
-}
-
-impl Drop for WsRequestServer {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.shared.conns().clear();
-    }
+    core: Core,
 }
 
 impl WsRequestServer {
     /// Binds `addr` with Salt's backlog and starts accepting.
     pub async fn bind(addr: SocketAddr, opts: &RequestServerOptions) -> std::io::Result<Self> {
-        let (local_addr, mut acceptor) = Acceptor::bind_salt(
-            addr,
-            Some(crate::accept::Keepalive::salt()),
-            opts.max_connections,
-        )?;
-        if let Some(l) = &opts.shared_limit {
-            acceptor = acceptor.with_limit(l.clone());
-        }
-        let shared = Arc::new(Shared {
-            conns: Mutex::new(HashMap::new()),
-            next_conn: AtomicU64::new(0),
-            paused: AtomicU64::new(0),
-            refusals: Arc::default(),
-            budget: opts
-                .untrusted_queue_bytes
-                .map(|b| b.clamp(1, u32::MAX as usize))
-                .map(|b| (Arc::new(Semaphore::new(b)), b)),
-        });
-        let settings = Arc::new(Settings {
-            max: opts.max_payload,
-            untrusted_max: opts
-                .untrusted_max_payload
-                .map_or(opts.max_payload, |u| u.min(opts.max_payload)),
-            payload_timeout: opts.payload_timeout,
-            write_timeout: opts.write_timeout,
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
-        });
-        let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let sh = shared.clone();
-        let accept = acceptor.spawn_each(move |stream, peer, permit| {
-            serve(
-                stream,
-                peer,
-                sh.clone(),
-                tx.clone(),
-                settings.clone(),
-                permit,
-            )
-        });
         Ok(WsRequestServer {
-            local_addr,
-            shared,
-            rx,
-            accept,
+            core: Core::bind(addr, opts, serve).await?,
         })
     }
 }
@@ -189,28 +90,19 @@ pub(crate) fn close_code(e: &ConnError) -> u16 {
     }
 }
 
-async fn serve(
-    tcp: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    tx: mpsc::Sender<Delivered>,
-    settings: Arc<Settings>,
-    _permit: ConnectionPermit,
-) {
+async fn serve(tcp: TcpStream, c: Accepted) {
     const WHAT: &str = "ws request peer";
     let start = Instant::now();
-    let Some(stream) = handshake(
-        tcp,
-        peer,
-        #[cfg(feature = "tls")]
-        settings.tls.as_ref(),
-        &shared.refusals,
-        WHAT,
-    )
-    .await
-    else {
+    let Some(stream) = c.handshake(tcp, WHAT).await else {
         return;
     };
+    let Accepted {
+        peer,
+        shared,
+        tx,
+        settings,
+        permit: _permit,
+    } = c;
     let limit = settings.payload_timeout.unwrap_or(HANDSHAKE_TIMEOUT);
     let ws = match WsConn::accept(stream, settings.untrusted_max, limit).await {
         Ok((ws, _)) => ws,
@@ -222,78 +114,39 @@ async fn serve(
         }
     };
     let (stream, dec) = ws.into_parts();
-    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    let (out_tx, out_rx) = mpsc::channel::<Bytes>(REPLY_QUEUE);
-    let trusted = Arc::new(AtomicBool::new(false));
-    // The table holds the only strong sender: dropping the server (which clears it) ends the
-    // writer, and with it the connection.
-    let out = out_tx.downgrade();
-    shared.conns().insert(
-        id,
-        Conn {
-            tx: out_tx,
-            trusted: trusted.clone(),
-        },
-    );
+    let (conn, out_rx) = shared.register();
     let (rd, wr) = tokio::io::split(stream);
-    let mut writer = tokio::spawn(write_loop(wr, out_rx, settings.write_timeout));
+    let writer = tokio::spawn(write_loop(wr, out_rx, write_rules(settings.write_timeout)));
     // The first message is due within the limit of the accept, as on `tcp`.
     let first = settings
         .payload_timeout
         .map(|t| t.saturating_sub(start.elapsed()));
-    let reader = read_loop(rd, dec, id, &shared, &tx, &settings, &trusted, &out, first);
-    let end = tokio::select! {
-        end = reader => end,
-        w = &mut writer => w.unwrap_or(End::Closed),
-    };
-    shared.conns().remove(&id);
-    // Let the writer send what is queued (a close frame) for a moment.
-    if tokio::time::timeout(Duration::from_secs(1), &mut writer)
-        .await
-        .is_err()
-    {
-        writer.abort();
-    }
-    match end {
-        End::Closed => tracing::debug!(%peer, "ws request peer closed"),
-        End::Cut(class, detail) => shared.refusals.note_cut(peer, WHAT, class, &detail),
-    }
+    let reader = read_loop(
+        rd,
+        dec,
+        conn.peer_key(),
+        &shared,
+        &tx,
+        &settings,
+        &conn.trusted,
+        &conn.out,
+        first,
+    );
+    // The writer may send what is queued (a close frame) for a moment.
+    let end = drive(writer, reader, Some(Duration::from_secs(1)), || {
+        conn.leave()
+    })
+    .await;
+    note_end(&shared.refusals, peer, WHAT, end);
 }
 
-pub(crate) async fn write_loop(
-    mut wr: tokio::io::WriteHalf<Stream>,
-    mut rx: mpsc::Receiver<Bytes>,
-    write_timeout: Option<Duration>,
-) -> End {
-    while let Some(frame) = rx.recv().await {
-        let closing = frame.first().is_some_and(|b| b & 0x0f == OP_CLOSE);
-        let write = async {
-            wr.write_all(&frame).await?;
-            wr.flush().await
-        };
-        match write_timeout {
-            Some(t) => match tokio::time::timeout(t, write).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return End::Closed,
-                Err(_) => {
-                    return End::Cut(
-                        Cut::Stalled,
-                        format!("the peer read nothing for {t:?} (a frame could not be written)"),
-                    )
-                }
-            },
-            None => {
-                if write.await.is_err() {
-                    return End::Closed;
-                }
-            }
-        }
-        if closing {
-            let _ = wr.shutdown().await;
-            return End::Closed;
-        }
+/// How a websocket's frames are written: a close frame is the last.
+pub(crate) fn write_rules(timeout: Option<Duration>) -> WriteRules {
+    WriteRules {
+        timeout,
+        stalled: |t| format!("the peer read nothing for {t:?} (a frame could not be written)"),
+        closes: |frame| frame.first().is_some_and(|b| b & 0x0f == OP_CLOSE),
     }
-    End::Closed
 }
 
 /// Queues a close frame (best effort: a full queue is skipped).
@@ -307,7 +160,7 @@ pub(crate) fn close_with(out: &mpsc::WeakSender<Bytes>, code: u16) {
 async fn read_loop(
     mut rd: tokio::io::ReadHalf<Stream>,
     mut dec: WsDecoder,
-    id: u64,
+    key: Bytes,
     shared: &Shared,
     tx: &mpsc::Sender<Delivered>,
     settings: &Settings,
@@ -317,12 +170,7 @@ async fn read_loop(
 ) -> End {
     let mut idle = first;
     loop {
-        let is_trusted = trusted.load(Ordering::Relaxed);
-        dec.set_max(if is_trusted {
-            settings.max
-        } else {
-            settings.untrusted_max
-        });
+        dec.set_max(settings.max_for(trusted.load(Ordering::Relaxed)));
         let m = match read_message(&mut rd, &mut dec, idle, settings.payload_timeout).await {
             Ok(m) => m,
             Err(e) => {
@@ -367,42 +215,15 @@ async fn read_loop(
         let len = data.len();
         let request = Request {
             reply_to: ReplyTo {
-                peer: Bytes::copy_from_slice(&id.to_be_bytes()),
+                peer: key.clone(),
                 head: Bytes::new(),
             },
             payload: Bytes::from(data),
             received: Instant::now(),
         };
-        let budget = match (&shared.budget, trusted.load(Ordering::Relaxed)) {
-            (Some((sem, total)), false) => {
-                let share = len.clamp(1, *total) as u32;
-                let permit = match sem.clone().try_acquire_many_owned(share) {
-                    Ok(p) => p,
-                    Err(_) => {
-                        shared.paused.fetch_add(1, Ordering::Relaxed);
-                        match sem.clone().acquire_many_owned(share).await {
-                            Ok(p) => p,
-                            Err(_) => return End::Closed,
-                        }
-                    }
-                };
-                Some(permit)
-            }
-            _ => None,
-        };
-        let d = Delivered {
-            request,
-            _budget: budget,
-        };
-        match tx.try_send(d) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(d)) => {
-                shared.paused.fetch_add(1, Ordering::Relaxed);
-                if tx.send(d).await.is_err() {
-                    return End::Closed;
-                }
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => return End::Closed,
+        let is_trusted = trusted.load(Ordering::Relaxed);
+        if shared.deliver(tx, request, len, is_trusted).await.is_err() {
+            return End::Closed;
         }
     }
 }
@@ -411,58 +232,47 @@ impl RequestServer for WsRequestServer {
     type Replier = WsReplier;
 
     fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.core.local_addr
     }
 
     async fn recv(&mut self) -> Option<Incoming> {
-        self.rx.recv().await.map(|d| Incoming::Request(d.request))
+        self.core.recv().await
     }
 
     fn replier(&self) -> WsReplier {
-        WsReplier {
-            shared: self.shared.clone(),
-        }
+        WsReplier(ReplierCore(self.core.shared.clone()))
     }
 
     fn refusals(&self) -> Arc<ProtocolRefusals> {
-        self.shared.refusals.clone()
+        self.core.shared.refusals.clone()
     }
 }
 
 /// Replies to a [`WsRequestServer`]'s connections ([`Replier`]).
 #[derive(Clone)]
-pub struct WsReplier {
-    shared: Arc<Shared>,
-}
+pub struct WsReplier(ReplierCore);
 
 impl Replier for WsReplier {
     async fn reply(&self, to: &ReplyTo, payload: Bytes) -> Result<(), ReplyError> {
-        let tx = conn_key(to)
-            .and_then(|k| self.shared.conns().get(&k).map(|c| c.tx.clone()))
-            .ok_or(ReplyError::UnknownPeer)?;
-        tx.send(Bytes::from(server_frame(OP_BINARY, &payload)))
+        self.0
+            .send(to, Bytes::from(server_frame(OP_BINARY, &payload)))
             .await
-            .map_err(|_| ReplyError::PeerGone)
     }
 
     fn trust(&self, to: &ReplyTo) {
-        if let Some(c) =
-            conn_key(to).and_then(|k| self.shared.conns().get(&k).map(|c| c.trusted.clone()))
-        {
-            c.store(true, Ordering::Relaxed);
-        }
+        self.0.trust(to)
     }
 
     fn is_connected(&self, to: &ReplyTo) -> bool {
-        conn_key(to).is_some_and(|k| self.shared.conns().contains_key(&k))
+        self.0.is_connected(to)
     }
 
     fn paused_inbound(&self) -> u64 {
-        self.shared.paused.load(Ordering::Relaxed)
+        self.0.paused_inbound()
     }
 
     fn peer_count(&self) -> usize {
-        self.shared.conns().len()
+        self.0.peer_count()
     }
 }
 

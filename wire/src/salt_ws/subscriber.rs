@@ -11,7 +11,6 @@
 //! (Salt's aiohttp client has none either).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,62 +21,42 @@ use super::client::open;
 use super::conn::{ConnError, WsConn};
 use super::{WsMessage, WS_PATH};
 use crate::envelope;
+use crate::salt_stream::redial::{self, AbortOnDrop, Link};
 use crate::salt_tcp::client::{body_payload, Dial};
 use crate::salt_tcp::subscriber::MAX_PUBLISH;
 use crate::transport::{PublishClient, PublishClientOptions, ReconnectPolicy};
 
-/// Aborts the background task when the client is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-#[derive(Default)]
-struct State {
-    connected: AtomicBool,
-    connects: AtomicU64,
-    dropped: AtomicU64,
-}
-
 /// Salt's `ws` publish client for one master ([`PublishClient`]).
 pub struct WsSubscriber {
     rx: mpsc::Receiver<Bytes>,
-    state: Arc<State>,
+    link: Arc<Link>,
     _task: AbortOnDrop,
 }
 
 impl WsSubscriber {
     /// Starts dialling `addr` in the background (call from within a Tokio runtime).
     pub fn connect(addr: SocketAddr, opts: &PublishClientOptions) -> Self {
-        let state = Arc::new(State::default());
+        let link = Arc::new(Link::default());
         let (tx, rx) = mpsc::channel(opts.queue.max(1));
-        let how = Dial {
-            source: opts.source,
-            keepalive: opts.keepalive,
-            #[cfg(feature = "tls")]
-            tls: opts.tls.clone(),
-        };
+        let how = Dial::from(opts);
         let task = tokio::spawn(run(
             addr,
             how,
             opts.reconnect,
             opts.connect_timeout,
             tx,
-            state.clone(),
+            link.clone(),
         ));
         WsSubscriber {
             rx,
-            state,
+            link,
             _task: AbortOnDrop(task),
         }
     }
 
     /// Publishes dropped so far because the receive queue was full.
     pub fn dropped_inbound(&self) -> u64 {
-        self.state.dropped.load(Ordering::Relaxed)
+        self.link.dropped()
     }
 }
 
@@ -87,35 +66,25 @@ async fn run(
     policy: ReconnectPolicy,
     connect_timeout: Duration,
     tx: mpsc::Sender<Bytes>,
-    state: Arc<State>,
+    link: Arc<Link>,
 ) {
-    let ivl = policy.initial_interval(&mut rand::rng());
-    let mut failures = 0u32;
-    loop {
-        match open(addr, &how, WS_PATH, MAX_PUBLISH, connect_timeout).await {
-            Ok(ws) => {
-                failures = 0;
-                state.connects.fetch_add(1, Ordering::SeqCst);
-                state.connected.store(true, Ordering::SeqCst);
-                let why = serve(ws, &tx, &state).await;
-                state.connected.store(false, Ordering::SeqCst);
-                tracing::debug!(%addr, reason = why, "ws publish connection closed");
-                if tx.is_closed() {
-                    return;
-                }
-            }
+    let (how, tx, link) = (&how, &tx, &*link);
+    let open = || async move {
+        match open(addr, how, WS_PATH, MAX_PUBLISH, connect_timeout).await {
+            Ok(ws) => Some(ws),
             Err(ConnError::Zmtp) => {
-                failures = failures.saturating_add(1);
                 tracing::warn!(%addr, "the publish port answers with a ZMTP greeting: the master \
                     speaks `transport: zeromq`; set the minion's `transport` to the master's");
+                None
             }
             Err(e) => {
-                failures = failures.saturating_add(1);
                 tracing::debug!(%addr, error = %e, "ws publish connect failed");
+                None
             }
         }
-        tokio::time::sleep(policy.delay(ivl, failures)).await;
-    }
+    };
+    let serve = |ws| serve(ws, tx, link);
+    redial::run(addr, "ws publish connection", policy, tx, link, open, serve).await;
 }
 
 /// The payload a publish message carries (its msgpack `bin`), `None` if it is not msgpack.
@@ -125,7 +94,7 @@ pub(crate) fn publish_payload(data: &[u8]) -> Option<Bytes> {
 }
 
 /// Reads one websocket until it ends; returns why.
-async fn serve(mut ws: WsConn, tx: &mpsc::Sender<Bytes>, state: &State) -> &'static str {
+async fn serve(mut ws: WsConn, tx: &mpsc::Sender<Bytes>, link: &Link) -> &'static str {
     loop {
         let m = tokio::select! {
             m = ws.recv() => m,
@@ -149,12 +118,8 @@ async fn serve(mut ws: WsConn, tx: &mpsc::Sender<Bytes>, state: &State) -> &'sta
                     tracing::debug!(len = data.len(), "ws publish that is not msgpack, skipped");
                     continue;
                 };
-                match tx.try_send(payload) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        state.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => return "client dropped",
+                if link.hand_over(tx, payload).is_err() {
+                    return "client dropped";
                 }
             }
             WsMessage::Text(t) if t == b"close" => {
@@ -176,11 +141,11 @@ impl PublishClient for WsSubscriber {
     }
 
     fn is_connected(&self) -> bool {
-        self.state.connected.load(Ordering::SeqCst)
+        self.link.is_connected()
     }
 
     fn connect_count(&self) -> u64 {
-        self.state.connects.load(Ordering::SeqCst)
+        self.link.connect_count()
     }
 
     /// `ws` has no hello: ignored.
