@@ -263,19 +263,18 @@ async fn the_request_port_serves_at_most_its_max_connections() {
     m.stop().await;
 }
 
-/// Issue 27: the same limits hold on `transport: tcp` (Salt's `{head, body}` msgpack stream, no
-/// length prefix), and its cuts are counted under the same reasons: a message announcing 60 MiB
-/// before the connection is trusted, a request trickled past `saltgate_frame_timeout`, and bytes
-/// that are not Salt's framing (a ZeroMQ minion's greeting, counted as `zmtp_protocol`).
-#[tokio::test]
-async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_counted() {
-    let (m, _dir) =
-        master("transport: tcp\nsaltgate_untrusted_max_frame: 65536\nsaltgate_frame_timeout: 1\n")
-            .await;
-    let addr = m.bound.ret;
-    // A clear ping over tcp is answered (the port speaks tcp).
-    let mut c = saltgate_wire::transport::Transport::Tcp
-        .request_client(addr, &Default::default())
+/// A master on `transport` with a 64 KiB untrusted frame limit and a 1 s frame timeout; a clear
+/// ping through the seam's client on `transport` is echoed (the port speaks it).
+async fn limited_master_on(
+    transport: saltgate_wire::transport::Transport,
+) -> (common::InProcess, tempfile::TempDir) {
+    let (m, dir) = master(&format!(
+        "transport: {}\nsaltgate_untrusted_max_frame: 65536\nsaltgate_frame_timeout: 1\n",
+        transport.as_str()
+    ))
+    .await;
+    let mut c = transport
+        .request_client(m.bound.ret, &Default::default())
         .unwrap();
     let reply = saltgate_wire::transport::RequestClient::send(
         &mut c,
@@ -286,7 +285,43 @@ async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_cou
     .unwrap();
     let v = envelope::decode(&reply).unwrap();
     assert!(envelope::get(&v, "pad").is_some(), "a small ping is echoed");
+    (m, dir)
+}
 
+/// Sends `bytes` on `s` a byte every 100 ms: the master cuts it at its frame timeout and counts
+/// it under `request/frame_timeout`.
+async fn a_trickle_is_cut_and_counted(m: &common::InProcess, mut s: TcpStream, bytes: Vec<u8>) {
+    let trickle = tokio::spawn(async move {
+        for b in bytes {
+            if s.write_all(&[b]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    assert_eq!(counted(m, "request/frame_timeout").await, 1);
+    trickle.abort();
+}
+
+/// A ZeroMQ minion's greeting is cut and counted under `request/zmtp_protocol` (the label keeps
+/// its ZeroMQ-era name on tcp and ws: docs/master.md, Metrics); then the master stops.
+async fn a_zeromq_greeting_is_cut_and_counted(m: common::InProcess) {
+    let mut z = TcpStream::connect(m.bound.ret).await.unwrap();
+    z.write_all(&saltgate_wire::zmtp::Greeting::ours(false).encode())
+        .await
+        .unwrap();
+    assert_eq!(counted(&m, "request/zmtp_protocol").await, 1);
+    m.stop().await;
+}
+
+/// Issue 27: the same limits hold on `transport: tcp` (Salt's `{head, body}` msgpack stream, no
+/// length prefix), and its cuts are counted under the same reasons: a message announcing 60 MiB
+/// before the connection is trusted, a request trickled past `saltgate_frame_timeout`, and bytes
+/// that are not Salt's framing (a ZeroMQ minion's greeting, counted as `zmtp_protocol`).
+#[tokio::test]
+async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_counted() {
+    let (m, _dir) = limited_master_on(saltgate_wire::transport::Transport::Tcp).await;
+    let addr = m.bound.ret;
     let mut big = saltgate_wire::salt_tcp::request_frame("m", Value::Nil);
     big.pop();
     big.extend_from_slice(&[0xc6, 0x03, 0xc0, 0, 0]);
@@ -295,25 +330,9 @@ async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_cou
     assert_eq!(counted(&m, "request/oversized").await, 1);
 
     let frame = saltgate_wire::salt_tcp::request_frame("m", envelope::decode(&ping(300)).unwrap());
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let trickle = tokio::spawn(async move {
-        for b in frame {
-            if s.write_all(&[b]).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    assert_eq!(counted(&m, "request/frame_timeout").await, 1);
-    trickle.abort();
-
-    let mut z = TcpStream::connect(addr).await.unwrap();
-    z.write_all(&saltgate_wire::zmtp::Greeting::ours(false).encode())
-        .await
-        .unwrap();
-    // The label keeps its ZeroMQ-era name on tcp (docs/master.md, Metrics).
-    assert_eq!(counted(&m, "request/zmtp_protocol").await, 1);
-    m.stop().await;
+    let s = TcpStream::connect(addr).await.unwrap();
+    a_trickle_is_cut_and_counted(&m, s, frame).await;
+    a_zeromq_greeting_is_cut_and_counted(m).await;
 }
 
 /// Issue 27: the same limits on `transport: ws` (Salt's websocket, one binary message a
@@ -323,23 +342,8 @@ async fn on_tcp_an_oversized_message_a_trickle_and_a_zeromq_peer_are_cut_and_cou
 #[tokio::test]
 async fn on_ws_an_oversized_frame_a_trickle_and_a_zeromq_peer_are_cut_and_counted() {
     use saltgate_wire::salt_ws::{client_frame, handshake_request, OP_BINARY};
-    let (m, _dir) =
-        master("transport: ws\nsaltgate_untrusted_max_frame: 65536\nsaltgate_frame_timeout: 1\n")
-            .await;
+    let (m, _dir) = limited_master_on(saltgate_wire::transport::Transport::Ws).await;
     let addr = m.bound.ret;
-    let mut c = saltgate_wire::transport::Transport::Ws
-        .request_client(addr, &Default::default())
-        .unwrap();
-    let reply = saltgate_wire::transport::RequestClient::send(
-        &mut c,
-        Bytes::from(ping(16)),
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
-    let v = envelope::decode(&reply).unwrap();
-    assert!(envelope::get(&v, "pad").is_some(), "a small ping is echoed");
-
     let upgrade = handshake_request(&addr.to_string(), "/", "dGhlIHNhbXBsZSBub25jZQ==");
     let mut big = upgrade.clone();
     // A frame header announcing 60 MiB (64-bit length), masked.
@@ -351,24 +355,8 @@ async fn on_ws_an_oversized_frame_a_trickle_and_a_zeromq_peer_are_cut_and_counte
     assert_eq!(counted(&m, "request/oversized").await, 1);
 
     // The upgrade at once, then the request a byte every 100 ms.
-    let slow = client_frame(OP_BINARY, &ping(300));
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(&upgrade).await.unwrap();
-    let trickle = tokio::spawn(async move {
-        for b in slow {
-            if s.write_all(&[b]).await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    assert_eq!(counted(&m, "request/frame_timeout").await, 1);
-    trickle.abort();
-
-    let mut z = TcpStream::connect(addr).await.unwrap();
-    z.write_all(&saltgate_wire::zmtp::Greeting::ours(false).encode())
-        .await
-        .unwrap();
-    assert_eq!(counted(&m, "request/zmtp_protocol").await, 1);
-    m.stop().await;
+    a_trickle_is_cut_and_counted(&m, s, client_frame(OP_BINARY, &ping(300))).await;
+    a_zeromq_greeting_is_cut_and_counted(m).await;
 }

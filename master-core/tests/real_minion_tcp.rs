@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::salt_transport::{make_pki, two_stock_minions};
+use common::salt_transport::{two_stock_minions, two_stock_minions_over_tls};
 
 const PLAIN_IP: &str = "127.36.1.1";
 const TLS_IP: &str = "127.36.1.2";
@@ -22,8 +22,5 @@ fn stock_minions_on_tcp_authenticate_answer_and_get_only_their_targeted_jobs() {
 
 #[test]
 fn stock_minions_on_tcp_over_tls_with_a_required_client_certificate() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pki = tmp.path().join("tls");
-    make_pki(&pki, TLS_IP, &["sg-tcp-a", "sg-tcp-b"]);
-    two_stock_minions("tcp", TLS_IP, Some(&pki), 1);
+    two_stock_minions_over_tls("tcp", TLS_IP, 1);
 }

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::salt_transport::{make_pki, two_stock_minions};
+use common::salt_transport::{two_stock_minions, two_stock_minions_over_tls};
 
 const PLAIN_IP: &str = "127.42.0.1";
 const TLS_IP: &str = "127.42.0.2";
@@ -23,8 +23,5 @@ fn stock_minions_on_ws_authenticate_answer_and_filter_what_is_not_theirs() {
 
 #[test]
 fn stock_minions_on_ws_over_tls_with_a_required_client_certificate() {
-    let tmp = tempfile::tempdir().unwrap();
-    let pki = tmp.path().join("tls");
-    make_pki(&pki, TLS_IP, &["sg-ws-a", "sg-ws-b"]);
-    two_stock_minions("ws", TLS_IP, Some(&pki), 2);
+    two_stock_minions_over_tls("ws", TLS_IP, 2);
 }

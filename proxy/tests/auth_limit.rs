@@ -93,18 +93,13 @@ impl SlowMaster {
     }
 
     fn config(&self) -> MasterConfig {
-        MasterConfig {
-            name: "m".into(),
-            host: self.addr.ip().to_string(),
-            publish_port: self.addr.port(),
-            request_port: self.addr.port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health: health(),
-        }
+        checked_master(
+            "m",
+            &self.addr.ip().to_string(),
+            self.addr.port(),
+            self.addr.port(),
+            health(),
+        )
     }
 }
 

@@ -104,18 +104,13 @@ impl FakeSaltMaster {
     }
 
     fn config(&self) -> MasterConfig {
-        MasterConfig {
-            name: self.name.clone(),
-            host: self.request.ip().to_string(),
-            publish_port: self.publish.addr.port(),
-            request_port: self.request.port(),
-            weight: 1,
-            maxconn: None,
-            backup: false,
-            disabled: false,
-            check: true,
-            health: health(),
-        }
+        checked_master(
+            &self.name,
+            &self.request.ip().to_string(),
+            self.publish.addr.port(),
+            self.request.port(),
+            health(),
+        )
     }
 }
 
@@ -417,18 +412,13 @@ async fn bytes_pass_unchanged_and_presence_can_be_turned_off() {
     // Echo masters: what saltgate forwards comes back as it was sent.
     let pub_port = FakeMaster::start("a", "127.14.0.6", Behaviour::Echo).await;
     let req_port = FakeMaster::start("a", "127.14.0.6", Behaviour::Echo).await;
-    let mut cfg = proxy_config(vec![MasterConfig {
-        name: "a".into(),
-        host: "127.14.0.6".into(),
-        publish_port: pub_port.addr.port(),
-        request_port: req_port.addr.port(),
-        weight: 1,
-        maxconn: None,
-        backup: false,
-        disabled: false,
-        check: true,
-        health: health(),
-    }]);
+    let mut cfg = proxy_config(vec![checked_master(
+        "a",
+        "127.14.0.6",
+        pub_port.addr.port(),
+        req_port.addr.port(),
+        health(),
+    )]);
     cfg.presence.expire_after = Duration::from_secs(1);
     let (r, _stop, _) = run(cfg.clone()).await;
     let req = addr(&r, Role::Request);

@@ -150,27 +150,21 @@ async fn a_stock_salt_minion_through_saltgate_is_listed_with_its_master() {
     let _minion = Proc::spawn(minion_cmd, &dir.path().join("minion.stderr"));
 
     // Listed, with the master on both ports, connected (its publish session is open).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let m = loop {
-        let (code, v) = json(admin, "GET", "/api/v1/minions", None).await;
-        assert_eq!(code, 200, "{v}");
-        if let Some(m) = v["minions"]
-            .as_array()
-            .and_then(|l| l.iter().find(|m| m["id"] == MINION))
-            .filter(|m| m["publish_master"] == "real" && m["connected"] == true)
-        {
-            break m.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the minion never showed with its publish master: {v}\n--- minion\n{}\n{}",
-            tail(&dir.path().join("minion.stderr")),
-            tail(&dir.path().join("n/minion.log"))
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(m["request_master"], "real", "{m}");
-    assert_eq!(m["publish_pairing"], "by-address", "{m}");
+    listed_by_address(
+        admin,
+        MINION,
+        "real",
+        Duration::from_secs(120),
+        "the minion never showed with its publish master",
+        || {
+            format!(
+                "--- minion\n{}\n{}",
+                tail(&dir.path().join("minion.stderr")),
+                tail(&dir.path().join("n/minion.log"))
+            )
+        },
+    )
+    .await;
     let s = scrape(admin).await;
     let auth = value(
         &s,

@@ -10,28 +10,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::api::{addr, json, run_with, scrape, value};
+use common::api::{addr, json, scrape, value};
+use common::migrate_lab::Lab;
 use common::*;
-use saltgate_config::{Config, HealthSettings, MasterConfig, Probe, Role};
-use saltgate_proxy::accesslog::MemorySink;
+use saltgate_config::{Config, MasterConfig, Role};
 use saltgate_proxy::close::CloseReason;
-use saltgate_proxy::{Options, Running};
 use tokio::net::TcpStream;
 
 const IP: &str = "127.12.1.1";
-
-fn health() -> HealthSettings {
-    HealthSettings {
-        interval: Duration::from_millis(20),
-        fastinter: Duration::from_millis(20),
-        downinter: Duration::from_millis(20),
-        rise: 2,
-        fall: 2,
-        timeout: Duration::from_millis(500),
-        handshake_timeout: Duration::from_millis(500),
-        probe: Probe::Tcp,
-    }
-}
 
 /// Echo masters named `names` on 127.12.1.2, .3, ..., each with `maxconn 1`.
 async fn masters(names: &[&str]) -> (Vec<(Arc<FakeMaster>, Arc<FakeMaster>)>, Vec<MasterConfig>) {
@@ -42,54 +28,23 @@ async fn masters(names: &[&str]) -> (Vec<(Arc<FakeMaster>, Arc<FakeMaster>)>, Ve
         let p = FakeMaster::start(name, &ip, Behaviour::Echo).await;
         let r = FakeMaster::start(name, &ip, Behaviour::Echo).await;
         cfgs.push(MasterConfig {
-            name: name.to_string(),
-            host: ip,
-            publish_port: p.addr.port(),
-            request_port: r.addr.port(),
-            weight: 1,
             maxconn: Some(1),
-            backup: false,
-            disabled: false,
-            check: true,
-            health: health(),
+            ..checked_master(name, &ip, p.addr.port(), r.addr.port(), scripted_health())
         });
         fakes.push((p, r));
     }
     (fakes, cfgs)
 }
 
-struct Proxy {
-    r: Running,
-    _stop: tokio::sync::oneshot::Sender<()>,
-    prober: Arc<ScriptedProber>,
-    log: Arc<MemorySink>,
-}
+/// saltgate with a scripted prober and an in-memory access log (the migrate lab's, not waiting
+/// for any master).
+type Proxy = Lab;
 
 async fn proxy(cfg: Config) -> Proxy {
-    let prober = Arc::new(ScriptedProber::default());
-    let log = Arc::new(MemorySink::default());
-    let (r, stop) = run_with(
-        cfg,
-        Options {
-            prober: prober.clone(),
-            access_log: log.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
-    Proxy {
-        r,
-        _stop: stop,
-        prober,
-        log,
-    }
+    common::migrate_lab::run_scripted(cfg).await
 }
 
 impl Proxy {
-    fn admin(&self) -> std::net::SocketAddr {
-        self.r.admin_addr().unwrap()
-    }
-
     /// Clients waiting in the request listener's queue, as the admin API shows them.
     async fn queued(&self) -> u64 {
         let (code, v) = json(self.admin(), "GET", "/api/v1/masters", None).await;
@@ -120,7 +75,7 @@ async fn dial(p: &Proxy) -> TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_queue_while_every_master_is_full_and_are_served_in_arrival_order() {
     let (_fakes, cfgs) = masters(&["a"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.timeout_queue = Some(Duration::from_secs(30));
     let p = proxy(cfg).await;
     let (mut first, name) = connect(addr(&p.r, Role::Request)).await;
@@ -175,7 +130,7 @@ async fn clients_queue_while_every_master_is_full_and_are_served_in_arrival_orde
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_wait_expires_is_closed_with_queue_timeout() {
     let (_fakes, cfgs) = masters(&["a"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.timeout_queue = Some(Duration::from_millis(300));
     let p = proxy(cfg).await;
     let (_held, _) = connect(addr(&p.r, Role::Request)).await;
@@ -215,7 +170,7 @@ async fn a_client_whose_wait_expires_is_closed_with_queue_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_timeout_queue_the_wait_is_timeout_connect_as_haproxy() {
     let (_fakes, cfgs) = masters(&["a"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.timeout_queue = None;
     cfg.request.timeout_connect = Duration::from_millis(250);
     let p = proxy(cfg).await;
@@ -232,7 +187,7 @@ async fn without_timeout_queue_the_wait_is_timeout_connect_as_haproxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_maxqueue_a_client_is_refused_at_once_with_queue_full() {
     let (_fakes, cfgs) = masters(&["a"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.timeout_queue = Some(Duration::from_secs(30));
     cfg.request.maxqueue = 1;
     let p = proxy(cfg).await;
@@ -260,7 +215,7 @@ async fn over_maxqueue_a_client_is_refused_at_once_with_queue_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_maxqueue_0_a_full_cluster_refuses_at_once_as_before() {
     let (_fakes, cfgs) = masters(&["a"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.maxqueue = 0;
     cfg.request.timeout_queue = Some(Duration::from_secs(30));
     let p = proxy(cfg).await;
@@ -274,7 +229,7 @@ async fn with_maxqueue_0_a_full_cluster_refuses_at_once_as_before() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_going_down_does_not_strand_queued_clients() {
     let (fakes, cfgs) = masters(&["a", "b"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.timeout_queue = Some(Duration::from_secs(60));
     let p = proxy(cfg).await;
     let (mut on_a, n1) = connect(addr(&p.r, Role::Request)).await;
@@ -325,7 +280,7 @@ async fn a_master_going_down_does_not_strand_queued_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_raises_maxconn_serves_the_queue_at_once() {
     let (_fakes, cfgs) = masters(&["a"]).await;
-    let mut cfg = config_on(IP, cfgs, health());
+    let mut cfg = config_on(IP, cfgs, scripted_health());
     cfg.request.timeout_queue = Some(Duration::from_secs(60));
     let p = proxy(cfg.clone()).await;
     let (_held, _) = connect(addr(&p.r, Role::Request)).await;

@@ -7,18 +7,27 @@ mod common;
 use bytes::Bytes;
 use common::api::{addr, scrape};
 use common::migrate_lab::{self, Lab};
-use common::router::FakeRouter;
+use common::mode_master::{ANSWER, HOLD};
+use common::router::{serve, FakeRouter};
 use common::*;
 use saltgate_config::transport::SaltTransport;
 use saltgate_config::Role;
-use saltgate_proxy::close::CloseReason;
 use saltgate_wire::zmtp::{ReqError, ReqOptions, ReqSocket};
 
 const IDENTITY: &str = "salt-req/minion/m1/4242/0123abcd";
 
-/// saltgate on 127.18.0.1 over `masters`: the shared migrate lab.
-async fn lab(masters: &[&FakeRouter], migrate_buffer: u32) -> Lab {
-    migrate_lab::lab_of("127.18.0.1", masters, SaltTransport::Zeromq, migrate_buffer).await
+/// Masters a (on `ips[0]`, in `a_mode`) and b (on `ips[1]`, answering), and saltgate on
+/// 127.18.0.1 over them: the shared migrate lab.
+async fn lab(ips: [&str; 2], a_mode: u8, migrate_buffer: u32) -> (FakeRouter, FakeRouter, Lab) {
+    migrate_lab::pair(
+        "127.18.0.1",
+        SaltTransport::Zeromq,
+        ips,
+        a_mode,
+        migrate_buffer,
+        serve,
+    )
+    .await
 }
 
 impl Lab {
@@ -42,9 +51,7 @@ async fn ask(m: &mut ReqSocket, what: &str) -> Result<String, ReqError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_request_leaves_the_reply_to_another_on_the_same_connection() {
-    let a = FakeRouter::start("a", "127.18.0.2", false).await;
-    let b = FakeRouter::start("b", "127.18.0.3", true).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.18.0.2", "127.18.0.3"], HOLD, 1 << 20).await;
     let mut minion = lab.minion();
     let asking = tokio::spawn(async move {
         let r = ask(&mut minion, "job-1").await;
@@ -66,32 +73,21 @@ async fn a_master_killed_mid_request_leaves_the_reply_to_another_on_the_same_con
         ids.iter().all(|(id, _)| id == IDENTITY),
         "b saw the minion's identity"
     );
-    lab.metric(
-        "saltgate_requests_replayed_total",
-        &[("request", "complete")],
-        1.0,
-    )
-    .await;
+    lab.replayed_complete().await;
     let s = scrape(lab.admin()).await;
     let moved = common::api::value(&s, "saltgate_request_sessions_migrated_total", &[]);
     assert_eq!(moved, 1.0);
     drop(minion);
-    wait_for("the access record", || !lab.log.records().is_empty()).await;
-    let rec = &lab.log.records()[0];
-    assert_eq!(rec.master.as_deref(), Some("b"));
-    assert_eq!((rec.migrations, rec.migrate_skip), (1, None));
+    lab.moved_once_to("b").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_session_survives_its_masters_death_and_an_answered_request_is_never_replayed() {
-    let a = FakeRouter::start("a", "127.18.0.4", true).await;
-    let b = FakeRouter::start("b", "127.18.0.5", true).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.18.0.4", "127.18.0.5"], ANSWER, 1 << 20).await;
     let mut minion = lab.minion();
     assert_eq!(ask(&mut minion, "r1").await.unwrap(), "a:r1");
     a.kill();
-    lab.metric("saltgate_request_sessions_migrated_total", &[], 1.0)
-        .await;
+    lab.migrated(&[]).await;
     assert_eq!(ask(&mut minion, "r2").await.unwrap(), "b:r2");
     assert_eq!(minion.dial_count(), 1);
     assert_eq!(b.requests(), ["r2"], "r1 was answered: never re-sent");
@@ -106,9 +102,7 @@ async fn an_idle_session_survives_its_masters_death_and_an_answered_request_is_n
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_marked_down_has_its_requests_moved() {
-    let a = FakeRouter::start("a", "127.18.0.6", false).await;
-    let b = FakeRouter::start("b", "127.18.0.7", true).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, _b, lab) = lab(["127.18.0.6", "127.18.0.7"], HOLD, 1 << 20).await;
     let mut minion = lab.minion();
     let asking = tokio::spawn(async move {
         let r = ask(&mut minion, "stuck").await;
@@ -119,19 +113,12 @@ async fn a_hung_master_marked_down_has_its_requests_moved() {
     let (reply, minion) = asking.await.unwrap();
     assert_eq!(reply.unwrap(), "b:stuck");
     assert_eq!(minion.dial_count(), 1);
-    lab.metric(
-        "saltgate_request_sessions_migrated_total",
-        &[("reason", "master-down")],
-        1.0,
-    )
-    .await;
+    lab.migrated(&[("reason", "master-down")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_the_cap_is_not_replayed_and_its_session_closes_as_before() {
-    let a = FakeRouter::start("a", "127.18.0.8", false).await;
-    let b = FakeRouter::start("b", "127.18.0.9", true).await;
-    let lab = lab(&[&a, &b], 1024).await;
+    let (a, b, lab) = lab(["127.18.0.8", "127.18.0.9"], HOLD, 1024).await;
     let mut minion = lab.minion();
     let big = "x".repeat(4000);
     let asking = tokio::spawn(async move { ask(&mut minion, &big).await });
@@ -139,27 +126,14 @@ async fn a_request_over_the_cap_is_not_replayed_and_its_session_closes_as_before
     a.kill();
     let r = asking.await.unwrap();
     assert!(matches!(r, Err(ReqError::Disconnected)), "{r:?}");
-    lab.metric(
-        "saltgate_request_migrations_skipped_total",
-        &[("reason", "over-cap")],
-        1.0,
-    )
-    .await;
+    lab.skipped("over-cap").await;
     assert!(b.requests().is_empty());
-    wait_for("the access record", || !lab.log.records().is_empty()).await;
-    let rec = &lab.log.records()[0];
-    assert!(matches!(
-        rec.reason,
-        CloseReason::MasterEof | CloseReason::MasterReset
-    ));
-    assert_eq!(rec.migrate_skip, Some("over-cap"));
+    lab.closed_over_cap().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_other_master_up_the_session_closes_as_before() {
-    let a = FakeRouter::start("a", "127.18.0.10", false).await;
-    let b = FakeRouter::start("b", "127.18.0.11", true).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.18.0.10", "127.18.0.11"], HOLD, 1 << 20).await;
     lab.prober.set_down(b.addr, true);
     wait_for("b DOWN", || !lab.r.master("b").unwrap().is_up()).await;
     let mut minion = lab.minion();
@@ -168,11 +142,6 @@ async fn with_no_other_master_up_the_session_closes_as_before() {
     a.kill();
     let r = asking.await.unwrap();
     assert!(matches!(r, Err(ReqError::Disconnected)), "{r:?}");
-    lab.metric(
-        "saltgate_request_migrations_skipped_total",
-        &[("reason", "no-master")],
-        1.0,
-    )
-    .await;
+    lab.skipped("no-master").await;
     assert!(b.requests().is_empty());
 }

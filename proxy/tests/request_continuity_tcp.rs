@@ -17,7 +17,6 @@ use common::mode_master::{ModeMaster, ANSWER, HALF_THEN_DIE, HOLD};
 use common::*;
 use saltgate_config::transport::SaltTransport;
 use saltgate_config::Role;
-use saltgate_proxy::close::CloseReason;
 use saltgate_proxy::Running;
 use saltgate_wire::envelope::{self, text, Value};
 use saltgate_wire::salt_tcp::{encode_message, request_frame, FrameDecoder};
@@ -29,10 +28,6 @@ use tokio::net::TcpStream;
 type TcpMaster = ModeMaster<Vec<(String, String)>>;
 
 impl TcpMaster {
-    async fn start(name: &'static str, ip: &str, mode: u8) -> TcpMaster {
-        TcpMaster::serving(name, ip, mode, serve).await
-    }
-
     fn bodies(&self) -> Vec<String> {
         self.seen
             .lock()
@@ -130,17 +125,24 @@ impl Minion {
     }
 }
 
-/// saltgate on 127.37.0.1 over `masters`: the shared migrate lab.
-async fn lab(masters: &[&TcpMaster], migrate_buffer: u32) -> Lab {
-    migrate_lab::lab_of("127.37.0.1", masters, SaltTransport::Tcp, migrate_buffer).await
+/// Masters a (on `ips[0]`, in `a_mode`) and b (on `ips[1]`, answering), and saltgate on
+/// 127.37.0.1 over them: the shared migrate lab.
+async fn lab(ips: [&str; 2], a_mode: u8, migrate_buffer: u32) -> (TcpMaster, TcpMaster, Lab) {
+    migrate_lab::pair(
+        "127.37.0.1",
+        SaltTransport::Tcp,
+        ips,
+        a_mode,
+        migrate_buffer,
+        serve,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_master_killed_with_requests_in_flight_leaves_every_reply_to_another_on_the_same_connection(
 ) {
-    let a = TcpMaster::start("a", "127.37.0.2", HOLD).await;
-    let b = TcpMaster::start("b", "127.37.0.3", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.37.0.2", "127.37.0.3"], HOLD, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.send("mid-1", "job-1").await;
     minion.send("mid-2", "job-2").await;
@@ -160,28 +162,19 @@ async fn a_tcp_master_killed_with_requests_in_flight_leaves_every_reply_to_anoth
         ["job-1", "job-2", "job-3"],
         "each unanswered request re-sent once, in order"
     );
-    lab.metric(
-        "saltgate_requests_replayed_total",
-        &[("request", "complete")],
-        1.0,
-    )
-    .await;
+    lab.replayed_complete().await;
     let s = scrape(lab.admin()).await;
     assert_eq!(
         value(&s, "saltgate_request_sessions_migrated_total", &[]),
         1.0
     );
     drop(minion);
-    let rec = lab.record().await;
-    assert_eq!(rec.master.as_deref(), Some("b"));
-    assert_eq!((rec.migrations, rec.migrate_skip), (1, None));
+    lab.moved_once_to("b").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_unanswered_tcp_request_moves_an_answered_one_never_does() {
-    let a = TcpMaster::start("a", "127.37.0.4", ANSWER).await;
-    let b = TcpMaster::start("b", "127.37.0.5", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.37.0.4", "127.37.0.5"], ANSWER, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.send("r1", "first").await;
     assert_eq!(minion.recv().await, Some(("r1".into(), "a:first".into())));
@@ -192,15 +185,12 @@ async fn only_the_unanswered_tcp_request_moves_an_answered_one_never_does() {
     assert_eq!(minion.recv().await, Some(("r2".into(), "b:second".into())));
     assert_eq!(b.bodies(), ["second"], "r1 was answered: never re-sent");
     // A kill is a reset or an EOF, whichever the kernel delivers: the total counts either.
-    lab.metric("saltgate_request_sessions_migrated_total", &[], 1.0)
-        .await;
+    lab.migrated(&[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_tcp_master_marked_down_has_its_requests_moved() {
-    let a = TcpMaster::start("a", "127.37.0.6", HOLD).await;
-    let b = TcpMaster::start("b", "127.37.0.7", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, _b, lab) = lab(["127.37.0.6", "127.37.0.7"], HOLD, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.send("stuck", "return").await;
     wait_for("a holds the request", || a.bodies().len() == 1).await;
@@ -209,54 +199,30 @@ async fn a_hung_tcp_master_marked_down_has_its_requests_moved() {
         minion.recv().await,
         Some(("stuck".into(), "b:return".into()))
     );
-    lab.metric(
-        "saltgate_request_sessions_migrated_total",
-        &[("reason", "master-down")],
-        1.0,
-    )
-    .await;
+    lab.migrated(&[("reason", "master-down")]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_master_dying_mid_reply_closes_the_session_rather_than_splice_two_replies() {
-    let a = TcpMaster::start("a", "127.37.0.8", HALF_THEN_DIE).await;
-    let b = TcpMaster::start("b", "127.37.0.9", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (_a, b, lab) = lab(["127.37.0.8", "127.37.0.9"], HALF_THEN_DIE, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.send("m", &"x".repeat(3000)).await;
     assert_eq!(minion.recv().await, None, "closed: the minion reconnects");
-    lab.metric(
-        "saltgate_request_migrations_skipped_total",
-        &[("reason", "mid-reply")],
-        1.0,
-    )
-    .await;
+    lab.skipped("mid-reply").await;
     assert!(b.bodies().is_empty(), "nothing re-sent");
     assert_eq!(lab.record().await.migrate_skip, Some("mid-reply"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_requests_over_the_cap_are_not_kept_and_their_session_closes_as_before() {
-    let a = TcpMaster::start("a", "127.37.0.10", HOLD).await;
-    let b = TcpMaster::start("b", "127.37.0.11", ANSWER).await;
-    let lab = lab(&[&a, &b], 1024).await;
+    let (a, b, lab) = lab(["127.37.0.10", "127.37.0.11"], HOLD, 1024).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.send("small", "s").await;
     minion.send("big", &"x".repeat(4000)).await;
     wait_for("a holds both", || a.bodies().len() == 2).await;
     a.kill();
     assert_eq!(minion.recv().await, None, "closed: the minion reconnects");
-    lab.metric(
-        "saltgate_request_migrations_skipped_total",
-        &[("reason", "over-cap")],
-        1.0,
-    )
-    .await;
+    lab.skipped("over-cap").await;
     assert!(b.bodies().is_empty());
-    let rec = lab.record().await;
-    assert!(matches!(
-        rec.reason,
-        CloseReason::MasterEof | CloseReason::MasterReset
-    ));
-    assert_eq!(rec.migrate_skip, Some("over-cap"));
+    lab.closed_over_cap().await;
 }

@@ -43,10 +43,6 @@ struct Seen {
 type WsMaster = ModeMaster<Seen>;
 
 impl WsMaster {
-    async fn start(name: &'static str, ip: &str, mode: u8) -> WsMaster {
-        WsMaster::serving(name, ip, mode, serve).await
-    }
-
     fn bodies(&self) -> Vec<String> {
         self.seen.lock().unwrap().bodies.clone()
     }
@@ -247,16 +243,23 @@ fn binary(s: &str) -> Option<WsMessage> {
     Some(WsMessage::Binary(s.as_bytes().to_vec()))
 }
 
-/// saltgate on 127.40.0.1 over `masters`: the shared migrate lab.
-async fn lab(masters: &[&WsMaster], migrate_buffer: u32) -> Lab {
-    migrate_lab::lab_of("127.40.0.1", masters, SaltTransport::Ws, migrate_buffer).await
+/// Masters a (on `ips[0]`, in `a_mode`) and b (on `ips[1]`, answering), and saltgate on
+/// 127.40.0.1 over them: the shared migrate lab.
+async fn lab(ips: [&str; 2], a_mode: u8, migrate_buffer: u32) -> (WsMaster, WsMaster, Lab) {
+    migrate_lab::pair(
+        "127.40.0.1",
+        SaltTransport::Ws,
+        ips,
+        a_mode,
+        migrate_buffer,
+        serve,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ws_master_dying_mid_request_leaves_the_request_to_another_after_one_101() {
-    let a = WsMaster::start("a", "127.40.0.2", HOLD).await;
-    let b = WsMaster::start("b", "127.40.0.3", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.40.0.2", "127.40.0.3"], HOLD, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.upgraded().await;
     let body = "r".repeat(3000);
@@ -277,22 +280,17 @@ async fn a_ws_master_dying_mid_request_leaves_the_request_to_another_after_one_1
         String::from_utf8_lossy(&minion.head).contains("Date: a\r\n"),
         "a's 101, alone"
     );
-    lab.metric("saltgate_request_sessions_migrated_total", &[], 1.0)
-        .await;
+    lab.migrated(&[]).await;
     let s = scrape(lab.admin()).await;
     let replayed = value(&s, "saltgate_requests_replayed_total", &[]);
     assert_eq!(replayed, 1.0, "one re-send, whole or partial");
     drop(minion);
-    let rec = lab.record().await;
-    assert_eq!(rec.master.as_deref(), Some("b"));
-    assert_eq!((rec.migrations, rec.migrate_skip), (1, None));
+    lab.moved_once_to("b").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_ws_master_marked_down_has_its_request_re_sent_whole() {
-    let a = WsMaster::start("a", "127.40.0.4", HOLD).await;
-    let b = WsMaster::start("b", "127.40.0.5", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, b, lab) = lab(["127.40.0.4", "127.40.0.5"], HOLD, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.upgraded().await;
     minion.send(&client_frame(OP_BINARY, b"return")).await;
@@ -300,30 +298,17 @@ async fn a_hung_ws_master_marked_down_has_its_request_re_sent_whole() {
     lab.prober.set_down(a.addr, true);
     assert_eq!(minion.recv().await, binary("b:return"));
     assert_eq!(b.keys(), [minion.key.clone()]);
-    lab.metric(
-        "saltgate_request_sessions_migrated_total",
-        &[("reason", "master-down")],
-        1.0,
-    )
-    .await;
-    lab.metric(
-        "saltgate_requests_replayed_total",
-        &[("request", "complete")],
-        1.0,
-    )
-    .await;
+    lab.migrated(&[("reason", "master-down")]).await;
+    lab.replayed_complete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ws_master_that_never_answered_the_upgrade_leaves_the_minion_the_next_ones_101() {
-    let a = WsMaster::start("a", "127.40.0.6", NO_UPGRADE).await;
-    let b = WsMaster::start("b", "127.40.0.7", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (a, _b, lab) = lab(["127.40.0.6", "127.40.0.7"], NO_UPGRADE, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     wait_for("a has the upgrade", || a.keys().len() == 1).await;
     lab.prober.set_down(a.addr, true);
-    lab.metric("saltgate_request_sessions_migrated_total", &[], 1.0)
-        .await;
+    lab.migrated(&[]).await;
     minion.upgraded().await;
     minion.send(&client_frame(OP_BINARY, b"late")).await;
     assert_eq!(minion.recv().await, binary("b:late"));
@@ -335,41 +320,27 @@ async fn a_ws_master_that_never_answered_the_upgrade_leaves_the_minion_the_next_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ws_master_dying_mid_reply_closes_the_session_rather_than_splice_two_replies() {
-    let a = WsMaster::start("a", "127.40.0.8", HALF_THEN_DIE).await;
-    let b = WsMaster::start("b", "127.40.0.9", ANSWER).await;
-    let lab = lab(&[&a, &b], 1 << 20).await;
+    let (_a, b, lab) = lab(["127.40.0.8", "127.40.0.9"], HALF_THEN_DIE, 1 << 20).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.upgraded().await;
     minion
         .send(&client_frame(OP_BINARY, "x".repeat(3000).as_bytes()))
         .await;
     assert_eq!(minion.recv().await, None, "closed: the minion retries");
-    lab.metric(
-        "saltgate_request_migrations_skipped_total",
-        &[("reason", "mid-reply")],
-        1.0,
-    )
-    .await;
+    lab.skipped("mid-reply").await;
     assert!(b.keys().is_empty(), "nothing re-sent");
     assert_eq!(lab.record().await.migrate_skip, Some("mid-reply"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ws_request_over_the_cap_is_not_kept_and_its_session_closes_as_before() {
-    let a = WsMaster::start("a", "127.40.0.10", HOLD).await;
-    let b = WsMaster::start("b", "127.40.0.11", ANSWER).await;
-    let lab = lab(&[&a, &b], 1024).await;
+    let (a, b, lab) = lab(["127.40.0.10", "127.40.0.11"], HOLD, 1024).await;
     let mut minion = Minion::connect(&lab.r).await;
     minion.upgraded().await;
     minion.send(&client_frame(OP_BINARY, &[b'x'; 4000])).await;
     wait_for("a holds it", || a.bodies().len() == 1).await;
     a.kill();
     assert_eq!(minion.recv().await, None, "closed: the minion retries");
-    lab.metric(
-        "saltgate_request_migrations_skipped_total",
-        &[("reason", "over-cap")],
-        1.0,
-    )
-    .await;
+    lab.skipped("over-cap").await;
     assert!(b.keys().is_empty());
 }

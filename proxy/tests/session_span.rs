@@ -9,7 +9,6 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use common::api::{addr, run_with, wait_for_metric};
 use common::logs::{session_id, Captured};
-use common::mode_master::health;
 use common::router::FakeRouter;
 use common::*;
 use saltgate_config::{Balance, ListenerMode, OnMasterDown, Role};
@@ -136,7 +135,11 @@ async fn a_moved_request_sessions_span_records_the_master_it_moved_to() {
     let out = captured();
     let a = FakeRouter::start("span-a", "127.18.0.21", true).await;
     let b = FakeRouter::start("span-b", "127.18.0.22", true).await;
-    let mut cfg = config_on("127.18.0.20", vec![a.config(), b.config()], health());
+    let mut cfg = config_on(
+        "127.18.0.20",
+        vec![a.config(), b.config()],
+        scripted_health(),
+    );
     cfg.request.balance = Balance::First;
     cfg.request.on_master_down = OnMasterDown::Migrate;
     let (r, _stop) = run_with(

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use common::api::{json, run_with, scrape, value};
 use common::salt_real::{
-    minion_answers, real_master, salt_aware, spawn, stopped_down_and_resumed, tail, Keep,
+    kept_dir, minion_answers, real_master, run_ok, salt_aware, spawn, stopped_down_and_resumed,
+    tail,
 };
 use common::*;
 use saltgate_config::transport::{CertReqs, SaltTransport, SslConfig};
@@ -36,16 +37,9 @@ use saltgate_test_support::{venv, ProcGuard};
 /// A test CA and a server certificate for `ips` (the master's and saltgate's addresses).
 fn make_pki(dir: &Path, ips: &[&str]) {
     let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl runs");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let mut cmd = Command::new("openssl");
+        cmd.args(args).current_dir(dir);
+        run_ok(cmd, &format!("openssl {args:?}"));
     };
     run(&[
         "req",
@@ -119,12 +113,7 @@ fn start_minion(d: &Path, ds: &str, minion: &str, proxy_ip: &str) -> ProcGuard {
 }
 
 async fn scenario(master_ip: &str, proxy_ip: &str, tls: bool) {
-    let dir = tempfile::Builder::new()
-        .prefix("sg-tcp")
-        .tempdir_in("/tmp")
-        .unwrap();
-    // Kept when the test fails (the logs), removed when it passes.
-    let keep = Keep(dir.path().to_path_buf());
+    let (dir, keep) = kept_dir("sg-tcp");
     let d = dir.path();
     let ds = d.display().to_string();
     let _ = tracing_subscriber::fmt()

@@ -16,9 +16,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::api::{json, run_with, scrape, value};
+use common::api::{json, listed_by_address, run_with, scrape, value};
 use common::salt_real::{
-    minion_answers, real_master, salt_aware, stopped_down_and_resumed, tail, Keep,
+    kept_dir, minion_answers, real_master, salt_aware, stopped_down_and_resumed, tail,
 };
 use common::*;
 use saltgate_config::transport::SaltTransport;
@@ -35,12 +35,7 @@ const MINION: &str = "ws-minion.example";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stock_ws_minion_through_saltgate_is_listed_by_id_with_its_master() {
-    let dir = tempfile::Builder::new()
-        .prefix("sg-ws")
-        .tempdir_in("/tmp")
-        .unwrap();
-    // Kept when the test fails (the logs), removed when it passes.
-    let keep = Keep(dir.path().to_path_buf());
+    let (dir, keep) = kept_dir("sg-ws");
     let d = dir.path();
     let master_log = d.join(MASTER).join("master.log");
     let minion_log = d.join(MINION).join("minion.log");
@@ -96,26 +91,15 @@ async fn a_stock_ws_minion_through_saltgate_is_listed_by_id_with_its_master() {
 
     // Listed by the id its ws requests carry, with the master on both ports, connected.
     let admin = r.admin_addr().unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let listed = loop {
-        let (code, v) = json(admin, "GET", "/api/v1/minions", None).await;
-        assert_eq!(code, 200, "{v}");
-        if let Some(m) = v["minions"]
-            .as_array()
-            .and_then(|l| l.iter().find(|m| m["id"] == MINION))
-            .filter(|m| m["publish_master"] == "real" && m["connected"] == true)
-        {
-            break m.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the ws minion is not listed with its publish master: {v}\n--- minion\n{}",
-            tail(&minion_log)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert_eq!(listed["request_master"], "real", "{listed}");
-    assert_eq!(listed["publish_pairing"], "by-address", "{listed}");
+    let listed = listed_by_address(
+        admin,
+        MINION,
+        "real",
+        Duration::from_secs(30),
+        "the ws minion is not listed with its publish master",
+        || format!("--- minion\n{}", tail(&minion_log)),
+    )
+    .await;
     assert_eq!(
         listed_total(admin).await,
         1,

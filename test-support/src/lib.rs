@@ -154,11 +154,11 @@ pub fn write_minion_config(
 ) -> PathBuf {
     let m = dir.join(id);
     let m = m.display();
-    let conf = dir.join(format!("{id}-conf"));
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("minion"),
-        format!(
+    write_daemon_config(
+        dir,
+        id,
+        "minion",
+        &format!(
             "id: {id}\nmaster: {master}\nmaster_port: {ret_port}\npublish_port: {pub_port}\n\
              user: root\npki_dir: {m}/pki\ncachedir: {m}/cache\n\
              sock_dir: {m}/sock\npidfile: {m}/minion.pid\n\
@@ -167,20 +167,32 @@ pub fn write_minion_config(
              auth_timeout: 10\nmaster_tries: -1\nmultiprocessing: False\n"
         ),
     )
-    .unwrap();
+}
+
+/// Writes `text` to `dir/<id>-conf/<file>` (`minion`, `master`); returns the config directory.
+fn write_daemon_config(dir: &Path, id: &str, file: &str, text: &str) -> PathBuf {
+    let conf = dir.join(format!("{id}-conf"));
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join(file), text).unwrap();
     conf
 }
 
 /// Starts the venv's stock salt-minion on the config directory `conf`.
 pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
-    let mut cmd = Command::new(venv().join("bin/salt-minion"));
+    start_salt_daemon("salt-minion", conf, stderr)
+}
+
+/// Starts the venv's `daemon` (`salt-minion`, `salt-master`) on the config directory `conf`,
+/// logging warnings to `stderr`.
+fn start_salt_daemon(daemon: &str, conf: &Path, stderr: &Path) -> ProcGuard {
+    let mut cmd = Command::new(venv().join("bin").join(daemon));
     cmd.arg("-c")
         .arg(conf)
         .args(["-l", "warning"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
-    ProcGuard::spawn("salt-minion", cmd)
+    ProcGuard::spawn(daemon, cmd)
 }
 
 /// Writes a stock salt-master config for `id` listening on `interface` (Salt's ports 4505 and
@@ -190,11 +202,11 @@ pub fn start_salt_minion(conf: &Path, stderr: &Path) -> ProcGuard {
 pub fn write_master_config(dir: &Path, id: &str, interface: &str, extra: &str) -> PathBuf {
     let m = dir.join(id);
     let m = m.display();
-    let conf = dir.join(format!("{id}-conf"));
-    std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(
-        conf.join("master"),
-        format!(
+    write_daemon_config(
+        dir,
+        id,
+        "master",
+        &format!(
             "id: {id}\ninterface: {interface}\npublish_port: 4505\nret_port: 4506\n\
              user: root\nauto_accept: True\npki_dir: {m}/pki\ncachedir: {m}/cache\n\
              sock_dir: {m}/sock\nsqlite_queue_dir: {m}/queues\npidfile: {m}/master.pid\n\
@@ -203,20 +215,11 @@ pub fn write_master_config(dir: &Path, id: &str, interface: &str, extra: &str) -
              pillar_roots: {{base: [{m}/srv/pillar]}}\n{extra}"
         ),
     )
-    .unwrap();
-    conf
 }
 
 /// Starts the venv's stock salt-master on the config directory `conf`.
 pub fn start_salt_master(conf: &Path, stderr: &Path) -> ProcGuard {
-    let mut cmd = Command::new(venv().join("bin/salt-master"));
-    cmd.arg("-c")
-        .arg(conf)
-        .args(["-l", "warning"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(stderr).unwrap()));
-    ProcGuard::spawn("salt-master", cmd)
+    start_salt_daemon("salt-master", conf, stderr)
 }
 
 /// A 2048-bit RSA private key in PEM (PKCS#1, Salt's form) from `openssl genrsa`: a debug

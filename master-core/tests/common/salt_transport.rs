@@ -119,26 +119,24 @@ pub fn two_stock_minions(transport: &str, ip: &str, pki: Option<&Path>, list_que
     });
     answered.unwrap_or_else(|_| panic!("test.ping not answered\n{}", logs()));
 
+    let published = |args: &[&str]| {
+        let o = publish(&config, args);
+        assert!(
+            o.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            logs()
+        );
+        stdout_json(&o)
+    };
     let said = format!("hi over {transport}");
-    let o = publish(&config, &[ids[0], "cmd.run", &format!("echo {said}")]);
-    assert!(
-        o.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        logs()
-    );
-    assert_eq!(stdout_json(&o), json!({ ids[0]: said }));
+    let o = published(&[ids[0], "cmd.run", &format!("echo {said}")]);
+    assert_eq!(o, json!({ ids[0]: said }));
 
     // A list naming one minion: answered by it alone.
     let list = format!("{},other", ids[1]);
-    let o = publish(&config, &["--tgt-type", "list", &list, "test.ping"]);
-    assert!(
-        o.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        logs()
-    );
-    assert_eq!(stdout_json(&o), json!({ ids[1]: true }));
+    let o = published(&["--tgt-type", "list", &list, "test.ping"]);
+    assert_eq!(o, json!({ ids[1]: true }));
     let log = std::fs::read_to_string(&master.log).unwrap();
     let ready = log.lines().find(|l| l.contains("saltgate-master ready"));
     let ready = ready.expect("the ready line");
@@ -157,4 +155,17 @@ pub fn two_stock_minions(transport: &str, ip: &str, pki: Option<&Path>, list_que
         .expect("a publish to * logged");
     assert!(all.contains("queued=2 "), "{all}");
     drop(minions);
+}
+
+/// [`two_stock_minions`] over TLS with a required client certificate: a test CA and the
+/// master's and minions' certificates are made at run time in a temporary directory.
+pub fn two_stock_minions_over_tls(transport: &str, ip: &str, list_queued: usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = tmp.path().join("tls");
+    make_pki(
+        &pki,
+        ip,
+        &[&format!("sg-{transport}-a"), &format!("sg-{transport}-b")],
+    );
+    two_stock_minions(transport, ip, Some(&pki), list_queued);
 }

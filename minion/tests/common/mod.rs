@@ -89,7 +89,6 @@ impl Master {
 
     /// Waits until the master answers a clear ping.
     pub fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
         let addr = format!("{}:{}", self.ip, self.ret_port)
             .parse()
             .expect("addr");
@@ -97,12 +96,21 @@ impl Master {
             .enable_all()
             .build()
             .expect("rt");
-        loop {
-            let ok = rt.block_on(saltgate_wire::probe::salt_ping(
+        self.wait_answering(Duration::from_secs(120), || {
+            rt.block_on(saltgate_wire::probe::salt_ping(
                 addr,
                 Duration::from_secs(2),
-            ));
-            if ok.is_ok() {
+            ))
+            .is_ok()
+        });
+    }
+
+    /// Polls `answered` until it says yes; panics with the master's logs when the master exits
+    /// or `within` passes.
+    pub fn wait_answering(&mut self, within: Duration, mut answered: impl FnMut() -> bool) {
+        let deadline = Instant::now() + within;
+        loop {
+            if answered() {
                 return;
             }
             if let Some(g) = self.guard.as_mut() {

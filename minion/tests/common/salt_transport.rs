@@ -9,7 +9,7 @@ use saltgate_wire::salt_tcp::probe::{salt_ping_staged, Target, TlsClient, Transp
 use saltgate_wire::salt_tcp::tls::{client_config, server_name, TlsSettings};
 use serde_json::json;
 
-use super::{wait_for, Master, ProcGuard};
+use super::{start_minion, tempdir, wait_for, Master, ProcGuard};
 
 /// Waits until the master answers Salt's clear `ping` on `transport` (TLS when given).
 pub fn wait_ready_on(master: &mut Master, transport: Transport, tls: Option<TlsSettings>) {
@@ -28,24 +28,112 @@ pub fn wait_ready_on(master: &mut Master, transport: Transport, tls: Option<TlsS
         .enable_all()
         .build()
         .expect("rt");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let two = Duration::from_secs(2);
-        if rt.block_on(salt_ping_staged(&target, two, two)).is_ok() {
-            return;
-        }
-        if let Some(g) = master.guard.as_mut() {
-            if let Ok(Some(st)) = g.child.try_wait() {
-                panic!("salt-master exited ({st})\n{}", master.logs());
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "master not ready\n{}",
-            master.logs()
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let two = Duration::from_secs(2);
+    master.wait_answering(Duration::from_secs(60), || {
+        rt.block_on(salt_ping_staged(&target, two, two)).is_ok()
+    });
+}
+
+/// A stock master on `transport` at `ip` and our minion `id` (with `extra` minion options): the
+/// CLI's jobs are answered, then the master restarts and `test.ping` is answered again.
+pub fn plain_master_answers_across_a_restart(
+    transport: Transport,
+    ip: &str,
+    id: &str,
+    extra: &str,
+) {
+    let t = transport.as_str();
+    let tmp = tempdir();
+    let mut master = Master::start(ip, &tmp.path().join("master"), &format!("transport: {t}\n"));
+    wait_ready_on(&mut master, transport, None);
+    let mdir = tmp.path().join("minion");
+    let _minion = start_minion(
+        &mdir,
+        &format!(
+            "id: {id}\nmaster: {ip}:{}\ntransport: {t}\npki_dir: {}/pki\n\
+             acceptance_wait_time: 1\nrecon_default: 200\nrecon_max: 1000\n{extra}",
+            master.ret_port,
+            mdir.display()
+        ),
+    );
+    let first = jobs_are_answered(&master, id, &mdir, t);
+    eprintln!("{t}: first test.ping answered {first:?} after the key was accepted");
+    // A restarted master has a new publish key: after the reconnect the minion authenticates
+    // again (on tcp it says hello with the new key, or the master would never send it a
+    // targeted job), and is answered.
+    master.guard = None;
+    master.spawn();
+    wait_ready_on(&mut master, transport, None);
+    let restarted = Instant::now();
+    wait_for(
+        Duration::from_secs(40),
+        "test.ping after a master restart",
+        || {
+            let v = master.salt(3, &[id, "test.ping"]);
+            (v == json!({ id: true })).then_some(())
+        },
+    );
+    eprintln!(
+        "{t}: answered {:?} after the master restarted",
+        restarted.elapsed()
+    );
+}
+
+/// A stock master on `transport` over TLS at `ip` (Salt's `ssl` on both sides, a client
+/// certificate required; `worker_pools_enabled: False`, issue 27) and our minion `id`: the
+/// CLI's jobs are answered.
+pub fn tls_master_answers(transport: Transport, ip: &str, id: &str) {
+    let t = transport.as_str();
+    let tmp = tempdir();
+    let pki = tmp.path().join("tls");
+    make_pki(&pki, ip, id);
+    let p = pki.display();
+    let mut master = Master::start(
+        ip,
+        &tmp.path().join("master"),
+        &format!(
+            "transport: {t}\nworker_pools_enabled: False\nssl:\n  certfile: {p}/master.pem\n  \
+             keyfile: {p}/master.key\n  ca_certs: {p}/ca.pem\n  cert_reqs: CERT_REQUIRED\n"
+        ),
+    );
+    wait_ready_on(
+        &mut master,
+        transport,
+        Some(TlsSettings {
+            ca_certs: Some(pki.join("ca.pem")),
+            certfile: Some(pki.join("minion.pem")),
+            keyfile: Some(pki.join("minion.key")),
+            ..TlsSettings::default()
+        }),
+    );
+    let mdir = tmp.path().join("minion");
+    let _minion = start_minion(
+        &mdir,
+        &format!(
+            "id: {id}\nmaster: {ip}:{}\ntransport: {t}\npki_dir: {}/pki\n\
+             acceptance_wait_time: 1\nssl:\n  ca_certs: {p}/ca.pem\n  certfile: {p}/minion.pem\n  \
+             keyfile: {p}/minion.key\n  cert_reqs: CERT_REQUIRED\n",
+            master.ret_port,
+            mdir.display()
+        ),
+    );
+    let first = jobs_are_answered(&master, id, &mdir, t);
+    eprintln!("{t}+TLS: first test.ping answered {first:?} after the key was accepted");
+}
+
+/// A stock master on `transport` at `ip` (`auto_accept`) and a swarm of `n` minions named
+/// `prefix`*: each answers a glob `test.ping`.
+pub fn swarm_on_master_answers(transport: Transport, ip: &str, prefix: &str, n: usize) {
+    let t = transport.as_str();
+    let tmp = tempdir();
+    let mut master = Master::start(
+        ip,
+        &tmp.path().join("master"),
+        &format!("transport: {t}\nauto_accept: True\n"),
+    );
+    wait_ready_on(&mut master, transport, None);
+    let took = swarm_answers(&master, t, prefix, n, &tmp.path().join("swarm-pki"));
+    eprintln!("{t} swarm: {n} answers {took:?} after start");
 }
 
 /// Accepts the minion's key, then checks the CLI's jobs reach it; returns how long from the

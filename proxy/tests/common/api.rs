@@ -166,3 +166,38 @@ async fn wait_for_sample(
     }
     panic!("{name}{labels:?} never reached {what} (last {last:?})");
 }
+
+/// Polls presence (`GET /api/v1/minions` on `admin`) until `minion` is listed with master
+/// `master` on its publish port, connected, within `within`; then checks the request master is
+/// the same and the pairing `by-address`. Returns its entry; on a timeout the message says
+/// `never` and carries `logs()`.
+pub async fn listed_by_address(
+    admin: SocketAddr,
+    minion: &str,
+    master: &str,
+    within: Duration,
+    never: &str,
+    logs: impl Fn() -> String,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + within;
+    let m = loop {
+        let (code, v) = json(admin, "GET", "/api/v1/minions", None).await;
+        assert_eq!(code, 200, "{v}");
+        if let Some(m) = v["minions"]
+            .as_array()
+            .and_then(|l| l.iter().find(|m| m["id"] == minion))
+            .filter(|m| m["publish_master"] == master && m["connected"] == true)
+        {
+            break m.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{never}: {v}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(m["request_master"], master, "{m}");
+    assert_eq!(m["publish_pairing"], "by-address", "{m}");
+    m
+}

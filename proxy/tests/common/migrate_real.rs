@@ -18,7 +18,9 @@ use saltgate_test_support::{venv, write_minion_config, ProcGuard};
 
 use super::api::{run_with, scrape, value};
 use super::config_on;
-use super::salt_real::{minion_answers, real_master, salt_aware, spawn, tail, Keep};
+use super::salt_real::{
+    kept_dir, minion_answers, real_master, run_ok, salt_aware, spawn, tail, Keep,
+};
 
 /// The minion waits this long for a return's answer before it sends the return again.
 pub const RETURN_RETRY_TIMER: u64 = 30;
@@ -109,16 +111,9 @@ fn prepare_shared(shared: &Path) {
                 for n,data,mode in (('cluster.pem',priv,0o400),('cluster.pub',pub,0o644)):\n\
                 \x20   fd=os.open(os.path.join(d,n),os.O_WRONLY|os.O_CREAT|os.O_EXCL,mode)\n\
                 \x20   f=os.fdopen(fd,'w'); f.write(data); f.close()\n";
-    let out = Command::new(venv().join("bin/python"))
-        .args(["-c", code])
-        .arg(shared.join("pki"))
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "cluster key: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = Command::new(venv().join("bin/python"));
+    cmd.args(["-c", code]).arg(shared.join("pki"));
+    run_ok(cmd, "cluster key");
 }
 
 impl Cluster {
@@ -319,18 +314,12 @@ impl Cluster {
                     \x20   fd=os.open(p,os.O_WRONLY|os.O_CREAT|os.O_EXCL,mode)\n\
                     \x20   f=os.fdopen(fd,'w'); f.write(data); f.close()\n";
         let minion = self.spec.minion;
-        let out = Command::new(venv().join("bin/python"))
-            .args(["-c", code])
+        let mut cmd = Command::new(venv().join("bin/python"));
+        cmd.args(["-c", code])
             .arg(self.d.join(minion).join("pki"))
             .arg(self.d.join("shared/pki/minions"))
-            .arg(minion)
-            .output()
-            .expect("python runs");
-        assert!(
-            out.status.success(),
-            "minion key: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .arg(minion);
+        run_ok(cmd, "minion key");
     }
 
     /// Starts the minion (its keys kept from an earlier start) and waits until it answers.
@@ -410,11 +399,7 @@ impl Lab {
     /// goes, for the request connection's continuity to be seen. saltgate's log goes to
     /// `saltgate.log` in the directory.
     pub async fn start(spec: Spec) -> Lab {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("sg-{}mig", spec.transport.as_str()))
-            .tempdir_in("/tmp")
-            .unwrap();
-        let keep = Keep(dir.path().to_path_buf());
+        let (dir, keep) = kept_dir(&format!("sg-{}mig", spec.transport.as_str()));
         let cluster = Cluster {
             spec,
             d: dir.path().to_path_buf(),

@@ -238,49 +238,71 @@ impl FakeCluster {
 
     /// A saltgate config for these masters, listeners on 127.0.0.1:0, fast checks.
     pub fn config(&self) -> Config {
-        let health = HealthSettings {
-            interval: Duration::from_millis(20),
-            fastinter: Duration::from_millis(20),
-            downinter: Duration::from_millis(20),
-            rise: 2,
-            fall: 2,
-            timeout: Duration::from_millis(500),
-            handshake_timeout: Duration::from_millis(500),
-            probe: Probe::Tcp,
-        };
         let masters = self
             .masters
             .iter()
-            .map(|(p, r)| MasterConfig {
-                name: p.name.clone(),
-                host: p.addr.ip().to_string(),
-                publish_port: p.addr.port(),
-                request_port: r.addr.port(),
-                weight: 1,
-                maxconn: None,
-                backup: false,
-                disabled: false,
-                check: true,
-                health,
+            .map(|(p, r)| {
+                checked_master(
+                    &p.name,
+                    &p.addr.ip().to_string(),
+                    p.addr.port(),
+                    r.addr.port(),
+                    scripted_health(),
+                )
             })
             .collect();
-        config_on("127.0.0.1", masters, health)
+        config_on("127.0.0.1", masters, scripted_health())
     }
 }
 
 /// Master `m<i>` with its publish and request ports, unchecked, weight 1.
 pub fn master_at(i: usize, publish: SocketAddr, request: SocketAddr) -> MasterConfig {
     MasterConfig {
-        name: format!("m{i}"),
-        host: publish.ip().to_string(),
-        publish_port: publish.port(),
-        request_port: request.port(),
+        check: false,
+        ..checked_master(
+            &format!("m{i}"),
+            &publish.ip().to_string(),
+            publish.port(),
+            request.port(),
+            HealthSettings::default(),
+        )
+    }
+}
+
+/// Master `name` at `host` with its publish and request ports, weight 1, no `maxconn`, checked
+/// on `health`: the fake (and real) masters' config the tests build.
+pub fn checked_master(
+    name: &str,
+    host: &str,
+    publish_port: u16,
+    request_port: u16,
+    health: HealthSettings,
+) -> MasterConfig {
+    MasterConfig {
+        name: name.into(),
+        host: host.into(),
+        publish_port,
+        request_port,
         weight: 1,
         maxconn: None,
         backup: false,
         disabled: false,
-        check: false,
-        health: HealthSettings::default(),
+        check: true,
+        health,
+    }
+}
+
+/// The scripted-health tests' schedule: fast (20 ms), two checks to rise or fall.
+pub fn scripted_health() -> HealthSettings {
+    HealthSettings {
+        interval: Duration::from_millis(20),
+        fastinter: Duration::from_millis(20),
+        downinter: Duration::from_millis(20),
+        rise: 2,
+        fall: 2,
+        timeout: Duration::from_millis(500),
+        handshake_timeout: Duration::from_millis(500),
+        probe: Probe::Tcp,
     }
 }
 

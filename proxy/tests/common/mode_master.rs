@@ -6,11 +6,12 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use saltgate_config::{HealthSettings, MasterConfig, Probe};
+use saltgate_config::MasterConfig;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use super::{checked_master, scripted_health};
 
 /// A [`ModeMaster`]'s mode: answers each request.
 pub const ANSWER: u8 = 0;
@@ -71,33 +72,15 @@ impl<S> ModeMaster<S> {
     }
 }
 
-/// Master `name` with one port at `addr` for both roles, checked on the fast [`health`]
-/// schedule: for tests whose prober is scripted (no port is dialled by a check).
+/// Master `name` with one port at `addr` for both roles, checked on the fast
+/// [`scripted_health`] schedule: for tests whose prober is scripted (no port is dialled by a
+/// check).
 pub fn scripted_master(name: &str, addr: SocketAddr) -> MasterConfig {
-    MasterConfig {
-        name: name.into(),
-        host: addr.ip().to_string(),
-        publish_port: addr.port(),
-        request_port: addr.port(),
-        weight: 1,
-        maxconn: None,
-        backup: false,
-        disabled: false,
-        check: true,
-        health: health(),
-    }
-}
-
-/// The scripted-health tests' schedule: fast (20 ms), two checks to rise or fall.
-pub fn health() -> HealthSettings {
-    HealthSettings {
-        interval: Duration::from_millis(20),
-        fastinter: Duration::from_millis(20),
-        downinter: Duration::from_millis(20),
-        rise: 2,
-        fall: 2,
-        timeout: Duration::from_millis(500),
-        handshake_timeout: Duration::from_millis(500),
-        probe: Probe::Tcp,
-    }
+    checked_master(
+        name,
+        &addr.ip().to_string(),
+        addr.port(),
+        addr.port(),
+        scripted_health(),
+    )
 }

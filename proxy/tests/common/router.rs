@@ -30,7 +30,8 @@ impl FakeRouter {
     }
 }
 
-async fn serve(
+/// Serves one connection as a ROUTER: notes each request, answers it in mode [`ANSWER`].
+pub async fn serve(
     name: &'static str,
     s: TcpStream,
     mode: Arc<AtomicU8>,

@@ -1,7 +1,7 @@
 //! Helpers of the tests that run real Salt 3008.5 daemons (the venv's): a daemon spawned with
 //! its stderr to a file, the tail of a log for a failure message, a test directory kept when the
-//! test fails, `salt <minion> test.ping` until it answers, and a real master as saltgate's
-//! config names it.
+//! test fails, `salt <minion> test.ping` until it answers, a command that must succeed, and a
+//! real master as saltgate's config names it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,18 +21,7 @@ pub fn salt_aware() -> HealthSettings {
 
 /// Master `name`, a real one at `ip` on Salt's ports (4505, 4506), checked with `health`.
 pub fn real_master(name: &str, ip: &str, health: HealthSettings) -> MasterConfig {
-    MasterConfig {
-        name: name.into(),
-        host: ip.into(),
-        publish_port: 4505,
-        request_port: 4506,
-        weight: 1,
-        maxconn: None,
-        backup: false,
-        disabled: false,
-        check: true,
-        health,
-    }
+    super::checked_master(name, ip, 4505, 4506, health)
 }
 
 /// The last 40 lines of `path` (empty if it cannot be read).
@@ -154,4 +143,26 @@ pub async fn stopped_down_and_resumed(
         "{what} master log: {} StreamClosedError line(s), 0 parsing errors",
         log.matches("StreamClosedError(").count()
     );
+}
+
+/// A test directory in /tmp named `prefix`…, and its [`Keep`]: kept when the test fails (the
+/// logs), removed when it passes.
+pub fn kept_dir(prefix: &str) -> (tempfile::TempDir, Keep) {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    let keep = Keep(dir.path().to_path_buf());
+    (dir, keep)
+}
+
+/// Runs `cmd` to its end and checks it succeeded; the failure names `what` and its stderr.
+pub fn run_ok(mut cmd: Command, what: &str) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
