@@ -1,13 +1,16 @@
-//! Helpers shared by the integration tests of every crate (a dev-dependency only): the venv with
-//! real Salt 3008.5, a guard that stops a child's whole process group (by PID) when dropped,
-//! the condition waits (`wait_for` blocking, `wait_until` async), and stock `salt-minion` and
-//! `salt-master` configurations.
+//! Helpers shared by the integration tests of every crate (a dev-dependency, and a dependency of
+//! the bench's library, which starts real Salt clusters too): the venv with real Salt 3008.5, a
+//! guard that stops a child's whole process group (by PID) when dropped, the condition waits
+//! (`wait_for` blocking, `wait_until` async), stock `salt-minion` and `salt-master`
+//! configurations, and a real salt-master 3008.5 cluster ([`salt_cluster`]).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+pub mod salt_cluster;
 
 /// The venv with Salt 3008.5: `$SALTGATE_VENV` (exported by ./scripts/test.sh), else whatever
 /// `interop/setup.sh` prints (it installs Salt on first use). A missing venv fails the test with

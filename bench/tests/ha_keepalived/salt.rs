@@ -1,5 +1,6 @@
 //! The real-Salt variant's masters: three salt-master 3008.5 processes (the venv's) forming one
-//! Salt 3008 cluster in namespace `m` (interop/harness/cluster.py's configuration and start), and
+//! Salt 3008 cluster in namespace `m` (interop/harness/cluster.py's configuration and start, by
+//! test-support's `salt_cluster`), and
 //! [`SaltJobs`], the publisher that runs `saltjobd.py` beside them.
 
 use std::collections::HashMap;
@@ -11,12 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use saltgate_bench::lab::{random_hex, Published};
+use saltgate_bench::lab::Published;
+use saltgate_test_support::salt_cluster::{self, Ports, Procs, Spec};
 use saltgate_test_support::{venv, ProcGuard};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::lab::{in_ns, sh, until, Lab};
+use crate::lab::Lab;
 use crate::{MASTER_IPS, PORTS};
 
 const CLUSTER_ID: &str = "ha_keepalived";
@@ -28,7 +30,7 @@ const SALTJOBD: &str = concat!(
 /// The cluster's shared `cluster_pki_dir` (its `.aes` is the key every member encrypts
 /// publishes with: saltgate's `dedup_cluster_pki_dir` reads it).
 pub fn cluster_pki_dir(d: &Path) -> PathBuf {
-    d.join("shared/pki")
+    spec(d).cluster_pki_dir()
 }
 
 /// Master `i`'s directory (0-based).
@@ -36,189 +38,50 @@ fn mdir(d: &Path, i: usize) -> PathBuf {
     d.join(format!("salt-m{}", i + 1))
 }
 
-/// Master `i`'s configuration (interop/harness/cluster.py's, with `auto_accept` and two worker
-/// threads: six Salt processes, not the default five workers each, share the CI's two cores),
-/// and `grains_cache: True`: a 3008.5 cluster member forwards a peer's publish to its own
-/// minions in its EventMonitor, the same process that mirrors every peer's job and every
-/// return into the job cache, building a `MasterMinion` for each (`salt/master.py`
-/// `EventMonitor.handle_event`, `salt/utils/job.py` `store_job`), and each of those computes
-/// the grains again (eight subprocesses) unless they are cached: measured 0.52 s per return
-/// without the cache, 0.18 s with it. Behind that backlog a minion whose publish connection is on
-/// another member than master1 gets master1's jobs later and later (docs/ha.md).
-fn write_config(d: &Path, i: usize, secret: &str) -> PathBuf {
-    let m = mdir(d, i);
-    for sub in ["conf", "pki", "sock", "queues"] {
-        std::fs::create_dir_all(m.join(sub)).unwrap();
+/// The cluster: interop/harness/cluster.py's configuration, with `auto_accept` and two worker
+/// threads (six Salt processes, not the default five workers each, share the CI's two cores),
+/// `enable_fqdns_grains: False`, and `grains_cache: True`: a 3008.5 cluster member forwards a
+/// peer's publish to its own minions in its EventMonitor, the same process that mirrors every
+/// peer's job and every return into the job cache, building a `MasterMinion` for each
+/// (`salt/master.py` `EventMonitor.handle_event`, `salt/utils/job.py` `store_job`), and each of
+/// those computes the grains again (eight subprocesses) unless they are cached: measured 0.52 s
+/// per return without the cache, 0.18 s with it. Behind that backlog a minion whose publish
+/// connection is on another member than master1 gets master1's jobs later and later
+/// (docs/ha.md).
+fn spec(d: &Path) -> Spec {
+    let ips = MASTER_IPS.iter().map(|s| s.parse().unwrap()).collect();
+    let ports = Ports {
+        publish: PORTS.publish,
+        ret: PORTS.request,
+        pool: PORTS.cluster,
+    };
+    Spec {
+        worker_threads: Some(2),
+        grains_cache: true,
+        extra: "enable_fqdns_grains: False\n".into(),
+        founder_within: Duration::from_secs(60),
+        ..Spec::new(CLUSTER_ID, ips, ports, d.join("shared"))
     }
-    let shared = d.join("shared");
-    let ip = MASTER_IPS[i];
-    let peers: String = MASTER_IPS
-        .iter()
-        .filter(|p| **p != ip)
-        .map(|p| format!("  - {p}\n"))
-        .collect();
-    let (m, s) = (m.display(), shared.display());
-    let text = format!(
-        "# ha_keepalived's real-Salt variant (bench/tests/ha_keepalived/salt.rs): master {ip}
-id: {ip}
-interface: {ip}
-publish_port: {pub_port}
-ret_port: {req_port}
-user: root
-cluster_id: {CLUSTER_ID}
-cluster_peers:
-{peers}cluster_pki_dir: {pki}
-cluster_pool_port: {pool}
-cluster_secret: \"{secret}\"
-cachedir: {s}/cache
-pki_dir: {m}/pki
-sock_dir: {m}/sock
-sqlite_queue_dir: {m}/queues
-pidfile: {m}/salt-master.pid
-log_file: {m}/master.log
-key_logfile: {m}/key.log
-log_level_logfile: info
-autosign_file: {m}/conf/autosign.conf
-autoreject_file: {m}/conf/autoreject.conf
-autosign_grains_dir: {m}/conf/autosign_grains
-auto_accept: True
-worker_threads: 2
-enable_fqdns_grains: False
-grains_cache: True
-file_roots:
-  base:
-    - {s}/srv/salt
-pillar_roots:
-  base:
-    - {s}/srv/pillar
-",
-        pub_port = PORTS.publish,
-        req_port = PORTS.request,
-        pool = PORTS.cluster,
-        pki = cluster_pki_dir(d).display(),
-    );
-    let conf = mdir(d, i).join("conf");
-    std::fs::write(conf.join("master"), text).unwrap();
-    conf
 }
 
-/// The shared directories, and the cluster key pair made before any master starts (masters
-/// started together race on creating it in 3008.5; so do they on the shared subdirectories).
-fn prepare_shared(d: &Path) {
-    let shared = d.join("shared");
-    for sub in [
-        "pki/minions",
-        "pki/minions_pre",
-        "pki/minions_rejected",
-        "pki/minions_denied",
-        "pki/minions_autosign",
-        "pki/peers",
-        "cache/jobs",
-        "cache/proc",
-        "cache/pillar",
-        "cache/sessions",
-        "cache/health",
-        "cache/roots",
-        "cache/syndics",
-        "cache/grains",
-        "cache/tokens",
-        "cache/cluster",
-        "srv/salt",
-        "srv/pillar",
-    ] {
-        std::fs::create_dir_all(shared.join(sub)).unwrap();
-    }
-    let code = "import os,sys,salt.crypt\n\
-                d=sys.argv[1]; priv,pub=salt.crypt.gen_keys(2048)\n\
-                for n,data,mode in (('cluster.pem',priv,0o400),('cluster.pub',pub,0o644)):\n    \
-                fd=os.open(os.path.join(d,n),os.O_WRONLY|os.O_CREAT|os.O_EXCL,mode)\n    \
-                f=os.fdopen(fd,'w'); f.write(data); f.close()\n";
-    let py = venv().join("bin/python");
-    sh(&[
-        py.to_str().unwrap(),
-        "-c",
-        code,
-        shared.join("pki").to_str().unwrap(),
-    ]);
-}
-
-/// Whether every one of `ports` listens on `ip` in namespace `ns`.
-fn listens(ns: &str, ip: &str, ports: &[u16]) -> bool {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "ss", "-Hltn"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    ports.iter().all(|p| out.contains(&format!("{ip}:{p} ")))
-}
-
-fn log_has(d: &Path, i: usize, what: &str, also: Option<&str>) -> bool {
-    let text = std::fs::read_to_string(mdir(d, i).join("master.log")).unwrap_or_default();
-    text.lines()
-        .any(|l| l.contains(what) && also.is_none_or(|a| l.contains(a)))
-}
-
-/// Starts the three masters (`salt-master-{1,2,3}` in `lab.procs`) and waits until each is
-/// cluster-ready (it logs "opening request gate"). The founder first, the others once its ports
-/// listen. 3008.5 may still race on the shared cluster key (a join-reply rewrites cluster.pem,
-/// and a master starting in that gap makes a key of its own: "Generating key-pair for
-/// .../cluster.pem", and minions later fail to decrypt; or a process that reads it in the gap
-/// logs "Unable to read key: .../cluster.pem" and exits); then everything is stopped, wiped and
-/// started again, as interop/harness/cluster.py does, at most three times.
+/// Starts the three masters in namespace `m` (`salt-master-{1,2,3}` in `lab.procs`) and waits
+/// until each is cluster-ready (it logs "opening request gate"): test-support's `salt_cluster`
+/// (the founder first, the others once its ports listen; a start that lost 3008.5's cluster-key
+/// race stopped, wiped and started again, at most three times).
 pub async fn start_cluster(lab: &mut Lab) {
     let d = lab.dir.clone();
-    let ns = lab.ns("m");
-    let secret = random_hex().unwrap();
-    let salt_master = venv().join("bin/salt-master");
-    for attempt in 1..=3 {
-        prepare_shared(&d);
-        for i in 0..MASTER_IPS.len() {
-            let conf = write_config(&d, i, &secret);
-            if i == 1 {
-                let (ns, ip0) = (ns.clone(), MASTER_IPS[0]);
-                until(Duration::from_secs(60), "master1's ports", || {
-                    listens(&ns, ip0, &[PORTS.request, PORTS.cluster])
-                })
-                .await;
-            }
-            let name = format!("salt-master-{}", i + 1);
-            let g = in_ns(
-                &ns,
-                &name,
-                &salt_master,
-                &["-c", conf.to_str().unwrap(), "-l", "warning"],
-                &mdir(&d, i).join("stdout.log"),
-            );
-            lab.procs.insert(name, g);
-        }
-        let dd = d.clone();
-        until(
-            Duration::from_secs(120),
-            "every salt-master cluster-ready (\"opening request gate\" in its master.log)",
-            || (0..MASTER_IPS.len()).all(|i| log_has(&dd, i, "opening request gate", None)),
-        )
-        .await;
-        let bad: Vec<usize> = (0..MASTER_IPS.len())
-            .filter(|i| {
-                log_has(&d, *i, "Generating key-pair", Some("cluster.pem"))
-                    || log_has(&d, *i, "Unable to read key", Some("cluster.pem"))
-            })
-            .collect();
-        if bad.is_empty() {
-            return;
-        }
-        println!(
-            "attempt {attempt}: salt-master(s) {bad:?} made a cluster key of their own (3008.5's join race); starting again"
-        );
-        for i in 0..MASTER_IPS.len() {
-            lab.kill(&format!("salt-master-{}", i + 1));
-        }
-        let _ = std::fs::remove_dir_all(d.join("shared"));
-        for i in 0..MASTER_IPS.len() {
-            let _ = std::fs::remove_dir_all(mdir(&d, i));
-        }
+    let spec = spec(&d);
+    let mut procs = Procs {
+        venv: venv(),
+        dir: |i: usize, _| mdir(&d, i),
+        netns: Some(lab.ns("m")),
+    };
+    let masters = salt_cluster::start(&venv(), &spec, &mut procs)
+        .await
+        .unwrap_or_else(|e| panic!("the real salt-master cluster: {e}"));
+    for (i, m) in masters.into_iter().enumerate() {
+        lab.procs.insert(format!("salt-master-{}", i + 1), m.guard);
     }
-    panic!("the salt-masters made diverging cluster keys in three fresh starts");
 }
 
 /// A job's request, waiting for its answers.

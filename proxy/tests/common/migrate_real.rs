@@ -1,12 +1,13 @@
 //! The real-Salt request-continuity lab (request_continuity_tcp_real.rs on `transport: tcp`,
 //! request_continuity_ws_real.rs on `transport: ws`): two Salt 3008.5 `salt-master`s (A, B) in
-//! one Salt cluster (`cluster_id`, shared `cluster_pki_dir` and `cachedir`, started as
-//! interop/harness/cluster.py starts them), two saltgates on one address (the request port over A
-//! then B with `on_master_down: migrate`, the publish port from B only), a stock `salt-minion`
-//! that knows only saltgate's address, and the round both tests make: a return in flight to A when
-//! A is SIGSTOPped. What each test asserts of the round stays in the test.
+//! one Salt cluster (`cluster_id`, shared `cluster_pki_dir` and `cachedir`, started by
+//! test-support's `salt_cluster` as interop/harness/cluster.py starts them), two saltgates on
+//! one address (the request port over A then B with `on_master_down: migrate`, the publish port
+//! from B only), a stock `salt-minion` that knows only saltgate's address, and the round both
+//! tests make: a return in flight to A when A is SIGSTOPped. What each test asserts of the round
+//! stays in the test.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use saltgate_config::transport::SaltTransport;
 use saltgate_config::{Balance, Config, OnMasterDown, Role};
 use saltgate_proxy::{Options, Running};
-use saltgate_test_support::{venv, write_minion_config, ProcGuard};
+use saltgate_test_support::{salt_cluster, venv, write_minion_config, ProcGuard};
 
 use super::api::{run_with, scrape, value};
 use super::config_on;
@@ -54,11 +55,6 @@ pub fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
-fn port_open(ip: &str, port: u16) -> bool {
-    let a: SocketAddr = format!("{ip}:{port}").parse().unwrap();
-    TcpStream::connect_timeout(&a, Duration::from_millis(200)).is_ok()
-}
-
 /// saltgate's bytes in on its request listener.
 pub fn request_bytes_in(s: &prometheus_parse::Scrape) -> f64 {
     value(
@@ -75,45 +71,6 @@ pub fn count(s: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]) 
     } else {
         0.0
     }
-}
-
-/// The shared `cluster_pki_dir` and `cachedir`, the cluster secret, and the cluster key made
-/// before any master starts (3008.5 masters started together race on creating it).
-fn prepare_shared(shared: &Path) {
-    for sub in [
-        "pki/minions",
-        "pki/minions_pre",
-        "pki/minions_rejected",
-        "pki/minions_denied",
-        "pki/minions_autosign",
-        "pki/peers",
-        "cache/jobs",
-        "cache/proc",
-        "cache/pillar",
-        "cache/sessions",
-        "cache/health",
-        "cache/roots",
-        "cache/syndics",
-        "cache/grains",
-        "cache/tokens",
-        "cache/cluster",
-        "srv/salt",
-        "srv/pillar",
-    ] {
-        std::fs::create_dir_all(shared.join(sub)).unwrap();
-    }
-    let secret: String = (0..4)
-        .map(|_| format!("{:016x}", rand::random::<u64>()))
-        .collect();
-    std::fs::write(shared.join("cluster_secret"), secret).unwrap();
-    let code = "import os,sys,salt.crypt\n\
-                d=sys.argv[1]; priv,pub=salt.crypt.gen_keys(2048)\n\
-                for n,data,mode in (('cluster.pem',priv,0o400),('cluster.pub',pub,0o644)):\n\
-                \x20   fd=os.open(os.path.join(d,n),os.O_WRONLY|os.O_CREAT|os.O_EXCL,mode)\n\
-                \x20   f=os.fdopen(fd,'w'); f.write(data); f.close()\n";
-    let mut cmd = Command::new(venv().join("bin/python"));
-    cmd.args(["-c", code]).arg(shared.join("pki"));
-    run_ok(cmd, "cluster key");
 }
 
 impl Cluster {
@@ -147,83 +104,49 @@ impl Cluster {
         }
     }
 
-    fn write_master_conf(&self, ip: &str, shared: &Path) -> PathBuf {
-        let m = self.mdir(ip);
-        for sub in ["conf", "pki", "sock", "queues"] {
-            std::fs::create_dir_all(m.join(sub)).unwrap();
+    /// The masters' cluster: interop/harness/cluster.py's configuration on Salt's ports (4505,
+    /// 4506, `cluster_pool_port` 4520) on the lab's transport, `worker_threads: 2`, the founder
+    /// (A) first, 90 s for each step.
+    fn cluster_spec(&self) -> salt_cluster::Spec {
+        let ports = salt_cluster::Ports {
+            publish: 4505,
+            ret: 4506,
+            pool: 4520,
+        };
+        let ips = self
+            .spec
+            .masters
+            .iter()
+            .map(|ip| ip.parse().unwrap())
+            .collect();
+        salt_cluster::Spec {
+            transport: Some(self.spec.transport.as_str().into()),
+            worker_threads: Some(2),
+            ready_within: Duration::from_secs(90),
+            ..salt_cluster::Spec::new(self.spec.cluster_id, ips, ports, self.d.join("shared"))
         }
-        let (ms, ss) = (m.display(), shared.display());
-        let peer = self.spec.masters.iter().find(|p| **p != ip).unwrap();
-        let secret = read(&shared.join("cluster_secret"));
-        let (transport, cluster_id) = (self.spec.transport.as_str(), self.spec.cluster_id);
-        std::fs::write(
-            m.join("conf/master"),
-            format!(
-                "id: {ip}\ninterface: {ip}\npublish_port: 4505\nret_port: 4506\nuser: root\n\
-                 transport: {transport}\nauto_accept: True\n\
-                 cluster_id: {cluster_id}\ncluster_peers:\n  - {peer}\ncluster_pki_dir: {ss}/pki\n\
-                 cluster_pool_port: 4520\ncluster_secret: \"{secret}\"\ncachedir: {ss}/cache\n\
-                 pki_dir: {ms}/pki\nsock_dir: {ms}/sock\nsqlite_queue_dir: {ms}/queues\n\
-                 pidfile: {ms}/master.pid\nlog_file: {ms}/master.log\nkey_logfile: {ms}/key.log\n\
-                 log_level_logfile: info\nworker_threads: 2\n\
-                 file_roots: {{base: [{ss}/srv/salt]}}\npillar_roots: {{base: [{ss}/srv/pillar]}}\n"
-            ),
-        )
-        .unwrap();
-        m.join("conf")
     }
 
-    /// Starts the two masters, the founder first, until both are cluster-ready (`opening request
-    /// gate`). A start in which a master generated a cluster key of its own (3008.5's join race,
-    /// see interop/harness/cluster.py) is wiped and retried, three times at most.
+    /// Starts the two masters until both are cluster-ready (`opening request gate`):
+    /// test-support's `salt_cluster` (the founder first, the others once its ports are open; a
+    /// start that lost 3008.5's cluster-key race, "Generating key-pair" or "Unable to read key"
+    /// for `cluster.pem`, wiped and tried again, three times at most).
     pub async fn start_masters(&self) -> Vec<ProcGuard> {
-        let masters = self.spec.masters;
-        for attempt in 1..=3 {
-            let shared = self.d.join("shared");
-            let _ = std::fs::remove_dir_all(&shared);
-            for ip in masters {
-                let _ = std::fs::remove_dir_all(self.mdir(ip));
-            }
-            prepare_shared(&shared);
-            let mut guards = Vec::new();
-            for (n, ip) in masters.iter().enumerate() {
-                if n == 1 {
-                    let founder = masters[0];
-                    self.poll("the founder's ports", Duration::from_secs(90), || {
-                        port_open(founder, 4506) && port_open(founder, 4520)
-                    })
-                    .await;
-                }
-                let conf = self.write_master_conf(ip, &shared);
-                let mut cmd = Command::new(venv().join("bin/salt-master"));
-                cmd.arg("-c").arg(&conf).args(["-l", "warning"]);
-                guards.push(spawn(
-                    "salt-master",
-                    cmd,
-                    &self.mdir(ip).join("master.stderr"),
-                ));
-            }
-            self.poll(
-                "both masters cluster-ready",
-                Duration::from_secs(90),
-                || {
-                    masters
-                        .iter()
-                        .all(|ip| read(&self.master_log(ip)).contains("opening request gate"))
-                },
+        let mut procs = salt_cluster::Procs {
+            venv: venv(),
+            dir: |_, ip: IpAddr| self.mdir(&ip.to_string()),
+            netns: None,
+        };
+        let [a, b] = self.spec.masters;
+        let started = salt_cluster::start(&venv(), &self.cluster_spec(), &mut procs).await;
+        let masters = started.unwrap_or_else(|e| {
+            panic!(
+                "the real salt-master cluster: {e}\n--- {a}\n{}\n--- {b}\n{}",
+                tail(&self.master_log(a)),
+                tail(&self.master_log(b)),
             )
-            .await;
-            let raced = masters.iter().any(|ip| {
-                read(&self.master_log(ip))
-                    .lines()
-                    .any(|l| l.contains("Generating key-pair") && l.contains("cluster.pem"))
-            });
-            if !raced {
-                return guards;
-            }
-            eprintln!("attempt {attempt}: a master generated its own cluster key (3008.5 join race); starting again");
-        }
-        panic!("the masters generated diverging cluster keys in 3 fresh starts");
+        });
+        masters.into_iter().map(|m| m.guard).collect()
     }
 
     /// The `salt` CLI of master `ip`: its stdout then its stderr.
