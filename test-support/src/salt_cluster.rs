@@ -231,7 +231,7 @@ pub fn log_file(dir: &Path) -> PathBuf {
 pub trait Launch {
     /// A started member (its process; dropping it must stop that process).
     type Member;
-    type Error: From<Error>;
+    type Error: From<Error> + std::fmt::Display;
 
     /// Starts `m` (writing its configuration where it keeps its files), not waiting for it.
     fn spawn(&mut self, m: &Member<'_>) -> Result<Self::Member, Self::Error>;
@@ -326,7 +326,20 @@ pub async fn start<L: Launch>(
             };
             members.push(launch.spawn(&m)?);
         }
-        launch.wait_ready(spec, &mut members).await?;
+        // A member that never gets ready (a start under a loaded machine: "Publish server did not
+        // start within 60 seconds"; a join-race loser that exits) is a failed attempt too.
+        if let Err(e) = launch.wait_ready(spec, &mut members).await {
+            if attempt == spec.attempts {
+                return Err(e);
+            }
+            last = e.to_string();
+            eprintln!(
+                "salt cluster {}, attempt {attempt}: not ready ({last}); starting again",
+                spec.cluster_id
+            );
+            launch.stop(members).await;
+            continue;
+        }
         let racers: Vec<IpAddr> = spec
             .ips
             .iter()
@@ -347,7 +360,7 @@ pub async fn start<L: Launch>(
         launch.stop(members).await;
     }
     Err(Error::Start(format!(
-        "the salt-master cluster lost 3008.5's cluster-key race in {} fresh starts: {last}",
+        "the salt-master cluster did not start in {} fresh starts (3008.5's cluster-key race, or a member never ready); the last: {last}",
         spec.attempts
     ))
     .into())
