@@ -101,6 +101,8 @@ struct Relay<'a> {
     hold: Option<auth_hold::Hold>,
     gate: Option<Arc<auth_limit::Gate>>,
     permit: Option<auth_limit::AuthPermit>,
+    /// The master now: each reply it completes is seen ([`crate::select::upstream::Upstream::saw_answer`]).
+    master: Option<Arc<crate::select::master::Master>>,
 }
 
 /// Runs a request session with continuity (`on_master_down: migrate`), or with `auth_limit`, or
@@ -148,9 +150,11 @@ pub(crate) async fn serve(
         hold: l.auth_limit.map(|_| auth_hold::Hold::new()),
         gate: None,
         permit: None,
+        master: None,
     };
     let mut up = first;
     r.gate = r.auth.map(|a| ctx.auth_limits.gate(&up.master.name(), &a));
+    r.master = Some(up.master.clone());
     let mut migrations = 0u32;
     // Bytes counted on the masters left behind.
     let mut moved_bytes = (0u64, 0u64);
@@ -204,6 +208,7 @@ pub(crate) async fn serve(
         // An `_auth` re-sent to the new master is not paced again; its old place is given back.
         r.permit = None;
         r.gate = r.auth.map(|a| ctx.auth_limits.gate(&up.master.name(), &a));
+        r.master = Some(up.master.clone());
         r.track.resumed();
         crate::session::span::record_master(up.master.label());
         if let Some(left_out) = MOVED_LOG.allow() {
@@ -305,6 +310,9 @@ impl Relay<'_> {
     fn reply_events(&mut self, bytes: &[u8]) {
         let ev = self.track.observe_down(bytes);
         if ev.done {
+            if let Some(m) = &self.master {
+                m.upstream.saw_answer();
+            }
             if let Some(p) = self.permit.take() {
                 p.answered();
             }

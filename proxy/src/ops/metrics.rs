@@ -40,6 +40,9 @@ pub struct Metrics {
     pub check_duration: HistogramVec,
     /// `saltgate_master_check_failures_total{master,port}`.
     pub check_failures: IntCounterVec,
+    /// `saltgate_master_check_busy_total{master,port}`: request checks whose ping got no answer
+    /// in time while the master answered its minions' requests (busy, not hung): not counted.
+    pub check_busy: IntCounterVec,
     /// `saltgate_master_state_changes_total{master,to}`: health flips, `to` = up or down.
     pub state_changes: IntCounterVec,
     /// `saltgate_master_connect_errors_total{master,port}`: session connects that failed.
@@ -148,6 +151,11 @@ impl Metrics {
             check_failures: counter(
                 "saltgate_master_check_failures_total",
                 "Failed health checks.",
+                &["master", "port"],
+            ),
+            check_busy: counter(
+                "saltgate_master_check_busy_total",
+                "Request checks not counted: the ping got no answer in time, but the master answered minions' requests meanwhile (busy, not hung).",
                 &["master", "port"],
             ),
             state_changes: counter(

@@ -122,11 +122,9 @@ impl Prober for SaltProbes {
                             "salt ping: not ready (cluster_retry: not yet a cluster member)"
                                 .to_string(),
                         ),
-                        Err(ProbeError::Connect(e)) => {
-                            Err(connect_error("salt ping: connect", &e))
-                        }
+                        Err(ProbeError::Connect(e)) => Err(connect_error("salt ping: connect", &e)),
                         Err(ProbeError::Timeout(t)) => Err(format!(
-                            "salt ping: ZMTP handshake done, no answer within {t:?} (master busy, or its workers stuck)"
+                            "salt ping: ZMTP handshake done, no answer within {t:?} {BUSY_OR_STUCK}"
                         )),
                         Err(e) => Err(format!("salt ping: {e}")),
                     }
@@ -134,6 +132,25 @@ impl Prober for SaltProbes {
             }
         })
     }
+}
+
+pub use crate::select::transport_probe::BUSY_OR_STUCK;
+
+/// Whether a failed check is a busy master's, not a hung one's: a request port not DOWN whose
+/// ping got no answer in time ([`BUSY_OR_STUCK`]) while request sessions saw the master complete
+/// replies to minions after the check began. A stopped master answers nothing, and a master
+/// whose workers are stuck answers nobody: both still fail.
+fn busy_not_hung(
+    role: Role,
+    result: &Result<(), String>,
+    state: &HealthState,
+    master: &Master,
+    began: tokio::time::Instant,
+) -> bool {
+    role == Role::Request
+        && state.state != PortState::Down
+        && matches!(result, Err(e) if e.ends_with(BUSY_OR_STUCK))
+        && master.upstream.answered_since(began)
 }
 
 /// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
@@ -309,6 +326,9 @@ pub async fn run_port_checks(
         .check_failures
         .with_label_values(&[name.as_str(), role.as_str()]);
     let local = metrics.local_resource_errors.with_label_values(&["check"]);
+    let busy = metrics
+        .check_busy
+        .with_label_values(&[name.as_str(), role.as_str()]);
     let stop = master.checks_stop.clone();
     let mut state = HealthState::default();
     // On a DOWN request port, a ping whose handshake came but whose answer did not within
@@ -392,6 +412,29 @@ pub async fn run_port_checks(
             // Run on a reserved descriptor: the shortage goes on.
             _ if reserved => local.inc(),
             _ => local_resource_recovered(),
+        }
+        if busy_not_hung(role, &result, &state, &master, started) {
+            // A busy master is not a dead one (an `_auth` storm: the ping waits behind the
+            // minions' requests, which the master answers): neither a failure nor a success.
+            busy.inc();
+            let detail = format!(
+                "not counted: {}; the master answered minions' requests meanwhile (busy, not hung)",
+                result.as_ref().err().map_or("", String::as_str)
+            );
+            master.upstream.set_last_check(
+                role,
+                CheckReport {
+                    ok: false,
+                    detail: detail.clone(),
+                    duration_ms: t0.elapsed().as_millis() as u64,
+                },
+            );
+            tracing::debug!(target: "saltgate_proxy::check", master = %name, port = %role, detail = %detail, "check not counted");
+            tokio::select! {
+                _ = tokio::time::sleep_until(started + state.next_interval(&settings)) => {}
+                _ = stop.cancelled() => return,
+            }
+            continue;
         }
         let took = t0.elapsed();
         duration.observe(took.as_secs_f64());

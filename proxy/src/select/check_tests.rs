@@ -202,7 +202,11 @@ impl Prober for FakeProber {
                 }
                 Shape::Answers(_) => {
                     tokio::time::sleep(h.timeout).await;
-                    Err("no answer".into())
+                    // as the real probe says it (check.rs)
+                    Err(format!(
+                        "salt ping: ZMTP handshake done, no answer within {:?} {BUSY_OR_STUCK}",
+                        h.timeout
+                    ))
                 }
                 Shape::Stopped => {
                     tokio::time::sleep(h.handshake_timeout.min(h.timeout)).await;
@@ -413,6 +417,83 @@ async fn a_sessions_nudge_brings_the_next_check_forward_to_fastinter() {
     assert_eq!(prober.count(), n + 1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(prober.count(), n + 2);
+    m.checks_stop.cancel();
+}
+
+/// Issue 25: a master busy with an `_auth` storm answers its minions but not the health ping in
+/// time. While request sessions see it complete replies, such checks are not counted: it stays
+/// UP however long the storm lasts. Once it answers nobody (its workers stuck), the same checks
+/// take it DOWN in `fall` checks; a stopped master goes DOWN at the handshake stage even while
+/// answers were seen just before.
+#[tokio::test(start_paused = true)]
+async fn a_busy_master_that_answers_its_minions_is_not_marked_down() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let metrics = Metrics::new();
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let (tx, mut rx) = mpsc::unbounded_channel::<MasterEvent>();
+    tokio::spawn(run_port_checks(
+        m.clone(),
+        Role::Request,
+        prober.clone(),
+        tx,
+        metrics.clone(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.is_up());
+    // The storm: every ping waits past the timeout; the minions' replies keep coming.
+    prober.set(Shape::Answers(h.timeout * 3));
+    let answers = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            loop {
+                m.upstream.saw_answer();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert!(m.is_up(), "{:?}", m.last_check(Role::Request));
+    assert!(rx.try_recv().is_err(), "no flip while the master answers");
+    let busy = metrics
+        .check_busy
+        .with_label_values(&["m1", "request"])
+        .get();
+    assert!(busy >= 10, "{busy} checks not counted in 120 s");
+    assert!(
+        m.last_check(Role::Request)
+            .detail
+            .contains("busy, not hung"),
+        "{:?}",
+        m.last_check(Role::Request)
+    );
+    // Its workers stuck: no more answers; DOWN after `fall` timed-out checks.
+    answers.abort();
+    let t0 = Instant::now();
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    let took = t0.elapsed();
+    let bound = (h.interval.max(h.timeout) + h.timeout) * (h.fall + 1);
+    assert!(
+        took <= bound,
+        "DOWN {took:?} after the answers stopped, bound {bound:?}"
+    );
+    m.checks_stop.cancel();
+
+    // Stopped just after an answer was seen: the handshake stage fails, which no answer excuses.
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut flips = checks(&m, prober.clone());
+    settle_up(&mut flips, &m).await;
+    m.upstream.saw_answer();
+    prober.set(Shape::Stopped);
+    let t0 = Instant::now();
+    let (at, flip) = flips.recv().await.unwrap();
+    assert_eq!(flip, Flip::Down);
+    assert!(at - t0 <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
     m.checks_stop.cancel();
 }
 

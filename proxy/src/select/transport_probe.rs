@@ -16,6 +16,11 @@ use saltgate_wire::salt_tcp::tls::{self, TlsSettings};
 
 use crate::select::local_resource::connect_error;
 
+/// Ends the detail of a request check whose ping got through the handshake and no answer came
+/// in time: the master's process runs, its workers are busy or stuck. Such a check is not
+/// counted when the master answered its minions' requests meanwhile (see [`crate::select::check::run_port_checks`]).
+pub const BUSY_OR_STUCK: &str = "(master busy, or its workers stuck)";
+
 /// The transport the checks speak, with the TLS client prepared from `ssl:`.
 #[derive(Debug)]
 pub struct ProbeTransport {
@@ -126,10 +131,14 @@ pub async fn check(
         }
         SaltProbeError::Connect(e) => connect_error(&format!("{what}: connect"), &e),
         SaltProbeError::Timeout(d) if tls.is_empty() && t.transport == SaltTransport::Tcp => {
-            format!("{what}: the master reads (its process runs), no answer within {d:?} (master busy, or its workers stuck)")
+            format!(
+                "{what}: the master reads (its process runs), no answer within {d:?} {}",
+                BUSY_OR_STUCK
+            )
         }
         SaltProbeError::Timeout(d) => format!(
-            "{what}: handshake done, no answer within {d:?} (master busy, or its workers stuck)"
+            "{what}: handshake done, no answer within {d:?} {}",
+            BUSY_OR_STUCK
         ),
         e => format!("{what}: {e}"),
     })

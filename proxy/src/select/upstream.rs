@@ -100,6 +100,9 @@ pub struct Upstream {
     nudge: [tokio::sync::Notify; 2],
     /// A nudge not yet served by a check that began after it (a burst wakes the checker once).
     nudge_pending: [AtomicBool; 2],
+    /// When a request session last saw this master complete a reply (see
+    /// [`Upstream::saw_answer`]).
+    last_answer: Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Upstream {
@@ -121,7 +124,27 @@ impl Upstream {
             hold_released: AtomicBool::new(false),
             nudge: [tokio::sync::Notify::new(), tokio::sync::Notify::new()],
             nudge_pending: [AtomicBool::new(false), AtomicBool::new(false)],
+            last_answer: Mutex::new(None),
         }
+    }
+
+    /// A request session saw this master complete a reply to a minion (the continuity relay,
+    /// which runs with `on_master_down: migrate` or `auth_limit`, follows each request): its
+    /// workers answer, so a health ping that waits behind their work is a busy master's, not a
+    /// hung one's (see [`crate::select::check`]).
+    pub fn saw_answer(&self) {
+        if let Ok(mut t) = self.last_answer.lock() {
+            *t = Some(tokio::time::Instant::now());
+        }
+    }
+
+    /// Whether a reply was seen at or after `t`.
+    pub fn answered_since(&self, t: tokio::time::Instant) -> bool {
+        self.last_answer
+            .lock()
+            .ok()
+            .and_then(|a| *a)
+            .is_some_and(|a| a >= t)
     }
 
     /// A discovered master: DOWN (state `joining`) until its checks pass, instead of presumed UP
