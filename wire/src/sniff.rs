@@ -26,6 +26,7 @@
 use bytes::BytesMut;
 
 use crate::envelope::{self, Value};
+use crate::peek_buf::BudgetBuf;
 use crate::zmtp::frame::{Frame, FrameDecoder, FrameError};
 use crate::zmtp::greeting::{Mechanism, GREETING_LEN, SIGNATURE_LEN};
 
@@ -127,105 +128,74 @@ impl Verdict {
 /// The passive reader of one connection's client → master bytes (see the module docs).
 #[derive(Debug)]
 pub struct Sniffer {
-    budget: usize,
-    /// Bytes of the stream taken so far (at most `budget`).
-    taken: usize,
-    /// Taken bytes not parsed yet; freed once the verdict is final.
-    buf: BytesMut,
+    /// The bytes taken (at most the budget), those not parsed yet, the verdict.
+    input: BudgetBuf<BytesMut>,
+    reader: Reader,
+}
+
+/// Where the reading stands.
+#[derive(Debug)]
+struct Reader {
     greeted: bool,
     ready: bool,
     decoder: FrameDecoder,
-    verdict: Verdict,
 }
 
 impl Sniffer {
     /// A sniffer that looks at the first `budget` bytes (at least [`MIN_BUDGET`]).
     pub fn new(budget: usize) -> Self {
-        let budget = budget.max(MIN_BUDGET);
+        let input = BudgetBuf::new(budget);
         Sniffer {
-            budget,
-            taken: 0,
-            buf: BytesMut::new(),
-            greeted: false,
-            ready: false,
-            decoder: FrameDecoder::new(budget),
-            verdict: Verdict::Pending,
+            reader: Reader {
+                greeted: false,
+                ready: false,
+                decoder: FrameDecoder::new(input.budget),
+            },
+            input,
         }
     }
 
     pub fn budget(&self) -> usize {
-        self.budget
+        self.input.budget
     }
 
     /// Bytes of memory held right now (never more than the budget; 0 once the verdict is final).
     pub fn buffered(&self) -> usize {
-        self.buf.capacity()
+        self.input.buffered()
     }
 
     pub fn verdict(&self) -> &Verdict {
-        &self.verdict
+        self.input.verdict()
     }
 
     /// Takes the next bytes of the stream; returns the verdict so far. Once it is final, later
     /// calls return it at once.
     pub fn feed(&mut self, bytes: &[u8]) -> &Verdict {
-        if self.verdict.is_final() {
-            return &self.verdict;
-        }
-        let room = self.budget - self.taken;
-        let take = bytes.len().min(room);
-        self.take_in(&bytes[..take]);
-        self.taken += take;
-        if let Some(v) = self.parse() {
-            self.finish(v);
-        } else if self.taken == self.budget {
-            // Waiting for bytes beyond the budget.
-            self.finish(Verdict::GaveUp(GiveUp::OverBudget));
-        }
-        &self.verdict
+        let reader = &mut self.reader;
+        self.input.feed(bytes, |input| reader.parse(input))
     }
+}
 
-    /// Appends to the buffer, growing it by hand so that it never holds more than the budget
-    /// (what is buffered is never more than what was taken).
-    fn take_in(&mut self, bytes: &[u8]) {
-        let need = self.buf.len() + bytes.len();
-        if need > self.buf.capacity() {
-            let cap = need
-                .max(self.buf.len() * 2)
-                .max(1024)
-                .min(self.budget)
-                .max(need);
-            let mut grown = BytesMut::with_capacity(cap);
-            grown.extend_from_slice(&self.buf);
-            self.buf = grown;
-        }
-        self.buf.extend_from_slice(bytes);
-    }
-
-    fn finish(&mut self, v: Verdict) {
-        self.verdict = v;
-        self.buf = BytesMut::new();
-    }
-
+impl Reader {
     /// Parses what is buffered; `Some` once the verdict is known.
-    fn parse(&mut self) -> Option<Verdict> {
+    fn parse(&mut self, input: &mut BudgetBuf<BytesMut>) -> Option<Verdict> {
         if !self.greeted {
-            if let Some(v) = check_greeting(&self.buf) {
+            if let Some(v) = check_greeting(&input.buf) {
                 return Some(v);
             }
-            if self.buf.len() < GREETING_LEN {
+            if input.buf.len() < GREETING_LEN {
                 return None;
             }
-            let _ = self.buf.split_to(GREETING_LEN);
+            let _ = input.buf.split_to(GREETING_LEN);
             self.greeted = true;
         }
         loop {
-            let frame = match self.decoder.decode(&mut self.buf) {
+            let frame = match self.decoder.decode(&mut input.buf) {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     // The frame in progress ends past the budget: no use waiting for it.
-                    return match self.decoder.bytes_needed(&self.buf) {
-                        Ok(need) if self.taken.saturating_add(need) > self.budget => {
+                    return match self.decoder.bytes_needed(&input.buf) {
+                        Ok(need) if input.taken.saturating_add(need) > input.budget => {
                             Some(Verdict::GaveUp(GiveUp::OverBudget))
                         }
                         _ => None,

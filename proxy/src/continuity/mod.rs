@@ -25,6 +25,7 @@ pub mod auth_limit;
 mod auth_relay;
 mod framing;
 mod handshake;
+mod held;
 pub mod metrics;
 pub mod msgpack_walk;
 pub mod tcp_track;

@@ -21,10 +21,9 @@
 //! flight, more than [`MAX_PENDING`] requests unanswered) makes the tracker give up for good: the
 //! session is pumped as before and closes with its master, as with `on_master_down: close`.
 
-use std::collections::VecDeque;
+use bytes::Bytes;
 
-use bytes::{Bytes, BytesMut};
-
+use super::held::Held;
 use super::msgpack_walk::{head_mid, Head, Walker, MAX_HEAD};
 use super::track::{ReplyEvents, Skip};
 
@@ -33,19 +32,6 @@ pub const MAX_MESSAGE: u64 = 100 * 1024 * 1024;
 /// Unanswered requests followed on one connection (their `mid`s are kept even when their bytes
 /// are not); past it the tracker gives up.
 pub const MAX_PENDING: usize = 256;
-
-/// One request sent (or being sent) and not answered.
-#[derive(Debug)]
-struct Pending {
-    /// Known once its `head` has passed.
-    mid: Option<Vec<u8>>,
-    /// Its bytes so far; `None` once it did not fit in the cap.
-    bytes: Option<BytesMut>,
-    /// All of it has passed.
-    complete: bool,
-    /// Re-sent once already (to the master it moved to).
-    replayed: bool,
-}
 
 /// One direction: message boundaries and the start of the message in progress.
 #[derive(Debug)]
@@ -87,12 +73,10 @@ impl Dir {
 /// Both directions of one `tcp` request connection (see the module docs).
 #[derive(Debug)]
 pub struct TcpTrack {
-    cap: usize,
     up: Dir,
     down: Dir,
-    pending: VecDeque<Pending>,
-    /// Bytes held in `pending`.
-    kept: usize,
+    /// The unanswered requests, each with its `mid` once its `head` has passed.
+    pending: Held<Option<Vec<u8>>>,
     gave_up: bool,
 }
 
@@ -100,11 +84,9 @@ impl TcpTrack {
     /// Keeps unanswered requests of up to `cap` bytes in total.
     pub fn new(cap: usize) -> Self {
         TcpTrack {
-            cap,
             up: Dir::new(),
             down: Dir::new(),
-            pending: VecDeque::new(),
-            kept: 0,
+            pending: Held::new(cap),
             gave_up: false,
         }
     }
@@ -115,7 +97,7 @@ impl TcpTrack {
 
     /// Bytes held for re-sending right now.
     pub fn kept_len(&self) -> usize {
-        self.kept
+        self.pending.kept()
     }
 
     /// Requests sent (or being sent) and not answered.
@@ -125,8 +107,7 @@ impl TcpTrack {
 
     fn give_up(&mut self) {
         self.gave_up = true;
-        self.pending = VecDeque::new();
-        self.kept = 0;
+        self.pending.clear();
         self.up = Dir::new();
         self.down = Dir::new();
     }
@@ -135,17 +116,11 @@ impl TcpTrack {
     pub fn observe_up(&mut self, mut b: &[u8]) {
         while !b.is_empty() && !self.gave_up {
             if !self.up.in_msg {
-                if self.pending.len() >= MAX_PENDING {
+                if !self.pending.push(None, MAX_PENDING) {
                     return self.give_up();
                 }
                 self.up.in_msg = true;
                 self.up.mid_read = false;
-                self.pending.push_back(Pending {
-                    mid: None,
-                    bytes: Some(BytesMut::new()),
-                    complete: false,
-                    replayed: false,
-                });
             }
             let Ok((n, end)) = self.up.walk.feed(b) else {
                 return self.give_up();
@@ -153,26 +128,17 @@ impl TcpTrack {
             let piece = &b[..n];
             b = &b[n..];
             let head = self.up.head_piece(piece);
-            let Some(p) = self.pending.back_mut() else {
+            if !self.pending.keep(piece) {
                 return self.give_up();
-            };
-            if let Some(k) = p.bytes.as_mut() {
-                if self.kept + n > self.cap {
-                    self.kept -= k.len();
-                    p.bytes = None;
-                } else {
-                    k.extend_from_slice(piece);
-                    self.kept += n;
-                }
             }
             match head {
                 Head::Mid(mid) => {
-                    if self.pending.iter().any(|q| q.mid.as_ref() == Some(&mid)) {
+                    if self.pending.iter().any(|q| q.meta.as_ref() == Some(&mid)) {
                         // Two requests with one `mid` in flight: replies could not be told apart.
                         return self.give_up();
                     }
-                    if let Some(p) = self.pending.back_mut() {
-                        p.mid = Some(mid);
+                    if let Some(p) = self.pending.last_mut() {
+                        p.meta = Some(mid);
                     }
                 }
                 Head::Bad => return self.give_up(),
@@ -183,7 +149,7 @@ impl TcpTrack {
                 if !self.up.mid_read {
                     return self.give_up();
                 }
-                if let Some(p) = self.pending.back_mut() {
+                if let Some(p) = self.pending.last_mut() {
                     p.complete = true;
                 }
             }
@@ -228,18 +194,12 @@ impl TcpTrack {
     /// The reply to `mid` started reaching the minion: its request is no longer kept. A `mid`
     /// not in flight (a reply to nothing saltgate saw) changes nothing.
     fn answered(&mut self, mid: &[u8]) {
-        if let Some(i) = self
+        let at = self
             .pending
             .iter()
-            .position(|p| p.mid.as_deref() == Some(mid))
-        {
-            if let Some(p) = self.pending.remove(i) {
-                self.kept -= p.bytes.map_or(0, |k| k.len());
-            }
-            // An idle connection holds nothing, even after a burst.
-            if self.pending.is_empty() && self.pending.capacity() > 8 {
-                self.pending = VecDeque::new();
-            }
+            .position(|p| p.meta.as_deref() == Some(mid));
+        if let Some(i) = at {
+            self.pending.answered(i);
         }
     }
 
@@ -260,25 +220,7 @@ impl TcpTrack {
     /// is false when the last one is partial. Marks each whole request as re-sent (once at most).
     pub fn take_replay(&mut self) -> Result<Option<(Bytes, bool)>, Skip> {
         self.movable()?;
-        if self.pending.iter().any(|p| p.bytes.is_none()) {
-            return Err(Skip::OverCap);
-        }
-        if self.pending.iter().any(|p| p.replayed) {
-            return Err(Skip::ReplayedOnce);
-        }
-        if self.pending.is_empty() {
-            return Ok(None);
-        }
-        let mut out = BytesMut::with_capacity(self.kept);
-        let mut complete = true;
-        for p in self.pending.iter_mut() {
-            if let Some(k) = &p.bytes {
-                out.extend_from_slice(k);
-            }
-            p.replayed = p.complete;
-            complete = p.complete;
-        }
-        Ok(Some((out.freeze(), complete)))
+        self.pending.take_replay(&[])
     }
 
     /// Another master now sends to the minion (the old one was left at a message boundary).

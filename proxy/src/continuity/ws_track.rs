@@ -26,11 +26,10 @@
 //! closes with its master, as with `on_master_down: close`. A close frame either way ends the
 //! websocket: the master's end that follows is not a death ([`WsTrack::finished`]).
 
-use std::collections::VecDeque;
-
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use saltgate_wire::salt_ws::{OP_BINARY, OP_CLOSE, OP_CONT};
 
+use super::held::Held;
 use super::track::{ReplyEvents, Skip};
 use super::ws_walk::{
     answer_ok, head_end, upgrade_key, FrameWalker, Step, MAX_FRAME_HEAD, MAX_HTTP_HEAD,
@@ -43,17 +42,6 @@ pub const MAX_MESSAGE: u64 = 100 * 1024 * 1024;
 pub const MAX_PENDING: usize = 64;
 /// A control frame's bytes held while it passes (header and at most 125 bytes of payload).
 const MAX_CONTROL: usize = MAX_FRAME_HEAD + 125;
-
-/// One binary message sent (or being sent) and not answered.
-#[derive(Debug)]
-struct Pending {
-    /// Its frames so far; `None` once they did not fit in the cap.
-    bytes: Option<BytesMut>,
-    /// Its size so far (frames and headers), kept or not.
-    size: u64,
-    complete: bool,
-    replayed: bool,
-}
 
 /// The minion → master side.
 #[derive(Debug)]
@@ -97,12 +85,11 @@ impl Down {
 /// Both directions of one `ws` request connection (see the module docs).
 #[derive(Debug)]
 pub struct WsTrack {
-    cap: usize,
     up: Up,
     down: Down,
-    pending: VecDeque<Pending>,
-    /// Bytes held in `pending`.
-    kept: usize,
+    /// The unanswered binary messages, each with its size so far (frames and headers), kept or
+    /// not.
+    pending: Held<u64>,
     gave_up: bool,
     /// A close frame passed, either way.
     finished: bool,
@@ -112,7 +99,6 @@ impl WsTrack {
     /// Keeps unanswered requests of up to `cap` bytes in total.
     pub fn new(cap: usize) -> Self {
         WsTrack {
-            cap,
             up: Up {
                 upgrade: Vec::new(),
                 key: None,
@@ -121,8 +107,7 @@ impl WsTrack {
                 fragmented: false,
             },
             down: Down::new(false),
-            pending: VecDeque::new(),
-            kept: 0,
+            pending: Held::new(cap),
             gave_up: false,
             finished: false,
         }
@@ -139,7 +124,7 @@ impl WsTrack {
 
     /// Bytes held for re-sending right now (the upgrade request included).
     pub fn kept_len(&self) -> usize {
-        self.kept + self.up.upgrade.len()
+        self.pending.kept() + self.up.upgrade.len()
     }
 
     /// Requests sent (or being sent) and not answered.
@@ -149,8 +134,7 @@ impl WsTrack {
 
     fn give_up(&mut self) {
         self.gave_up = true;
-        self.pending = VecDeque::new();
-        self.kept = 0;
+        self.pending.clear();
         self.up.upgrade = Vec::new();
         self.up.key = None;
         self.up.control = None;
@@ -186,19 +170,15 @@ impl WsTrack {
                         if info.opcode == OP_CLOSE {
                             self.finished = true;
                         }
-                        self.up.control = Some(self.up.walk.head_bytes().to_vec());
+                        let mut c = Vec::with_capacity(MAX_CONTROL);
+                        c.extend_from_slice(self.up.walk.head_bytes());
+                        self.up.control = Some(c);
                     } else {
                         match (info.opcode, self.up.fragmented) {
                             (OP_BINARY, false) => {
-                                if self.pending.len() >= MAX_PENDING {
+                                if !self.pending.push(0, MAX_PENDING) {
                                     return self.give_up();
                                 }
-                                self.pending.push_back(Pending {
-                                    bytes: Some(BytesMut::new()),
-                                    size: 0,
-                                    complete: false,
-                                    replayed: false,
-                                });
                             }
                             (OP_CONT, true) => {}
                             // Text (no reply to match), a new message inside one, a
@@ -207,9 +187,8 @@ impl WsTrack {
                         }
                         self.up.fragmented = !info.fin;
                         let size = info.head as u64 + info.payload;
-                        let head = self.up.walk.head_bytes().to_vec();
-                        if !self.keep(&head, size) {
-                            return;
+                        if !self.grow(size) || !self.pending.keep(self.up.walk.head_bytes()) {
+                            return self.give_up();
                         }
                     }
                     if end {
@@ -224,8 +203,8 @@ impl WsTrack {
                             return self.give_up();
                         }
                         c.extend_from_slice(piece);
-                    } else if !self.keep(piece, 0) {
-                        return;
+                    } else if !self.pending.keep(piece) {
+                        return self.give_up();
                     }
                     if end {
                         self.up_frame_end();
@@ -263,28 +242,14 @@ impl WsTrack {
         }
     }
 
-    /// Adds bytes of a data frame to the message in progress (`grow`: its frame's full size,
-    /// at its header). False when the tracker gave up.
-    fn keep(&mut self, piece: &[u8], grow: u64) -> bool {
-        let Some(p) = self.pending.back_mut() else {
-            self.give_up();
+    /// The message in progress grows by a data frame (its full size, at its header); false
+    /// when it is over [`MAX_MESSAGE`] (or there is none).
+    fn grow(&mut self, size: u64) -> bool {
+        let Some(p) = self.pending.last_mut() else {
             return false;
         };
-        p.size += grow;
-        if p.size > MAX_MESSAGE {
-            self.give_up();
-            return false;
-        }
-        if let Some(k) = p.bytes.as_mut() {
-            if self.kept + piece.len() > self.cap {
-                self.kept -= k.len();
-                p.bytes = None;
-            } else {
-                k.extend_from_slice(piece);
-                self.kept += piece.len();
-            }
-        }
-        true
+        p.meta += size;
+        p.meta <= MAX_MESSAGE
     }
 
     fn up_frame_end(&mut self) {
@@ -292,7 +257,7 @@ impl WsTrack {
             return;
         }
         if !self.up.fragmented {
-            if let Some(p) = self.pending.back_mut() {
+            if let Some(p) = self.pending.last_mut() {
                 p.complete = true;
             }
         }
@@ -339,17 +304,9 @@ impl WsTrack {
                                 ev.started = true;
                                 // The oldest request is answered; a reply to nothing, or to a
                                 // request not whole, is not Salt's.
-                                match self.pending.pop_front() {
-                                    Some(p) if p.complete => {
-                                        self.kept -= p.bytes.map_or(0, |k| k.len());
-                                    }
-                                    _ => {
-                                        self.give_up();
-                                        return ev;
-                                    }
-                                }
-                                if self.pending.is_empty() && self.pending.capacity() > 8 {
-                                    self.pending = VecDeque::new();
+                                if !self.pending.answered(0).is_some_and(|p| p.complete) {
+                                    self.give_up();
+                                    return ev;
                                 }
                             }
                             (OP_CONT, true) => {}
@@ -396,30 +353,11 @@ impl WsTrack {
     /// Marks each whole request as re-sent (once at most).
     pub fn take_replay(&mut self) -> Result<Option<(Bytes, bool)>, Skip> {
         self.movable()?;
-        if self.pending.iter().any(|p| p.bytes.is_none()) {
-            return Err(Skip::OverCap);
-        }
-        if self.pending.iter().any(|p| p.replayed) {
-            return Err(Skip::ReplayedOnce);
-        }
         let tail: &[u8] = match &self.up.control {
             Some(c) => c,
             None => self.up.walk.partial_head(),
         };
-        if self.pending.is_empty() && tail.is_empty() {
-            return Ok(None);
-        }
-        let mut out = BytesMut::with_capacity(self.kept + tail.len());
-        let mut complete = tail.is_empty();
-        for p in self.pending.iter_mut() {
-            if let Some(k) = &p.bytes {
-                out.extend_from_slice(k);
-            }
-            p.replayed = p.complete;
-            complete &= p.complete;
-        }
-        out.extend_from_slice(tail);
-        Ok(Some((out.freeze(), complete)))
+        self.pending.take_replay(tail)
     }
 
     /// Another master now sends to the minion: its `101` is passed to the minion when the old

@@ -2,34 +2,18 @@
 //! ([`super::ws_track`]): no copy of a payload, at most [`MAX_FRAME_HEAD`] header bytes held.
 //! The HTTP heads of the upgrade (request and answer) are found here too.
 //!
-//! A client's frames are masked and a server's are not (RFC 6455 §5.1); reserved bits (RSV1 of a
-//! negotiated `permessage-deflate` included, which Salt's aiohttp client never offers), reserved
-//! opcodes, a control frame that is fragmented or longer than 125 bytes, a 64-bit length with its
-//! top bit set: each is an error, never a panic.
+//! Each header is read by `wire`'s [`saltgate_wire::salt_ws::frame_head`], the presence peek's
+//! too: a client's frames are masked and a server's are not (RFC 6455 §5.1); reserved bits (RSV1
+//! of a negotiated `permessage-deflate` included, which Salt's aiohttp client never offers),
+//! reserved opcodes, a control frame that is fragmented or longer than 125 bytes, a 64-bit length
+//! with its top bit set: each is an error, never a panic.
 
-use saltgate_wire::salt_ws::{OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT};
+use saltgate_wire::salt_ws::{frame_head, has_token};
+pub use saltgate_wire::salt_ws::{BadFrame, FrameHead as FrameInfo, MAX_FRAME_HEAD};
 
-/// The longest frame header: 2 bytes, a 64-bit length, a mask key.
-pub const MAX_FRAME_HEAD: usize = 14;
 /// The longest HTTP head followed (the minion's upgrade request, the master's answer): the
 /// limit of `wire`'s websocket client for an answer. aiohttp's own is 8190 bytes a line.
 pub const MAX_HTTP_HEAD: usize = saltgate_wire::salt_ws::MAX_HANDSHAKE;
-
-/// A frame whose header has been read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FrameInfo {
-    pub fin: bool,
-    pub opcode: u8,
-    /// Header bytes (mask key included).
-    pub head: usize,
-    pub payload: u64,
-}
-
-impl FrameInfo {
-    pub fn control(&self) -> bool {
-        self.opcode & 0x8 != 0
-    }
-}
 
 /// What the next bytes were.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,10 +30,6 @@ pub enum Step {
     /// `n` bytes of the payload of the frame in progress; `end`: they end it.
     Payload { n: usize, end: bool },
 }
-
-/// A frame error (the stream is not RFC 6455 for that side).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BadFrame;
 
 /// Frame boundaries of one direction.
 #[derive(Debug)]
@@ -121,7 +101,7 @@ impl FrameWalker {
             self.head[self.have] = byte;
             self.have += 1;
             n += 1;
-            if let Some(info) = self.parse()? {
+            if let Some(info) = frame_head(&self.head[..self.have], self.masked)? {
                 let end = info.payload == 0;
                 if end {
                     self.done = true;
@@ -132,51 +112,6 @@ impl FrameWalker {
             }
         }
         Ok(Step::PartialHead(n))
-    }
-
-    /// The header so far: `Ok(None)` while incomplete.
-    fn parse(&self) -> Result<Option<FrameInfo>, BadFrame> {
-        let h = &self.head[..self.have];
-        let (Some(&b0), Some(&b1)) = (h.first(), h.get(1)) else {
-            return Ok(None);
-        };
-        let (fin, opcode) = (b0 & 0x80 != 0, b0 & 0x0f);
-        if b0 & 0x70 != 0 || (b1 & 0x80 != 0) != self.masked {
-            return Err(BadFrame);
-        }
-        match opcode {
-            OP_CONT | OP_TEXT | OP_BINARY => {}
-            OP_CLOSE | OP_PING | OP_PONG if fin && b1 & 0x7f <= 125 => {}
-            _ => return Err(BadFrame),
-        }
-        let (payload, ext) = match b1 & 0x7f {
-            126 => match h.get(2..4) {
-                Some(x) => (u64::from(u16::from_be_bytes([x[0], x[1]])), 2),
-                None => return Ok(None),
-            },
-            127 => match h.get(2..10) {
-                Some(x) => {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(x);
-                    (u64::from_be_bytes(b), 8)
-                }
-                None => return Ok(None),
-            },
-            n => (u64::from(n), 0),
-        };
-        if payload >> 63 != 0 {
-            return Err(BadFrame);
-        }
-        let head = 2 + ext + if self.masked { 4 } else { 0 };
-        if h.len() < head {
-            return Ok(None);
-        }
-        Ok(Some(FrameInfo {
-            fin,
-            opcode,
-            head,
-            payload,
-        }))
     }
 }
 
@@ -214,11 +149,7 @@ pub fn upgrade_key(head: &[u8]) -> Result<String, &'static str> {
     let mut key = None;
     for (name, value) in headers(text).ok_or("a header line without ':'")? {
         match name.to_ascii_lowercase().as_str() {
-            "upgrade" => {
-                upgrade |= value
-                    .split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
-            }
+            "upgrade" => upgrade |= has_token(value, "websocket"),
             "sec-websocket-key" => key = Some(value.to_string()),
             // Compression state could not be carried to another master.
             "sec-websocket-extensions" => return Err("a websocket extension offered"),

@@ -21,27 +21,25 @@
 
 use crate::envelope;
 use crate::peek_buf::BudgetBuf;
-use crate::sniff::{examine_envelope, GiveUp, Verdict, MIN_BUDGET};
+use crate::sniff::{examine_envelope, GiveUp, Verdict};
 
 use super::{scan, FrameError, TcpMessage};
 
 /// The passive reader of one `tcp` request connection's client → master bytes.
 #[derive(Debug)]
 pub struct TcpPeek {
-    /// The bytes taken (at most the budget) and those not yet examined.
+    /// The bytes taken (at most the budget), those not yet examined, the verdict.
     input: BudgetBuf,
     /// Bytes of whole messages already examined (the start of `buf` in the stream).
     consumed: usize,
-    verdict: Verdict,
 }
 
 impl TcpPeek {
-    /// A peek that looks at the first `budget` bytes (at least [`MIN_BUDGET`]).
+    /// A peek that looks at the first `budget` bytes (at least [`crate::sniff::MIN_BUDGET`]).
     pub fn new(budget: usize) -> Self {
         TcpPeek {
-            input: BudgetBuf::new(budget.max(MIN_BUDGET)),
+            input: BudgetBuf::new(budget),
             consumed: 0,
-            verdict: Verdict::Pending,
         }
     }
 
@@ -55,58 +53,42 @@ impl TcpPeek {
     }
 
     pub fn verdict(&self) -> &Verdict {
-        &self.verdict
+        self.input.verdict()
     }
 
     /// Takes the next bytes of the stream; returns the verdict so far. Once it is final, later
     /// calls return it at once.
     pub fn feed(&mut self, bytes: &[u8]) -> &Verdict {
-        if self.verdict.is_final() {
-            return &self.verdict;
-        }
-        let spent = self.input.take(bytes);
-        if let Some(v) = self.parse() {
-            self.finish(v);
-        } else if spent {
-            // Waiting for bytes beyond the budget.
-            self.finish(Verdict::GaveUp(GiveUp::OverBudget));
-        }
-        &self.verdict
+        let consumed = &mut self.consumed;
+        self.input.feed(bytes, |input| parse(input, consumed))
     }
+}
 
-    fn finish(&mut self, v: Verdict) {
-        self.verdict = v;
-        self.input.free();
-    }
-
-    /// Examines every whole message buffered; `Some` once the verdict is known.
-    fn parse(&mut self) -> Option<Verdict> {
-        loop {
-            if self.input.buf.is_empty() {
-                return None;
-            }
-            // What is left of the budget is the most the next message may take.
-            let room = self.input.budget - self.consumed;
-            let len = match scan(&self.input.buf, room) {
-                Ok(Some(len)) => len,
-                Ok(None) => return None,
-                Err(FrameError::TooLarge { .. }) => {
-                    return Some(Verdict::GaveUp(GiveUp::OverBudget))
-                }
-                Err(_) => return Some(Verdict::GaveUp(GiveUp::Framing)),
-            };
-            let message = envelope::decode(&self.input.buf[..len])
-                .ok()
-                .and_then(|v| TcpMessage::from_value(v).ok());
-            let Some(message) = message else {
-                return Some(Verdict::GaveUp(GiveUp::Framing));
-            };
-            if let Some(v) = examine_envelope(&message.body) {
-                return Some(v);
-            }
-            self.input.buf.drain(..len);
-            self.consumed += len;
+/// Examines every whole message buffered; `Some` once the verdict is known.
+fn parse(input: &mut BudgetBuf, consumed: &mut usize) -> Option<Verdict> {
+    loop {
+        if input.buf.is_empty() {
+            return None;
         }
+        // What is left of the budget is the most the next message may take.
+        let room = input.budget - *consumed;
+        let len = match scan(&input.buf, room) {
+            Ok(Some(len)) => len,
+            Ok(None) => return None,
+            Err(FrameError::TooLarge { .. }) => return Some(Verdict::GaveUp(GiveUp::OverBudget)),
+            Err(_) => return Some(Verdict::GaveUp(GiveUp::Framing)),
+        };
+        let message = envelope::decode(&input.buf[..len])
+            .ok()
+            .and_then(|v| TcpMessage::from_value(v).ok());
+        let Some(message) = message else {
+            return Some(Verdict::GaveUp(GiveUp::Framing));
+        };
+        if let Some(v) = examine_envelope(&message.body) {
+            return Some(v);
+        }
+        input.buf.drain(..len);
+        *consumed += len;
     }
 }
 

@@ -51,6 +51,80 @@ pub enum WsError {
     TooLarge { size: u64, limit: usize },
 }
 
+/// The longest frame header: 2 bytes, a 64-bit length, a mask key.
+pub const MAX_FRAME_HEAD: usize = 14;
+
+/// A frame's header (RFC 6455 §5.2), once all of it (mask key included) has arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    pub fin: bool,
+    pub opcode: u8,
+    /// Header bytes, the mask key included.
+    pub head: usize,
+    pub payload: u64,
+}
+
+impl FrameHead {
+    /// Close, ping or pong.
+    pub fn control(&self) -> bool {
+        self.opcode & 0x8 != 0
+    }
+}
+
+/// A frame header that breaks RFC 6455 for its side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadFrame;
+
+/// A frame's header from the start of `raw`, for frames that must be `masked` (a client's) or
+/// must not (a server's): `Ok(None)` while incomplete, `Err` when it breaks RFC 6455 (the mask
+/// bit wrong for the side, reserved bits (RSV1 of a `permessage-deflate` included) or opcodes,
+/// a control frame that is fragmented or over 125 bytes, a 64-bit length with its top bit set).
+/// The one frame-header parser of the passive readers ([`peek`], the proxy's request tracker,
+/// which calls it for each header byte: inlined there).
+#[inline]
+pub fn frame_head(raw: &[u8], masked: bool) -> Result<Option<FrameHead>, BadFrame> {
+    let (Some(&b0), Some(&b1)) = (raw.first(), raw.get(1)) else {
+        return Ok(None);
+    };
+    let (fin, opcode) = (b0 & 0x80 != 0, b0 & 0x0f);
+    if b0 & 0x70 != 0 || (b1 & 0x80 != 0) != masked {
+        return Err(BadFrame);
+    }
+    match opcode {
+        OP_CONT | OP_TEXT | OP_BINARY => {}
+        OP_CLOSE | OP_PING | OP_PONG if fin && b1 & 0x7f <= 125 => {}
+        _ => return Err(BadFrame),
+    }
+    let (payload, ext) = match b1 & 0x7f {
+        126 => match raw.get(2..4) {
+            Some(x) => (u64::from(u16::from_be_bytes([x[0], x[1]])), 2),
+            None => return Ok(None),
+        },
+        127 => match raw.get(2..10) {
+            Some(x) => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(x);
+                (u64::from_be_bytes(b), 8)
+            }
+            None => return Ok(None),
+        },
+        n => (u64::from(n), 0),
+    };
+    if payload >> 63 != 0 {
+        return Err(BadFrame);
+    }
+    let head = 2 + ext + if masked { 4 } else { 0 };
+    if raw.len() < head {
+        return Ok(None);
+    }
+    Ok(Some(FrameHead {
+        fin,
+        opcode,
+        head,
+        payload,
+    }))
+}
+
 /// A fresh `Sec-WebSocket-Key` (16 random bytes, base64).
 pub fn new_key() -> String {
     use rand::RngCore;
@@ -111,20 +185,10 @@ pub fn read_handshake(buf: &[u8], key: &str) -> Result<Option<usize>, WsError> {
     }
     let (mut upgrade, mut connection, mut accept) = (false, false, None);
     for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            return Err(WsError::Handshake(format!(
-                "header line {:?} has no ':'",
-                truncate(line)
-            )));
-        };
-        let value = value.trim();
-        match name.trim().to_ascii_lowercase().as_str() {
+        let (name, value) = header_line(line)?;
+        match name.to_ascii_lowercase().as_str() {
             "upgrade" => upgrade = value.eq_ignore_ascii_case("websocket"),
-            "connection" => {
-                connection = value
-                    .split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            }
+            "connection" => connection = has_token(value, "upgrade"),
             "sec-websocket-accept" => accept = Some(value.to_string()),
             _ => {}
         }
@@ -145,8 +209,28 @@ pub fn read_handshake(buf: &[u8], key: &str) -> Result<Option<usize>, WsError> {
     }
 }
 
+/// At most 80 characters of `s`, to quote it in an error.
 fn truncate(s: &str) -> String {
     s.chars().take(80).collect()
+}
+
+/// A handshake header line's name and value, both trimmed.
+fn header_line(line: &str) -> Result<(&str, &str), WsError> {
+    let Some((name, value)) = line.split_once(':') else {
+        return Err(WsError::Handshake(format!(
+            "header line {:?} has no ':'",
+            truncate(line)
+        )));
+    };
+    Ok((name.trim(), value.trim()))
+}
+
+/// Whether a comma-separated header value (`Connection: keep-alive, Upgrade`) lists `token`, in
+/// any case.
+pub fn has_token(value: &str, token: &str) -> bool {
+    value
+        .split(',')
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
 /// One client frame (FIN set), masked with `mask` as RFC 6455 requires of a client.

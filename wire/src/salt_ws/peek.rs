@@ -32,9 +32,9 @@
 
 use crate::envelope;
 use crate::peek_buf::BudgetBuf;
-use crate::sniff::{examine_envelope, GiveUp, Verdict, MIN_BUDGET};
+use crate::sniff::{examine_envelope, GiveUp, Verdict};
 
-use super::{OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT};
+use super::{frame_head, has_token, OP_BINARY, OP_CLOSE, OP_CONT, OP_PING, OP_PONG, OP_TEXT};
 
 /// Where the stream stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,36 +49,32 @@ enum Phase {
 /// The passive reader of one `ws` request connection's client → master bytes.
 #[derive(Debug)]
 pub struct WsPeek {
-    /// The bytes taken (at most the budget) and those not yet examined.
+    /// The bytes taken (at most the budget), those not yet examined, the verdict.
     input: BudgetBuf,
+    reader: Reader,
+}
+
+/// Where the reading stands.
+#[derive(Debug)]
+struct Reader {
     /// In [`Phase::Frames`]: `input.buf[..message]` is the unmasked payload of the binary
     /// message being assembled, the rest raw bytes not yet parsed.
     message: usize,
     /// The opcode of a fragmented data message in progress (its first frame had no FIN).
     fragmented: Option<u8>,
     phase: Phase,
-    verdict: Verdict,
-}
-
-/// A client frame's header, once all of it (mask key included) has arrived.
-#[derive(Debug, Clone, Copy)]
-struct Head {
-    fin: bool,
-    opcode: u8,
-    /// Header bytes, the mask key included.
-    len: usize,
-    payload: u64,
 }
 
 impl WsPeek {
-    /// A peek that looks at the first `budget` bytes (at least [`MIN_BUDGET`]).
+    /// A peek that looks at the first `budget` bytes (at least [`crate::sniff::MIN_BUDGET`]).
     pub fn new(budget: usize) -> Self {
         WsPeek {
-            input: BudgetBuf::new(budget.max(MIN_BUDGET)),
-            message: 0,
-            fragmented: None,
-            phase: Phase::Upgrade { scanned: 0 },
-            verdict: Verdict::Pending,
+            input: BudgetBuf::new(budget),
+            reader: Reader {
+                message: 0,
+                fragmented: None,
+                phase: Phase::Upgrade { scanned: 0 },
+            },
         }
     }
 
@@ -92,80 +88,68 @@ impl WsPeek {
     }
 
     pub fn verdict(&self) -> &Verdict {
-        &self.verdict
+        self.input.verdict()
     }
 
     /// Takes the next bytes of the stream; returns the verdict so far. Once it is final, later
     /// calls return it at once.
     pub fn feed(&mut self, bytes: &[u8]) -> &Verdict {
-        if self.verdict.is_final() {
-            return &self.verdict;
-        }
-        let spent = self.input.take(bytes);
-        if let Some(v) = self.parse() {
-            self.finish(v);
-        } else if spent {
-            // Waiting for bytes beyond the budget.
-            self.finish(Verdict::GaveUp(GiveUp::OverBudget));
-        }
-        &self.verdict
+        let reader = &mut self.reader;
+        self.input.feed(bytes, |input| reader.parse(input))
     }
+}
 
-    fn finish(&mut self, v: Verdict) {
-        self.verdict = v;
-        self.input.free();
-    }
-
-    fn parse(&mut self) -> Option<Verdict> {
+impl Reader {
+    fn parse(&mut self, input: &mut BudgetBuf) -> Option<Verdict> {
         if let Phase::Upgrade { scanned } = self.phase {
-            match upgrade_end(&self.input.buf, scanned) {
+            match upgrade_end(&input.buf, scanned) {
                 Err(()) => return Some(Verdict::GaveUp(GiveUp::Framing)),
                 Ok(None) => {
                     self.phase = Phase::Upgrade {
-                        scanned: self.input.buf.len(),
+                        scanned: input.buf.len(),
                     };
                     return None;
                 }
                 Ok(Some(end)) => {
-                    self.input.buf.drain(..end);
+                    input.buf.drain(..end);
                     self.phase = Phase::Frames;
                 }
             }
         }
-        self.frames()
+        self.frames(input)
     }
 
     /// Examines every whole frame buffered; `Some` once the verdict is known.
-    fn frames(&mut self) -> Option<Verdict> {
+    fn frames(&mut self, input: &mut BudgetBuf) -> Option<Verdict> {
         let framing = Some(Verdict::GaveUp(GiveUp::Framing));
         loop {
-            let raw = &self.input.buf[self.message..];
-            let head = match frame_head(raw) {
+            let raw = &input.buf[self.message..];
+            let frame = match frame_head(raw, true) {
                 Ok(Some(h)) => h,
                 Ok(None) => return None,
-                Err(()) => return framing,
+                Err(_) => return framing,
             };
             // Where the frame ends in the stream: past the budget, no use waiting for it.
-            let start = (self.input.taken - raw.len()) as u64;
-            let end = start + head.len as u64 + head.payload;
-            if end > self.input.budget as u64 {
+            let start = (input.taken - raw.len()) as u64;
+            let end = start + frame.head as u64 + frame.payload;
+            if end > input.budget as u64 {
                 return Some(Verdict::GaveUp(GiveUp::OverBudget));
             }
             // Fits in the budget, hence in memory.
-            let size = head.len + head.payload as usize;
+            let size = frame.head + frame.payload as usize;
             if raw.len() < size {
                 return None;
             }
-            let keep = match (head.opcode, self.fragmented) {
+            let keep = match (frame.opcode, self.fragmented) {
                 (OP_CLOSE | OP_PING | OP_PONG, _) => false,
                 (OP_TEXT | OP_BINARY, None) => {
-                    if !head.fin {
-                        self.fragmented = Some(head.opcode);
+                    if !frame.fin {
+                        self.fragmented = Some(frame.opcode);
                     }
-                    head.opcode == OP_BINARY
+                    frame.opcode == OP_BINARY
                 }
                 (OP_CONT, Some(op)) => {
-                    if head.fin {
+                    if frame.fin {
                         self.fragmented = None;
                     }
                     op == OP_BINARY
@@ -175,35 +159,32 @@ impl WsPeek {
             };
             let at = self.message;
             if !keep {
-                self.input.buf.drain(at..at + size);
+                input.buf.drain(at..at + size);
                 continue;
             }
             let key: [u8; 4] = [
-                self.input.buf[at + head.len - 4],
-                self.input.buf[at + head.len - 3],
-                self.input.buf[at + head.len - 2],
-                self.input.buf[at + head.len - 1],
+                input.buf[at + frame.head - 4],
+                input.buf[at + frame.head - 3],
+                input.buf[at + frame.head - 2],
+                input.buf[at + frame.head - 1],
             ];
-            for (i, b) in self.input.buf[at + head.len..at + size]
-                .iter_mut()
-                .enumerate()
-            {
+            for (i, b) in input.buf[at + frame.head..at + size].iter_mut().enumerate() {
                 *b ^= key[i % 4];
             }
-            self.input.buf.drain(at..at + head.len);
-            self.message += head.payload as usize;
+            input.buf.drain(at..at + frame.head);
+            self.message += frame.payload as usize;
             if self.fragmented.is_some() {
                 continue;
             }
             // A whole binary message: one request envelope.
-            let verdict = match envelope::decode(&self.input.buf[..self.message]) {
+            let verdict = match envelope::decode(&input.buf[..self.message]) {
                 Ok(v) => examine_envelope(&v),
                 Err(_) => Some(Verdict::GaveUp(GiveUp::Malformed)),
             };
             if verdict.is_some() {
                 return verdict;
             }
-            self.input.buf.drain(..self.message);
+            input.buf.drain(..self.message);
             self.message = 0;
         }
     }
@@ -232,9 +213,7 @@ fn upgrade_end(buf: &[u8], scanned: usize) -> Result<Option<usize>, ()> {
     for line in lines {
         let (name, value) = line.split_once(':').ok_or(())?;
         if name.trim().eq_ignore_ascii_case("upgrade") {
-            upgrade |= value
-                .split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("websocket"));
+            upgrade |= has_token(value, "websocket");
         }
     }
     if upgrade {
@@ -242,52 +221,6 @@ fn upgrade_end(buf: &[u8], scanned: usize) -> Result<Option<usize>, ()> {
     } else {
         Err(())
     }
-}
-
-/// A client frame's header from the start of `raw`: `Ok(None)` while incomplete, `Err` when it
-/// breaks RFC 6455 for a client (not masked, reserved bits or opcodes, a control frame that is
-/// fragmented or over 125 bytes, a 64-bit length with its top bit set).
-fn frame_head(raw: &[u8]) -> Result<Option<Head>, ()> {
-    let (Some(&b0), Some(&b1)) = (raw.first(), raw.get(1)) else {
-        return Ok(None);
-    };
-    let (fin, opcode) = (b0 & 0x80 != 0, b0 & 0x0f);
-    if b0 & 0x70 != 0 || b1 & 0x80 == 0 {
-        return Err(());
-    }
-    match opcode {
-        OP_CONT | OP_TEXT | OP_BINARY => {}
-        OP_CLOSE | OP_PING | OP_PONG if fin && b1 & 0x7f <= 125 => {}
-        _ => return Err(()),
-    }
-    let (payload, ext) = match b1 & 0x7f {
-        126 => match raw.get(2..4) {
-            Some(x) => (u64::from(u16::from_be_bytes([x[0], x[1]])), 2),
-            None => return Ok(None),
-        },
-        127 => match raw.get(2..10) {
-            Some(x) => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(x);
-                (u64::from_be_bytes(b), 8)
-            }
-            None => return Ok(None),
-        },
-        n => (u64::from(n), 0),
-    };
-    if payload >> 63 != 0 {
-        return Err(());
-    }
-    let len = 2 + ext + 4;
-    if raw.len() < len {
-        return Ok(None);
-    }
-    Ok(Some(Head {
-        fin,
-        opcode,
-        len,
-        payload,
-    }))
 }
 
 impl crate::transport::Peek for WsPeek {

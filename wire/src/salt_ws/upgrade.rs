@@ -11,7 +11,7 @@
 
 use base64::Engine;
 
-use super::{accept_key, WsError, MAX_HANDSHAKE};
+use super::{accept_key, has_token, header_line, truncate as short, WsError, MAX_HANDSHAKE};
 
 /// What a valid upgrade request asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,10 +22,6 @@ pub struct Upgrade {
     pub key: String,
     /// Length of the request head (frames may follow it in the same bytes).
     pub len: usize,
-}
-
-fn short(s: &str) -> String {
-    s.chars().take(80).collect()
 }
 
 /// Reads a client's upgrade request from the start of `buf`: `Ok(None)` while incomplete.
@@ -81,17 +77,10 @@ pub fn read_upgrade(buf: &[u8]) -> Result<Option<Upgrade>, WsError> {
     }
     let (mut upgrade, mut connection, mut key, mut ver) = (false, false, None, None);
     for l in lines {
-        let Some((name, value)) = l.split_once(':') else {
-            return Err(WsError::Handshake(format!(
-                "header line {:?} has no ':'",
-                short(l)
-            )));
-        };
-        let value = value.trim();
-        let has = |t: &str| value.split(',').any(|x| x.trim().eq_ignore_ascii_case(t));
-        match name.trim().to_ascii_lowercase().as_str() {
-            "upgrade" => upgrade |= has("websocket"),
-            "connection" => connection |= has("upgrade"),
+        let (name, value) = header_line(l)?;
+        match name.to_ascii_lowercase().as_str() {
+            "upgrade" => upgrade |= has_token(value, "websocket"),
+            "connection" => connection |= has_token(value, "upgrade"),
             "sec-websocket-key" => key = Some(value.to_string()),
             "sec-websocket-version" => ver = Some(value.to_string()),
             _ => {}
