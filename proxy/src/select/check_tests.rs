@@ -514,6 +514,15 @@ async fn down_master(
     (prober, m, flips)
 }
 
+/// Never more than [`MAX_OUTSTANDING_PINGS`] pings were outstanding at once.
+fn assert_few_outstanding(prober: &FakeProber) {
+    assert!(
+        prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
+        "{} pings outstanding at once",
+        prober.max_live()
+    );
+}
+
 /// The interop suite's bound: UP within `rise x downinter + 2 s` of the master's first answer.
 fn interop_bound(h: &HealthSettings) -> Duration {
     h.downinter * h.rise + Duration::from_secs(2)
@@ -546,11 +555,7 @@ async fn a_down_ports_ping_is_kept_outstanding_and_its_first_answer_passes_the_c
             sent <= most,
             "wait {wait_s} s: {sent} pings while the workers were not up (at most {most}: one per check of rise x downinter, for FRESH_PING_WINDOW)"
         );
-        assert!(
-            prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
-            "wait {wait_s} s: {} pings outstanding at once",
-            prober.max_live()
-        );
+        assert_few_outstanding(&prober);
         let (at, flip) = flips.recv().await.unwrap();
         assert_eq!(flip, Flip::Up);
         // the kept ping first, then the `rise` check's ping behind the stale ones
@@ -592,11 +597,7 @@ async fn a_lost_kept_ping_does_not_delay_up_a_fresh_one_beside_it_is_answered() 
             "serves {serves_in_ms} ms after the lost ping: UP {took:?} after the master first answers, bound {:?}",
             interop_bound(&h)
         );
-        assert!(
-            prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
-            "{} pings outstanding at once",
-            prober.max_live()
-        );
+        assert_few_outstanding(&prober);
         m.checks_stop.cancel();
     }
 }
@@ -636,11 +637,7 @@ async fn a_fresh_ping_keeps_its_place_in_a_restarted_masters_auth_backlog() {
             "backlog {backlog_s} s, load {load_per_s}/s: UP {after:?} after the suite's ping was answered, bound {:?}",
             interop_bound(&h)
         );
-        assert!(
-            prober.max_live() <= MAX_OUTSTANDING_PINGS as u64,
-            "{} pings outstanding at once",
-            prober.max_live()
-        );
+        assert_few_outstanding(&prober);
         m.checks_stop.cancel();
     }
 }
