@@ -5,9 +5,52 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::authstorm::{Way, WayRun};
+use super::authstorm::Way;
 use super::count_label;
 use crate::report::num;
+
+/// The rotation storm of one way.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rotation {
+    /// `salt-key -d` → the master took the dropfile (rotated its AES key).
+    pub secs_to_rotate: f64,
+    /// The publish after the rotation → the last `True` return (None: not all returned).
+    pub secs_to_all_pinged: Option<f64>,
+    pub returns: usize,
+    /// Over the rotation (from `salt-key -d` to the last return).
+    pub auth_processed: u64,
+    pub master_cpu_secs: f64,
+    pub downs: Option<u64>,
+}
+
+/// One way at one size.
+#[derive(Debug, Clone, Serialize)]
+pub struct WayRun {
+    pub way: Way,
+    pub minions: usize,
+    /// Minions authenticated at the end (all, or at the cap).
+    pub authenticated: usize,
+    pub secs_to_all: Option<f64>,
+    pub master_cpu_secs: f64,
+    pub auth_processed: u64,
+    /// saltgate's `saltgate_master_state_changes_total{to="down"}` (None: no saltgate).
+    pub downs: Option<u64>,
+    /// saltgate's `_auth` admitted to the master and dropped (the limited way).
+    pub gate_admitted: Option<f64>,
+    pub gate_dropped: Option<f64>,
+    /// Admitted `_auth` whose minion left before the master answered (the master's wasted work
+    /// the gate let through).
+    pub gate_orphaned: Option<f64>,
+    /// saltgate's DOWN flips over the storm by reason (the check's detail, its digits cut),
+    /// most frequent first: why a busy master was taken for a dead one.
+    pub down_reasons: Vec<(String, u64)>,
+    pub swarm_auth_timeouts: i64,
+    pub swarm_auth_retries: i64,
+    pub rotation: Option<Rotation>,
+    /// Other processes' CPU over the authentication window, % of the machine.
+    pub foreign_cpu_pct: f64,
+    pub loadavg: String,
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -238,6 +281,29 @@ pub fn markdown(r: &AuthstormReport) -> String {
     s
 }
 
+/// The DOWN flips of an `/api/v1/events` answer, counted by reason with its digits cut (the
+/// seconds and counts in a reason differ from one flip to the next), most frequent first.
+pub fn down_reasons(events_json: &str) -> Vec<(String, u64)> {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(events_json) else {
+        return Vec::new();
+    };
+    let mut counts: std::collections::BTreeMap<String, u64> = Default::default();
+    for e in v["events"].as_array().into_iter().flatten() {
+        if e["kind"] == "flip" && e["to"] == "down" {
+            let reason = e["reason"].as_str().unwrap_or("?");
+            let cut: String = reason
+                .chars()
+                .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                .collect();
+            let key = format!("{} port: {cut}", e["port"].as_str().unwrap_or("?"));
+            *counts.entry(key).or_default() += 1;
+        }
+    }
+    let mut v: Vec<(String, u64)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,5 +385,22 @@ mod tests {
             .find(|r| r.figure == "time until all authenticated")
             .unwrap();
         assert_eq!(t.met, Some(false));
+    }
+
+    #[test]
+    fn down_flips_are_counted_by_reason_without_their_numbers() {
+        let j = r#"{"events":[
+            {"seq":3,"at_ms":3,"kind":"flip","master":"m1","port":"request","from":"up","to":"down","reason":"salt ping: no answer within 5s"},
+            {"seq":2,"at_ms":2,"kind":"flip","master":"m2","port":"request","from":"up","to":"down","reason":"salt ping: no answer within 6s"},
+            {"seq":1,"at_ms":1,"kind":"flip","master":"m1","port":"request","from":"down","to":"up","reason":"ok"},
+            {"seq":0,"at_ms":0,"kind":"reload","generation":1,"trigger":"start","ok":true,"error":null}]}"#;
+        assert_eq!(
+            down_reasons(j),
+            vec![(
+                "request port: salt ping: no answer within #s".to_string(),
+                2
+            )]
+        );
+        assert!(down_reasons("not json").is_empty());
     }
 }
