@@ -540,6 +540,21 @@ async fn poll_async<Fut: std::future::Future<Output = bool>>(
     }
 }
 
+/// Whether every top-level key of a Salt config text is written once: Salt's YAML loader
+/// refuses a key written twice (the members' configs and their callers' extras are checked with
+/// it in tests).
+pub fn keys_once(config: &str) -> bool {
+    let keys: Vec<&str> = config
+        .lines()
+        .filter(|l| !l.starts_with(' ') && !l.starts_with('#'))
+        .filter_map(|l| l.split(':').next())
+        .collect();
+    let mut uniq = keys.clone();
+    uniq.sort_unstable();
+    uniq.dedup();
+    keys.len() == uniq.len()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,19 +570,6 @@ mod tests {
             pool: 4520,
         };
         Spec::new("c1", ips, ports, PathBuf::from("/sh"))
-    }
-
-    /// Every top-level key once: Salt's YAML loader refuses a key written twice.
-    fn keys_unique(t: &str) -> bool {
-        let keys: Vec<&str> = t
-            .lines()
-            .filter(|l| !l.starts_with(' ') && !l.starts_with('#'))
-            .filter_map(|l| l.split(':').next())
-            .collect();
-        let mut uniq = keys.clone();
-        uniq.sort_unstable();
-        uniq.dedup();
-        keys.len() == uniq.len()
     }
 
     #[test]
@@ -586,7 +588,7 @@ mod tests {
         assert!(t.contains("log_level_logfile: info\n"));
         assert!(!t.contains("transport:") && !t.contains("worker_threads:"));
         assert!(!t.contains("grains_cache:"));
-        assert!(keys_unique(&t), "{t}");
+        assert!(keys_once(&t), "{t}");
     }
 
     #[test]
@@ -605,7 +607,7 @@ mod tests {
         ] {
             assert_eq!(t.matches(line).count(), 1, "{line} in {t}");
         }
-        assert!(keys_unique(&t), "{t}");
+        assert!(keys_once(&t), "{t}");
     }
 
     #[test]
