@@ -133,7 +133,7 @@ impl Mode {
 static ONE_LAB: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by .ci/run with --ignored"]
+#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by .ci/run with --ignored --exact"]
 async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
     run(
         "the_vip_moves_between_two_saltgate_nodes_under_keepalived",
@@ -145,7 +145,7 @@ async fn the_vip_moves_between_two_saltgate_nodes_under_keepalived() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by name with --ignored (docs/ha.md: not in .ci/run yet)"]
+#[ignore = "needs root, ip, keepalived, haproxy and the real-Salt venv; run by .ci/run with --ignored --exact"]
 async fn ha_keepalived_real_salt() {
     run(
         "ha_keepalived_real_salt",
