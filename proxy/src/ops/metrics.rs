@@ -40,8 +40,9 @@ pub struct Metrics {
     pub check_duration: HistogramVec,
     /// `saltgate_master_check_failures_total{master,port}`.
     pub check_failures: IntCounterVec,
-    /// `saltgate_master_check_busy_total{master,port}`: request checks whose ping got no answer
-    /// in time while the master answered its minions' requests (busy, not hung): not counted.
+    /// `saltgate_master_check_busy_total{master,port}`: checks not counted because the master
+    /// answered its minions' requests meanwhile (busy, not hung): a request ping with no answer
+    /// in time, a publish greeting late within 30 s of the port's last passed check.
     pub check_busy: IntCounterVec,
     /// `saltgate_master_state_changes_total{master,to}`: health flips, `to` = up or down.
     pub state_changes: IntCounterVec,
@@ -155,7 +156,7 @@ impl Metrics {
             ),
             check_busy: counter(
                 "saltgate_master_check_busy_total",
-                "Request checks not counted: the ping got no answer in time, but the master answered minions' requests meanwhile (busy, not hung).",
+                "Checks not counted: the request ping got no answer in time, or the publish greeting came late, but the master answered minions' requests meanwhile (busy, not hung).",
                 &["master", "port"],
             ),
             state_changes: counter(

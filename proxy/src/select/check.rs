@@ -113,6 +113,9 @@ impl Prober for SaltProbes {
                     .map(|_| ())
                     .map_err(|e| match e {
                         ProbeError::Connect(e) => connect_error("ZMTP greeting: connect", &e),
+                        ProbeError::NoHandshake(d) if role == Role::Publish => format!(
+                            "ZMTP greeting: connected, no ZMTP handshake within {d:?} {NO_GREETING}"
+                        ),
                         e => format!("ZMTP greeting: {e}"),
                     }),
                 (Probe::Salt, Role::Request) => {
@@ -134,23 +137,44 @@ impl Prober for SaltProbes {
     }
 }
 
-pub use crate::select::transport_probe::BUSY_OR_STUCK;
+pub use crate::select::transport_probe::{BUSY_OR_STUCK, NO_GREETING};
 
-/// Whether a failed check is a busy master's, not a hung one's: a request port not DOWN whose
-/// ping got no answer in time ([`BUSY_OR_STUCK`]) while request sessions saw the master complete
-/// replies to minions after the check began. A stopped master answers nothing, and a master
-/// whose workers are stuck answers nobody: both still fail.
+/// How long after its last passed check a publish port's late greetings may go uncounted while
+/// the master answers its minions' requests (see [`busy_not_hung`]): a publish server hung on
+/// its own (its request workers fine) is counted again after this, and goes DOWN `fall` checks
+/// later.
+pub const PUBLISH_BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether a failed check is a busy master's, not a hung one's, on a port not DOWN, while
+/// request sessions saw the master complete replies to minions after the check began:
+/// - a request port whose ping got through the handshake and no answer in time
+///   ([`BUSY_OR_STUCK`]);
+/// - a publish port that connected and got no greeting (or, on `tcp`, no answer) in time
+///   ([`NO_GREETING`], [`BUSY_OR_STUCK`]) within [`PUBLISH_BUSY_GRACE`] of its last passed
+///   check (`last_pass`).
+///
+/// A stopped master answers nothing, and a master whose workers are stuck answers nobody: both
+/// still fail.
 fn busy_not_hung(
     role: Role,
     result: &Result<(), String>,
     state: &HealthState,
     master: &Master,
     began: tokio::time::Instant,
+    last_pass: Option<tokio::time::Instant>,
 ) -> bool {
-    role == Role::Request
-        && state.state != PortState::Down
-        && matches!(result, Err(e) if e.ends_with(BUSY_OR_STUCK))
-        && master.upstream.answered_since(began)
+    let Err(e) = result else {
+        return false;
+    };
+    let late = match role {
+        Role::Request => e.ends_with(BUSY_OR_STUCK),
+        Role::Publish => {
+            (e.ends_with(NO_GREETING) || e.ends_with(BUSY_OR_STUCK))
+                && last_pass
+                    .is_some_and(|p| began.saturating_duration_since(p) <= PUBLISH_BUSY_GRACE)
+        }
+    };
+    late && state.state != PortState::Down && master.upstream.answered_since(began)
 }
 
 /// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
@@ -340,6 +364,8 @@ pub async fn run_port_checks(
     // passes a check as soon as it comes, between checks too (`early`).
     let mut pings = Outstanding::default();
     let mut early: Option<Result<(), String>> = None;
+    // When a check of this port last passed (the publish port's busy grace).
+    let mut last_pass: Option<tokio::time::Instant> = None;
     loop {
         reserve::refill();
         let settings = master.cfg().health;
@@ -413,7 +439,7 @@ pub async fn run_port_checks(
             _ if reserved => local.inc(),
             _ => local_resource_recovered(),
         }
-        if busy_not_hung(role, &result, &state, &master, started) {
+        if busy_not_hung(role, &result, &state, &master, started, last_pass) {
             // A busy master is not a dead one (an `_auth` storm: the ping waits behind the
             // minions' requests, which the master answers): neither a failure nor a success.
             busy.inc();
@@ -439,7 +465,9 @@ pub async fn run_port_checks(
         let took = t0.elapsed();
         duration.observe(took.as_secs_f64());
         let ok = result.is_ok();
-        if !ok {
+        if ok {
+            last_pass = Some(started);
+        } else {
             failures.inc();
         }
         let detail = match &result {

@@ -23,6 +23,9 @@ enum Shape {
     Stopped,
     /// Not running: connection refused at once.
     Refused,
+    /// A publish port that accepts and sends no greeting within the handshake deadline (stopped,
+    /// hung, or its publish server saturated).
+    NoGreeting,
     /// This host is out of descriptors: every probe fails with EMFILE before reaching the master.
     NoDescriptors,
     /// Starting: the handshake comes at once, every ping is queued, and the workers answer the
@@ -211,6 +214,14 @@ impl Prober for FakeProber {
                 Shape::Stopped => {
                     tokio::time::sleep(h.handshake_timeout.min(h.timeout)).await;
                     Err("no ZMTP handshake".into())
+                }
+                Shape::NoGreeting => {
+                    let d = h.handshake_timeout.min(h.timeout);
+                    tokio::time::sleep(d).await;
+                    // as the real probe says it (check.rs)
+                    Err(format!(
+                        "ZMTP greeting: connected, no ZMTP handshake within {d:?} {NO_GREETING}"
+                    ))
                 }
                 Shape::Refused => Err("connect: refused".into()),
                 Shape::NoDescriptors => Err(format!(
@@ -494,6 +505,84 @@ async fn a_busy_master_that_answers_its_minions_is_not_marked_down() {
     let (at, flip) = flips.recv().await.unwrap();
     assert_eq!(flip, Flip::Down);
     assert!(at - t0 <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
+    m.checks_stop.cancel();
+}
+
+/// Issue 25: a salt-master's publish server on a host saturated by 5,000 minions authenticating
+/// missed the 1 s greeting deadline while its request workers answered. Such checks are not
+/// counted while the master answers its minions, for at most `PUBLISH_BUSY_GRACE` after the
+/// port's last passed check: a publish server hung on its own still goes DOWN, later. With no
+/// answers (a stopped master) the late greetings count at once.
+#[tokio::test(start_paused = true)]
+async fn a_late_publish_greeting_from_a_master_that_answers_is_not_counted_for_a_while() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let (tx, mut rx) = mpsc::unbounded_channel::<MasterEvent>();
+    tokio::spawn(run_port_checks(
+        m.clone(),
+        Role::Publish,
+        prober.clone(),
+        tx,
+        Metrics::new(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.is_up());
+    let answers = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            loop {
+                m.upstream.saw_answer();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    prober.set(Shape::NoGreeting);
+    let t0 = Instant::now();
+    tokio::time::sleep(PUBLISH_BUSY_GRACE - Duration::from_secs(5)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "no flip within the grace while the master answers"
+    );
+    assert!(
+        m.last_check(Role::Publish)
+            .detail
+            .contains("busy, not hung"),
+        "{:?}",
+        m.last_check(Role::Publish)
+    );
+    // Past the grace the late greetings count, answers or not.
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    let took = t0.elapsed();
+    let bound = PUBLISH_BUSY_GRACE + (h.interval + h.handshake_timeout) * (h.fall + 1);
+    assert!(
+        took >= PUBLISH_BUSY_GRACE && took <= bound,
+        "DOWN {took:?} after the greetings stopped, expected within {PUBLISH_BUSY_GRACE:?}..{bound:?}"
+    );
+    answers.abort();
+    m.checks_stop.cancel();
+
+    // No answers from the master: late greetings count from the first.
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let (tx, mut rx) = mpsc::unbounded_channel::<MasterEvent>();
+    tokio::spawn(run_port_checks(
+        m.clone(),
+        Role::Publish,
+        prober.clone(),
+        tx,
+        Metrics::new(),
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    prober.set(Shape::NoGreeting);
+    let t0 = Instant::now();
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    assert!(t0.elapsed() <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
     m.checks_stop.cancel();
 }
 
