@@ -581,6 +581,38 @@ async fn shutdown_is_not_held_by_a_minion_that_never_reads() {
     drop(stalled);
 }
 
+/// An idle minion (it reads, nothing comes) holds the shutdown no longer than the grace: the
+/// hub tells its sessions to stop through their queues (no session watches the stop tokens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_an_idle_minions_session_after_the_grace() {
+    let m = fake_master(0, 0).await;
+    let (r, stop) = run(config(&[&m])).await;
+    let mut idle = Connection::connect(
+        r.local_addrs(Role::Publish)[0],
+        &HandshakeConfig::new(SocketType::Sub),
+    )
+    .await
+    .unwrap();
+    idle.send_command(&Command::Subscribe(Bytes::new()))
+        .await
+        .unwrap();
+    assert!(m.wait_for_subscribed(1, T).await, "upstream subscribed");
+    stop.send(()).unwrap();
+    tokio::time::timeout(T, r.wait())
+        .await
+        .expect("shutdown completes after the grace with an idle minion connected");
+    // Its session was closed: the minion reads the end of the stream.
+    let end = tokio::time::timeout(T, async {
+        loop {
+            if idle.read_frame().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the idle minion's session stayed open");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_turns_an_l4_publish_listener_into_a_fanout_one() {
     let a = fake_master(0, 0).await;

@@ -70,12 +70,12 @@ pub(crate) fn render(
             })
         })
         .collect();
-    let sessions = hub.sessions.load();
-    let mut dropping: Vec<(u64, SocketAddr, usize)> = sessions
-        .iter()
+    let mut dropping: Vec<(u64, SocketAddr, usize)> = hub
+        .sessions()
+        .values()
         .filter_map(|s| {
             let d = s.dropped.load(Ordering::Relaxed);
-            (d > 0).then(|| (d, s.peer, s.tx.max_capacity() - s.tx.capacity()))
+            (d > 0).then(|| (d, s.peer, s.queue.len()))
         })
         .collect();
     let dropping_total = dropping.len();
@@ -102,7 +102,7 @@ pub(crate) fn render(
         "mode": mode,
         "running": true,
         "hwm": publish.hwm,
-        "sessions": sessions.len(),
+        "sessions": hub.sessions().len(),
         "upstreams_connected": hub.connected.load(Ordering::Relaxed),
         "upstreams": upstreams,
         "messages_fanned": m.fanned.get(),

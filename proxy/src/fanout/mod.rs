@@ -23,6 +23,7 @@ pub mod hub;
 mod late;
 pub mod metrics;
 pub mod pubhub;
+mod queue;
 pub(crate) mod replay;
 mod session;
 mod upstream;

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use saltgate_config::Role;
 use tokio::net::TcpStream;
 use tokio_util::sync::DropGuard;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use super::hub::{Hub, HubHandles, HubOptions};
 use super::{clusterkey, replay, session, upstream};
+use crate::data::listener::Permits;
 use crate::session::context::DataPlane;
 use crate::session::serve::{BoxFuture, Serve};
-use crate::session::span::session_span;
+use crate::session::span::{in_span, session_span};
 
 /// The publish listener's [`Serve`] in fanout mode.
 pub struct PubHub {
@@ -36,12 +38,20 @@ impl PubHub {
 
     /// Minion sessions attached now.
     pub fn session_count(&self) -> usize {
-        self.hub.sessions.load().len()
+        self.hub.sessions().len()
     }
 
     /// Upstream connections up now.
     pub fn upstreams_connected(&self) -> u64 {
         self.hub.connected.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for PubHub {
+    /// The sessions end with the hub (a reload that drops this listener's fan-out): they are
+    /// told through their queues; `_stop` then cancels the upstreams.
+    fn drop(&mut self) {
+        self.hub.stop_sessions();
     }
 }
 
@@ -52,6 +62,27 @@ impl Serve for PubHub {
         // The session's task in its span: entered per poll, not per frame.
         let span = session_span(id, Role::Publish, peer);
         Box::pin(session::run(self.hub.clone(), ctx, stream, peer, id).instrument(span))
+    }
+
+    /// Unboxed, as the L4 session's: a fan-out session lives as long as its minion, and this is
+    /// one allocation per session (the task) instead of two.
+    fn spawn(
+        &self,
+        tracker: &TaskTracker,
+        ctx: Arc<DataPlane>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        permits: Permits,
+    ) {
+        ensure_started(&self.hub, &self.handles, &ctx);
+        let id = ctx.session_id();
+        let span = session_span(id, Role::Publish, peer);
+        let hub = self.hub.clone();
+        let run = async move {
+            let _permits = permits;
+            session::run(hub, ctx, stream, peer, id).await
+        };
+        in_span(tracker, (run, span));
     }
 
     fn kind(&self) -> &'static str {
@@ -88,7 +119,8 @@ fn ensure_started(this: &Arc<Hub>, handles: &HubHandles, ctx: &Arc<DataPlane>) {
                 _ = clusterkey::watch(&hub.dedup.key, snapshot, Some(loads)) => {}
                 _ = replay::watch_peer(&hub.replay) => {}
                 _ = stop.cancelled() => {}
-                _ = shutdown.cancelled() => {}
+                // The shutdown grace ran out: every session ends.
+                _ = shutdown.cancelled() => hub.stop_sessions(),
             }
         });
     }

@@ -27,7 +27,7 @@ use saltgate_wire::transport::zeromq::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::hub::Hub;
@@ -174,6 +174,11 @@ async fn handshake(
 /// not read must not hold the shutdown drain (a write to it can block for ever). A write that
 /// makes no progress for `timeout` (the heartbeat timeout) ends the session: while it waits,
 /// the minion's silence is not checked, and a minion that reads nothing is gone or hostile.
+///
+/// A minion reads its jobs as they come, so the socket almost always takes the whole message
+/// at once: that is tried first, with no timer and no cancellation future (each would register
+/// with a timer wheel or a token shared by every session, per message and session: issue 30's
+/// profile of the fan-out path). Only the rest of a message the socket could not take waits.
 async fn write(
     io: &mut TcpStream,
     buf: &[u8],
@@ -181,8 +186,33 @@ async fn write(
     stop: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> Result<(), End> {
+    let mut rest = buf;
+    while !rest.is_empty() {
+        match io.try_write(rest) {
+            Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
+            Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if rest.is_empty() {
+        return Ok(());
+    }
+    // Boxed: its timer and cancellation futures would otherwise be room reserved in every
+    // session's future for a path few sessions take.
+    Box::pin(write_waiting(io, rest, timeout, stop, shutdown)).await
+}
+
+/// The part of [`write`] that waits for the minion to read.
+async fn write_waiting(
+    io: &mut TcpStream,
+    rest: &[u8],
+    timeout: Option<Duration>,
+    stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> Result<(), End> {
     tokio::select! {
-        r = write_all_timed(io, buf, timeout) => r.map_err(End::from),
+        r = write_all_timed(io, rest, timeout) => r.map_err(End::from),
         _ = stop.cancelled() => Err(End::Shutdown),
         _ = shutdown.cancelled() => Err(End::Shutdown),
     }
@@ -193,7 +223,7 @@ async fn write(
 pub(super) async fn run(
     hub: Arc<Hub>,
     ctx: Arc<DataPlane>,
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     id: u64,
 ) {
@@ -211,9 +241,9 @@ pub(super) async fn run(
         &hub,
         ctx.sessions_token.clone(),
         Some(&ctx.presence),
-        stream,
+        &mut stream,
         peer,
-        limits,
+        &limits,
     )
     .await;
     handles.live.dec();
@@ -236,9 +266,9 @@ async fn serve(
     hub: &Arc<Hub>,
     shutdown: CancellationToken,
     presence: Option<&crate::presence::Presence>,
-    mut io: TcpStream,
+    io: &mut TcpStream,
     peer: SocketAddr,
-    limits: SessionLimits,
+    limits: &SessionLimits,
 ) -> End {
     let opts = &hub.opts;
     let dec = FrameDecoder::new(limits.max_frame);
@@ -246,7 +276,8 @@ async fn serve(
     let stop = hub.stop.clone();
     let opened = Instant::now();
     let hs = tokio::select! {
-        r = tokio::time::timeout(opts.handshake_timeout, handshake(&mut io, &mut rbuf, &dec)) => r,
+        // Boxed: once per session, freed before the session's long wait.
+        r = Box::pin(tokio::time::timeout(opts.handshake_timeout, handshake(io, &mut rbuf, &dec))) => r,
         _ = stop.cancelled() => return End::Shutdown,
         _ = shutdown.cancelled() => return End::Shutdown,
     };
@@ -262,23 +293,25 @@ async fn serve(
     // (for the replay window) for presence to learn one (`late.rs`).
     let (identity, late) = super::late::at_open(hub, presence, peer.ip(), identity, opened);
     // A session this node served within the replay window is owed what followed its last job.
-    let owed = hub.replay.returning(&identity).map(|after| Due {
-        after,
-        ..Due::default()
+    let owed = hub.replay.returning(&identity).map(|after| {
+        Box::new(Due {
+            after,
+            ..Due::default()
+        })
     });
     let (slot, mut rx) = hub.attach(peer, identity, limits.hwm, limits.topics);
     let end = drive(
         hub,
         &slot,
         &mut rx,
-        &mut io,
+        io,
         rbuf,
         &dec,
         Flow {
             peer_3_1,
             frame_timeout: limits.frame_timeout,
             owed,
-            late,
+            late: late.map(Box::new),
         },
         &stop,
         &shutdown,
@@ -295,10 +328,11 @@ struct Flow<'a> {
     peer_3_1: bool,
     frame_timeout: Duration,
     /// Replay: the jobs owed to this session, sent once its first subscriptions are in (before
-    /// any live message).
-    owed: Option<Due>,
+    /// any live message). Boxed, as `late`: few sessions have either, and every session's
+    /// future would hold room for them (twice: as `drive`'s argument and as its local).
+    owed: Option<Box<Due>>,
     /// No identity yet: waiting for presence to learn one (`late.rs`).
-    late: Option<Late<'a>>,
+    late: Option<Box<Late<'a>>>,
 }
 
 /// What a replay wrote: the sequence numbers (sorted) whose queued copies are not to be sent
@@ -353,7 +387,7 @@ async fn replay(
 async fn drive(
     hub: &Hub,
     slot: &super::hub::Slot,
-    rx: &mut tokio::sync::mpsc::Receiver<super::hub::Queued>,
+    rx: &mut super::hub::Inbox,
     io: &mut TcpStream,
     mut rbuf: BytesMut,
     dec: &FrameDecoder,
@@ -370,9 +404,10 @@ async fn drive(
     // Queued copies of these went out with the replay.
     let mut sent = Sent::default();
     // A ZMTP 3.0 peer does not know PING: never send it one, never time it out.
-    let hb: Option<Heartbeat> = hub
+    let hb: Option<&Heartbeat> = hub
         .opts
         .heartbeat
+        .as_ref()
         .filter(|h| peer_3_1 && !h.interval.is_zero());
     // A write that makes no progress for the heartbeat timeout ends the session, PINGs or not
     // (a 3.0 peer that does not read is no better).
@@ -383,12 +418,17 @@ async fn drive(
         .map(|h| h.timeout.max(h.interval));
     // When the first byte of the frame now partly received arrived.
     let mut frame_started: Option<Instant> = None;
-    let mut ping = hb.map(|h| {
-        let mut t = tokio::time::interval_at(Instant::now() + h.interval, h.interval);
-        t.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        t
-    });
+    // When the next PING is due (`interval` after the last one went out).
+    let mut next_ping = hb.map(|h| Instant::now() + h.interval);
     let mut last_rx = Instant::now();
+    // The session's one timer (the minion's silence, a frame's `frame_timeout`, the next PING;
+    // no `Interval` of its own, which is a boxed timer per session), armed lazily as
+    // the L4 pump's idle timer is: set once per limit's worth of traffic (a read only moves
+    // `last_rx`), checked and set again when it fires. Not a new `sleep_until` per loop turn:
+    // that registers with the timer wheel for every message.
+    let silence = tokio::time::sleep_until(last_rx);
+    let mut armed: Option<Instant> = None;
+    tokio::pin!(silence);
     let mut remote_ttl: Option<Duration> = None;
     let mut in_multipart = false;
     let mut w = BytesMut::new();
@@ -452,8 +492,8 @@ async fn drive(
             // read are in (a Salt minion sends them all at once after READY), before any live
             // message.
             if owed.is_some() && !slot.topics().is_empty() {
-                let due = owed.take().unwrap_or_default();
-                match replay(hub, slot, due, io, write_timeout, stop, shutdown).await {
+                let due = owed.take().map(|d| *d).unwrap_or_default();
+                match Box::pin(replay(hub, slot, due, io, write_timeout, stop, shutdown)).await {
                     Ok(s) => sent = s,
                     Err(end) => return end,
                 }
@@ -473,9 +513,19 @@ async fn drive(
             (a, b) => a.or(b),
         };
         let deadline = limit.and_then(|l| last_rx.checked_add(l));
+        // One timer for both deadlines. Earlier than armed when a frame began arriving, or when
+        // the limit shrank (the minion's PING asked a shorter TTL).
+        let due = [frame_deadline, deadline, next_ping]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(d) = due.filter(|d| armed.is_none_or(|a| *d < a)) {
+            silence.as_mut().reset(d);
+            armed = Some(d);
+        }
         tokio::select! {
-            _ = stop.cancelled() => return End::Shutdown,
-            _ = shutdown.cancelled() => return End::Shutdown,
+            // The socket, then the queue (which also says when the hub stops), then the timer.
+            biased;
             n = io.read_buf(&mut rbuf) => {
                 match n {
                     Ok(0) => return End::ClientEof,
@@ -484,9 +534,13 @@ async fn drive(
                 }
                 decode_now = true;
             }
-            msg = rx.recv() => match msg {
-                Some((seq, _)) if sent.has(seq) => {}
-                Some((seq, m)) => {
+            // `None`: the hub stops (`Hub::stop_sessions`: the listener was dropped, or the
+            // shutdown grace ran out).
+            msg = rx.recv() => {
+                let Some((seq, m)) = msg else {
+                    return End::Shutdown;
+                };
+                if !sent.has(seq) {
                     if let Err(end) = write(io, &m, write_timeout, stop, shutdown).await {
                         return end;
                     }
@@ -495,36 +549,43 @@ async fn drive(
                         l.written(seq);
                     }
                 }
-                None => return End::Shutdown,
-            },
+            }
             // Presence may have learned who this session is: what it is owed, but the jobs it
             // already had live, goes out now (after those live ones), or with its first
             // subscriptions if none are in yet.
-            wake = async { match late.as_ref() { Some(l) => l.wake().await, None => std::future::pending().await } }, if late.is_some() => {
+            wake = async { match late.as_ref() { Some(l) => Box::pin(l.wake()).await, None => std::future::pending().await } }, if late.is_some() => {
                 if let Some(due) = late.take().and_then(|l| l.decide(hub, slot, wake)) {
                     if slot.topics().is_empty() {
-                        owed = Some(due);
+                        owed = Some(Box::new(due));
                     } else {
-                        match replay(hub, slot, due, io, write_timeout, stop, shutdown).await {
+                        match Box::pin(replay(hub, slot, due, io, write_timeout, stop, shutdown)).await {
                             Ok(s) => sent = s,
                             Err(end) => return end,
                         }
                     }
                 }
             }
-            _ = async { match ping.as_mut() { Some(t) => { t.tick().await; } None => std::future::pending().await } } => {
-                let ttl = hb.map(|h| (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16).unwrap_or(0);
-                w.clear();
-                Command::Ping { ttl, context: Bytes::new() }.encode_frame(&mut w);
-                if let Err(end) = write(io, &w, write_timeout, stop, shutdown).await {
-                    return end;
+            _ = &mut silence, if armed.is_some() => {
+                let now = Instant::now();
+                if frame_deadline.is_some_and(|d| now >= d) {
+                    return End::Error(ZmtpError::FrameTimeout(frame_timeout));
                 }
-            }
-            _ = async { match frame_deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                return End::Error(ZmtpError::FrameTimeout(frame_timeout));
-            }
-            _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-                return End::HeartbeatTimeout;
+                if deadline.is_some_and(|d| now >= d) {
+                    return End::HeartbeatTimeout;
+                }
+                if let (Some(h), true) = (hb, next_ping.is_some_and(|p| now >= p)) {
+                    // As a `Delay` interval: the next one `interval` after this one.
+                    next_ping = Some(now + h.interval);
+                    let ttl = (h.ttl.as_millis() / 100).min(u128::from(u16::MAX)) as u16;
+                    w.clear();
+                    Command::Ping { ttl, context: Bytes::new() }.encode_frame(&mut w);
+                    if let Err(end) = write(io, &w, write_timeout, stop, shutdown).await {
+                        return end;
+                    }
+                }
+                // Traffic moved the deadline on, a frame completed, or a PING went: armed again
+                // at the top.
+                armed = None;
             }
         }
     }

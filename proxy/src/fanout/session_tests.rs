@@ -25,14 +25,22 @@ async fn hub_listening(
     limits: SessionLimits,
 ) -> (Arc<Hub>, SocketAddr, tokio::task::JoinHandle<End>) {
     let hub = Arc::new(Hub::new(opts));
+    let (addr, task) = listening_on(hub.clone(), limits).await;
+    (hub, addr, task)
+}
+
+/// `hub` serving one session on a loopback port.
+async fn listening_on(
+    hub: Arc<Hub>,
+    limits: SessionLimits,
+) -> (SocketAddr, tokio::task::JoinHandle<End>) {
     let l = tokio::net::TcpListener::bind("127.0.5.20:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    let h = hub.clone();
     let task = tokio::spawn(async move {
-        let (s, peer) = l.accept().await.unwrap();
-        serve(&h, CancellationToken::new(), None, s, peer, limits).await
+        let (mut s, peer) = l.accept().await.unwrap();
+        serve(&hub, CancellationToken::new(), None, &mut s, peer, &limits).await
     });
-    (hub, addr, task)
+    (addr, task)
 }
 
 /// The session's end, which must come within 10 s (a hostile minion that is never cut
@@ -239,14 +247,14 @@ async fn a_subscribe_in_the_same_segment_as_ready_applies_at_once() {
     let addr = l.local_addr().unwrap();
     let h = hub.clone();
     tokio::spawn(async move {
-        let (s, peer) = l.accept().await.unwrap();
+        let (mut s, peer) = l.accept().await.unwrap();
         serve(
             &h,
             CancellationToken::new(),
             None,
-            s,
+            &mut s,
             peer,
-            SessionLimits::default(),
+            &SessionLimits::default(),
         )
         .await
     });
@@ -265,4 +273,43 @@ async fn a_subscribe_in_the_same_segment_as_ready_applies_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+fn future_size<A, F>(_make: impl Fn(A) -> F) -> usize {
+    std::mem::size_of::<F>()
+}
+
+/// What a fan-out session's task holds while it waits for the next job (issue 30: a fan-out
+/// session must cost no more than an L4 one).
+#[test]
+fn a_fanout_sessions_future_stays_small() {
+    type Args = (Arc<Hub>, Arc<DataPlane>, TcpStream, SocketAddr);
+    let run = future_size(|a: Args| run(a.0, a.1, a.2, a.3, 1));
+    eprintln!("fan-out session future {run} B");
+    // 2,536 B before the rare paths (a write that waits, the handshake, a replay, a late
+    // identity) were boxed, the frame deadline and the PINGs shared the silence timer, the hub
+    // told its sessions to stop through their queues (no stop tokens in every session), and
+    // `serve` borrowed the stream and limits `run` holds (an async fn keeps its arguments).
+    assert!(run <= 1536, "the session future grew to {run} B");
+}
+
+/// The hub stops its sessions through their queues (a reload that drops the listener, or the
+/// shutdown grace): an idle session ends at once, and one that attaches later at its first turn.
+#[tokio::test]
+async fn sessions_end_when_the_hub_stops_them() {
+    let (hub, mut c, task) = hub_and_minion(HubOptions::default()).await;
+    c.send_command(&Command::Subscribe(Bytes::new()))
+        .await
+        .unwrap();
+    while hub.sessions().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    hub.stop_sessions();
+    assert!(matches!(ends(task).await, End::Shutdown));
+    let (addr, task) = listening_on(hub.clone(), SessionLimits::default()).await;
+    let _c = Connection::connect(addr, &HandshakeConfig::new(SocketType::Sub))
+        .await
+        .unwrap();
+    assert!(matches!(ends(task).await, End::Shutdown));
+    assert!(hub.sessions().is_empty());
 }

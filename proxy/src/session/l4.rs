@@ -21,7 +21,7 @@ use crate::select::master::{Admin, Master};
 use crate::session::connect::{connect, Connect, Connected};
 use crate::session::context::DataPlane;
 use crate::session::serve::{BoxFuture, Serve};
-use crate::session::span::{record_master, session_span};
+use crate::session::span::{in_span, record_master, session_span};
 
 /// What the access log says about one session.
 struct Outcome<'a> {
@@ -169,7 +169,7 @@ async fn place(
 /// used. Not an `async fn`: its arguments would stay in the future after set-up took them (they
 /// go into the set-up's box here, before the future starts). Returns the session's span
 /// ([`crate::session::span`]) beside the future: the caller runs the whole task in it (entered
-/// per poll of the task, not per byte) when it is enabled ([`in_span`]).
+/// per poll of the task, not per byte) when it is enabled ([`in_span`]: `crate::session::span`).
 pub(crate) fn handle(
     ctx: Arc<DataPlane>,
     role: Role,
@@ -193,23 +193,6 @@ pub(crate) fn handle(
         }
     };
     (run, span)
-}
-
-/// Spawns a session's task on `tracker`, in its span when that span is enabled. A disabled span
-/// (log level above `info`, or `saltgate_proxy::session_span=off`) is not kept in the task at
-/// all: it would add 40 B to every session's task, and tokio allocates a task in steps of 128 B
-/// (its task cell is cache-line aligned on x86_64 and aarch64), so those 40 B cost an idle
-/// session 128 (issue 26's before/after bench: +120 B per idle session). See
-/// [`tests::an_idle_sessions_task_stays_within_1024_bytes`].
-fn in_span<F>(tracker: &TaskTracker, (run, span): (F, Span))
-where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    if span.is_disabled() {
-        tracker.spawn(run);
-    } else {
-        tracker.spawn(run.instrument(span));
-    }
 }
 
 /// A plain session, connected and registered: everything it keeps while bytes flow.
