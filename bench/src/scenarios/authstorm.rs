@@ -548,6 +548,7 @@ async fn rotation(
     // `salt-key -d` leaves the dropfile in the (shared) cachedir.
     let dropfile = m.cachedir.join(".dfn");
     let (downs0, ..) = front.gate_counts().await;
+    let reasons0 = front.down_reasons().await;
     let t0 = Instant::now();
     let out = tokio::process::Command::new(venv.join("bin/salt-key"))
         .arg("-c")
@@ -591,6 +592,7 @@ async fn rotation(
         auth_processed: masters.auth_lines().saturating_sub(a0),
         master_cpu_secs: c1.saturating_sub(c0) as f64 / tck,
         downs: downs0.zip(downs1).map(|(a, b)| b.saturating_sub(a)),
+        down_reasons: super::authstorm_report::reasons_since(&reasons0, front.down_reasons().await),
     };
     eprintln!("saltgate-bench: authstorm rotation: {r:?}");
     Ok(r)
@@ -642,7 +644,7 @@ pub async fn bench(ctx: &Ctx, o: &Options, command: String) -> Result<AuthstormR
         cap_secs: o.cap.as_secs(),
         max_in_flight: o.max_in_flight.clone(),
         masters: o.masters.max(1),
-        rows: rows(&runs, &o.sizes),
+        rows: rows(&runs, &o.sizes, o.cap.as_secs_f64()),
         runs,
         failures,
     })

@@ -21,6 +21,8 @@ pub struct Rotation {
     pub auth_processed: u64,
     pub master_cpu_secs: f64,
     pub downs: Option<u64>,
+    /// saltgate's DOWN flips during the rotation, by reason (as [`WayRun::down_reasons`]).
+    pub down_reasons: Vec<(String, u64)>,
 }
 
 /// One way at one size.
@@ -156,7 +158,9 @@ const FIGURES: [(&str, &str, Pick, Option<&str>); 9] = [
     ),
 ];
 
-pub fn rows(runs: &[WayRun], sizes: &[usize]) -> Vec<Row> {
+/// The table's rows. `cap_secs`: the wait for every minion; an L4 run capped there took at
+/// least that long, so a limited run within 0.75× of the cap meets the time target.
+pub fn rows(runs: &[WayRun], sizes: &[usize], cap_secs: f64) -> Vec<Row> {
     let mut out = Vec::new();
     for &n in sizes {
         for (figure, unit, pick, target) in FIGURES {
@@ -178,7 +182,14 @@ pub fn rows(runs: &[WayRun], sizes: &[usize]) -> Vec<Row> {
             let met = match (figure, limited) {
                 (_, None) => None,
                 ("time until all authenticated", Some(r)) => {
-                    Some(r.authenticated >= n && ratio.is_some_and(|x| x <= 0.75))
+                    let l4_capped = runs.iter().any(|w| {
+                        w.way == Way::SaltgateL4 && w.minions == n && w.secs_to_all.is_none()
+                    });
+                    let within_cap = lim.is_some_and(|x| x <= 0.75 * cap_secs);
+                    Some(
+                        r.authenticated >= n
+                            && (ratio.is_some_and(|x| x <= 0.75) || (l4_capped && within_cap)),
+                    )
                 }
                 ("master CPU per authenticated minion", _) => ratio.map(|x| x <= 0.6),
                 ("`_auth` processed per authenticated minion", _) => lim.map(|x| x <= 1.5),
@@ -257,21 +268,13 @@ pub fn markdown(r: &AuthstormReport) -> String {
             o(w.gate_admitted),
             o(w.gate_dropped),
             o(w.gate_orphaned),
-            if w.down_reasons.is_empty() {
-                String::new()
-            } else {
-                let r: Vec<String> = w
-                    .down_reasons
-                    .iter()
-                    .map(|(why, n)| format!("{n}x `{why}`"))
-                    .collect();
-                format!("; DOWN flips by reason: {}", r.join(", "))
-            },
+            reasons(&w.down_reasons),
             w.rotation.as_ref().map_or(String::new(), |x| format!(
-                "; rotation: key rotated {:.1} s after salt-key -d, {} returns, DOWN {}",
+                "; rotation: key rotated {:.1} s after salt-key -d, {} returns, DOWN {}{}",
                 x.secs_to_rotate,
                 x.returns,
-                x.downs.map_or("—".into(), |d| d.to_string())
+                x.downs.map_or("—".into(), |d| d.to_string()),
+                reasons(&x.down_reasons)
             )),
         );
     }
@@ -283,6 +286,29 @@ pub fn markdown(r: &AuthstormReport) -> String {
 
 /// The DOWN flips of an `/api/v1/events` answer, counted by reason with its digits cut (the
 /// seconds and counts in a reason differ from one flip to the next), most frequent first.
+/// "; DOWN flips by reason: ..." (empty: none).
+fn reasons(r: &[(String, u64)]) -> String {
+    if r.is_empty() {
+        return String::new();
+    }
+    let r: Vec<String> = r.iter().map(|(why, n)| format!("{n}x `{why}`")).collect();
+    format!("; DOWN flips by reason: {}", r.join(", "))
+}
+
+/// The flips counted in `after` beyond those in `before` (two readings of [`down_reasons`]).
+pub fn reasons_since(before: &[(String, u64)], after: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    after
+        .into_iter()
+        .filter_map(|(why, n)| {
+            let was = before
+                .iter()
+                .find(|(w, _)| *w == why)
+                .map_or(0, |(_, n)| *n);
+            (n > was).then(|| (why, n - was))
+        })
+        .collect()
+}
+
 pub fn down_reasons(events_json: &str) -> Vec<(String, u64)> {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(events_json) else {
         return Vec::new();
@@ -330,13 +356,30 @@ mod tests {
     }
 
     #[test]
+    fn the_rotations_reasons_are_the_flips_after_it_began() {
+        let r = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(w, n)| (w.to_string(), *n)).collect()
+        };
+        let before = r(&[("publish port: late", 2), ("request port: busy", 1)]);
+        let after = r(&[
+            ("publish port: late", 5),
+            ("request port: busy", 1),
+            ("publish port: refused", 1),
+        ]);
+        assert_eq!(
+            reasons_since(&before, after),
+            r(&[("publish port: late", 3), ("publish port: refused", 1)])
+        );
+    }
+
+    #[test]
     fn rows_compare_the_limit_with_l4_and_judge_issue_25s_targets() {
         let runs = vec![
             run(Way::Direct, 40, None, 20.0, 4000),
             run(Way::SaltgateL4, 100, Some(80.0), 2.0, 500),
             run(Way::SaltgateLimit, 100, Some(40.0), 1.0, 110),
         ];
-        let rows = rows(&runs, &[100]);
+        let rows = rows(&runs, &[100], 300.0);
         let get = |f: &str| rows.iter().find(|r| r.figure == f).unwrap();
         let t = get("time until all authenticated");
         assert_eq!(t.values, [None, None, Some(80.0), Some(40.0)]);
@@ -379,12 +422,33 @@ mod tests {
             run(Way::SaltgateL4, 100, Some(80.0), 2.0, 500),
             run(Way::SaltgateLimit, 90, None, 1.0, 110),
         ];
-        let rows = rows(&runs, &[100]);
+        let rows = rows(&runs, &[100], 300.0);
         let t = rows
             .iter()
             .find(|r| r.figure == "time until all authenticated")
             .unwrap();
         assert_eq!(t.met, Some(false));
+    }
+
+    #[test]
+    fn l4_capped_and_the_limit_well_within_the_cap_meets_the_time_target() {
+        let runs = vec![
+            run(Way::SaltgateL4, 100, None, 2.0, 500),
+            run(Way::SaltgateLimit, 100, Some(142.0), 1.0, 110),
+        ];
+        let time = |cap: f64| {
+            rows(&runs, &[100], cap)
+                .into_iter()
+                .find(|r| r.figure == "time until all authenticated")
+                .unwrap()
+                .met
+        };
+        assert_eq!(
+            time(300.0),
+            Some(true),
+            "142 s <= 0.75 x the 300 s L4 did not finish in"
+        );
+        assert_eq!(time(150.0), Some(false), "142 s > 0.75 x 150 s: not shown");
     }
 
     #[test]

@@ -171,6 +171,11 @@ impl Cluster {
         Ok(Cluster { members, dir })
     }
 
+    /// The members' shared `cluster_pki_dir` (`lab::master_config_text`'s layout).
+    pub fn cluster_pki_dir(&self) -> PathBuf {
+        self.dir.path().join("shared").join("cpki")
+    }
+
     pub fn pids(&self) -> Vec<u32> {
         self.members.iter().map(MasterProc::pid).collect()
     }

@@ -10,7 +10,7 @@
 //! true`): one process holds at most 20,000 file descriptors, two per proxied session.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -152,6 +152,7 @@ async fn start_proxies(
                 gates > 1,
             ),
             mode,
+            &cluster.cluster_pki_dir(),
         ),
     };
     let mut out = Vec::new();
@@ -196,11 +197,21 @@ pub fn with_reuse_port(yaml: &str, on: bool) -> String {
 }
 
 /// saltgate's generated YAML with the publish listener in `mode` (the request listener stays
-/// L4: fan-out is a publish-side mode).
-pub fn with_publish_mode(yaml: &str, mode: PublishMode) -> String {
+/// L4: fan-out is a publish-side mode). Fan-out reads the cluster's key from `cluster_pki_dir`
+/// (`dedup_cluster_pki_dir`), as docs/fanout.md and examples/keepalived/saltgate.yaml configure
+/// it for a 3008 cluster: each minion gets the first copy of a job, not one per member (without
+/// it, three copies each, and three times L4's writes).
+pub fn with_publish_mode(yaml: &str, mode: PublishMode, cluster_pki_dir: &Path) -> String {
     match mode {
         PublishMode::L4 => yaml.to_string(),
-        PublishMode::Fanout => yaml.replacen("  publish:\n", "  publish:\n    mode: fanout\n", 1),
+        PublishMode::Fanout => yaml.replacen(
+            "  publish:\n",
+            &format!(
+                "  publish:\n    mode: fanout\n    dedup_cluster_pki_dir: \"{}\"\n",
+                cluster_pki_dir.display()
+            ),
+            1,
+        ),
     }
 }
 
@@ -554,9 +565,14 @@ mod tests {
     #[test]
     fn fanout_mode_is_set_on_the_publish_listener_only_and_the_config_still_parses() {
         let base = base_yaml();
-        assert_eq!(with_publish_mode(&base, PublishMode::L4), base);
-        let y = with_publish_mode(&with_reuse_port(&base, true), PublishMode::Fanout);
+        let cpki = Path::new("/run/cluster/pki");
+        assert_eq!(with_publish_mode(&base, PublishMode::L4, cpki), base);
+        let y = with_publish_mode(&with_reuse_port(&base, true), PublishMode::Fanout, cpki);
         let loaded = parse(&y);
+        assert!(
+            format!("{:?}", loaded.config).contains("/run/cluster/pki"),
+            "the dedup reads the cluster's key: {y}"
+        );
         let modes: Vec<(String, saltgate_config::ListenerMode)> = loaded
             .config
             .listeners()
