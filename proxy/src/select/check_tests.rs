@@ -26,6 +26,9 @@ enum Shape {
     /// A publish port that accepts and sends no greeting within the handshake deadline (stopped,
     /// hung, or its publish server saturated).
     NoGreeting,
+    /// A publish port whose connect does not complete within the handshake deadline (its accept
+    /// backlog full, or the host gone).
+    NoConnect,
     /// This host is out of descriptors: every probe fails with EMFILE before reaching the master.
     NoDescriptors,
     /// Starting: the handshake comes at once, every ping is queued, and the workers answer the
@@ -215,13 +218,15 @@ impl Prober for FakeProber {
                     tokio::time::sleep(h.handshake_timeout.min(h.timeout)).await;
                     Err("no ZMTP handshake".into())
                 }
-                Shape::NoGreeting => {
+                Shape::NoGreeting | Shape::NoConnect => {
                     let d = h.handshake_timeout.min(h.timeout);
                     tokio::time::sleep(d).await;
                     // as the real probe says it (check.rs)
-                    Err(format!(
-                        "ZMTP greeting: connected, no ZMTP handshake within {d:?} {NO_GREETING}"
-                    ))
+                    Err(if matches!(shape, Shape::NoGreeting) {
+                        format!("ZMTP greeting: connected, no ZMTP handshake within {d:?} {NO_GREETING}")
+                    } else {
+                        format!("ZMTP greeting: connect: no answer within {d:?} {NO_GREETING}")
+                    })
                 }
                 Shape::Refused => Err("connect: refused".into()),
                 Shape::NoDescriptors => Err(format!(
@@ -445,14 +450,7 @@ async fn a_busy_master_that_answers_its_minions_is_not_marked_down() {
     let metrics = Metrics::new();
     let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
     let m = master(h);
-    let (tx, mut rx) = mpsc::unbounded_channel::<MasterEvent>();
-    tokio::spawn(run_port_checks(
-        m.clone(),
-        Role::Request,
-        prober.clone(),
-        tx,
-        metrics.clone(),
-    ));
+    let mut rx = port_checks(&m, Role::Request, prober.clone(), metrics.clone());
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(m.is_up());
     // The storm: every ping waits past the timeout; the minions' replies keep coming.
@@ -515,20 +513,18 @@ async fn a_busy_master_that_answers_its_minions_is_not_marked_down() {
 /// answers (a stopped master) the late greetings count at once.
 #[tokio::test(start_paused = true)]
 async fn a_late_publish_greeting_from_a_master_that_answers_is_not_counted_for_a_while() {
+    late_publish_port(Shape::NoGreeting).await;
+    late_publish_port(Shape::NoConnect).await;
+}
+
+async fn late_publish_port(late: Shape) {
     let h = HealthSettings {
         probe: Probe::Salt,
         ..HealthSettings::default()
     };
     let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
     let m = master(h);
-    let (tx, mut rx) = mpsc::unbounded_channel::<MasterEvent>();
-    tokio::spawn(run_port_checks(
-        m.clone(),
-        Role::Publish,
-        prober.clone(),
-        tx,
-        Metrics::new(),
-    ));
+    let mut rx = port_checks(&m, Role::Publish, prober.clone(), Metrics::new());
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(m.is_up());
     let answers = {
@@ -540,7 +536,7 @@ async fn a_late_publish_greeting_from_a_master_that_answers_is_not_counted_for_a
             }
         })
     };
-    prober.set(Shape::NoGreeting);
+    prober.set(late);
     let t0 = Instant::now();
     tokio::time::sleep(PUBLISH_BUSY_GRACE - Duration::from_secs(5)).await;
     assert!(
@@ -569,21 +565,26 @@ async fn a_late_publish_greeting_from_a_master_that_answers_is_not_counted_for_a
     // No answers from the master: late greetings count from the first.
     let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
     let m = master(h);
-    let (tx, mut rx) = mpsc::unbounded_channel::<MasterEvent>();
-    tokio::spawn(run_port_checks(
-        m.clone(),
-        Role::Publish,
-        prober.clone(),
-        tx,
-        Metrics::new(),
-    ));
+    let mut rx = port_checks(&m, Role::Publish, prober.clone(), Metrics::new());
     tokio::time::sleep(Duration::from_secs(5)).await;
-    prober.set(Shape::NoGreeting);
+    prober.set(late);
     let t0 = Instant::now();
     let ev = rx.recv().await.unwrap();
     assert_eq!(ev.flip, Flip::Down);
     assert!(t0.elapsed() <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
     m.checks_stop.cancel();
+}
+
+/// Runs the checks of `m`'s `role` port; returns its flips.
+fn port_checks(
+    m: &Arc<Master>,
+    role: Role,
+    prober: Arc<FakeProber>,
+    metrics: Arc<Metrics>,
+) -> mpsc::UnboundedReceiver<MasterEvent> {
+    let (tx, rx) = mpsc::unbounded_channel::<MasterEvent>();
+    tokio::spawn(run_port_checks(m.clone(), role, prober, tx, metrics));
+    rx
 }
 
 /// Takes the port of a fresh master DOWN (refused at once) and returns its flips.

@@ -21,7 +21,7 @@ use crate::select::local_resource::connect_error;
 /// counted when the master answered its minions' requests meanwhile (see [`crate::select::check::run_port_checks`]).
 pub const BUSY_OR_STUCK: &str = "(master busy, or its workers stuck)";
 
-/// Ends the detail of a publish check that connected but got no ZMTP greeting in time. Usually
+/// Ends the detail of a publish check whose connect or ZMTP greeting did not come in time. Usually
 /// a stopped or hung master; but a salt-master whose publish server serves thousands of minions
 /// on a saturated host has been measured past the 1 s greeting deadline while its request workers
 /// answered (issue 25: 5,000 minions authenticating through `auth_limit`). Such a check is not
