@@ -557,21 +557,31 @@ async fn publish_until_dropped(r: &Running, m: &Publisher) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_is_not_held_by_a_minion_that_never_reads() {
+/// One master, saltgate in front, and one minion subscribed to everything through it.
+async fn one_subscribed_minion() -> (
+    Publisher,
+    Running,
+    oneshot::Sender<()>,
+    Connection<tokio::net::TcpStream>,
+) {
     let m = fake_master(0, 0).await;
     let (r, stop) = run(config(&[&m])).await;
-    let mut stalled = Connection::connect(
+    let mut c = Connection::connect(
         r.local_addrs(Role::Publish)[0],
         &HandshakeConfig::new(SocketType::Sub),
     )
     .await
     .unwrap();
-    stalled
-        .send_command(&Command::Subscribe(Bytes::new()))
+    c.send_command(&Command::Subscribe(Bytes::new()))
         .await
         .unwrap();
     assert!(m.wait_for_subscribed(1, T).await, "upstream subscribed");
+    (m, r, stop, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_held_by_a_minion_that_never_reads() {
+    let (m, r, stop, stalled) = one_subscribed_minion().await;
     publish_until_dropped(&r, &m).await;
     // saltgate's write to the stalled minion is blocked now; the drain must still end.
     stop.send(()).unwrap();
@@ -585,18 +595,7 @@ async fn shutdown_is_not_held_by_a_minion_that_never_reads() {
 /// hub tells its sessions to stop through their queues (no session watches the stop tokens).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_an_idle_minions_session_after_the_grace() {
-    let m = fake_master(0, 0).await;
-    let (r, stop) = run(config(&[&m])).await;
-    let mut idle = Connection::connect(
-        r.local_addrs(Role::Publish)[0],
-        &HandshakeConfig::new(SocketType::Sub),
-    )
-    .await
-    .unwrap();
-    idle.send_command(&Command::Subscribe(Bytes::new()))
-        .await
-        .unwrap();
-    assert!(m.wait_for_subscribed(1, T).await, "upstream subscribed");
+    let (_m, r, stop, mut idle) = one_subscribed_minion().await;
     stop.send(()).unwrap();
     tokio::time::timeout(T, r.wait())
         .await
