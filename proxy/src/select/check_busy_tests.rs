@@ -1,0 +1,142 @@
+//! The busy rule of the checks (issue 25): a master that answers its minions is busy, not hung.
+
+use super::*;
+
+/// Issue 25: a master busy with an `_auth` storm answers its minions but not the health ping in
+/// time. While request sessions see it complete replies, such checks are not counted: it stays
+/// UP however long the storm lasts. Once it answers nobody (its workers stuck), the same checks
+/// take it DOWN in `fall` checks; a stopped master goes DOWN at the handshake stage even while
+/// answers were seen just before.
+#[tokio::test(start_paused = true)]
+async fn a_busy_master_that_answers_its_minions_is_not_marked_down() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let metrics = Metrics::new();
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut rx = port_checks(&m, Role::Request, prober.clone(), metrics.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.is_up());
+    // The storm: every ping waits past the timeout; the minions' replies keep coming.
+    prober.set(Shape::Answers(h.timeout * 3));
+    let answers = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            loop {
+                m.upstream.saw_answer();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert!(m.is_up(), "{:?}", m.last_check(Role::Request));
+    assert!(rx.try_recv().is_err(), "no flip while the master answers");
+    let busy = metrics
+        .check_busy
+        .with_label_values(&["m1", "request"])
+        .get();
+    assert!(busy >= 10, "{busy} checks not counted in 120 s");
+    assert!(
+        m.last_check(Role::Request)
+            .detail
+            .contains("busy, not hung"),
+        "{:?}",
+        m.last_check(Role::Request)
+    );
+    // Its workers stuck: no more answers; DOWN after `fall` timed-out checks.
+    answers.abort();
+    let t0 = Instant::now();
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    let took = t0.elapsed();
+    let bound = (h.interval.max(h.timeout) + h.timeout) * (h.fall + 1);
+    assert!(
+        took <= bound,
+        "DOWN {took:?} after the answers stopped, bound {bound:?}"
+    );
+    m.checks_stop.cancel();
+
+    // Stopped just after an answer was seen: the handshake stage fails, which no answer excuses.
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut flips = checks(&m, prober.clone());
+    settle_up(&mut flips, &m).await;
+    m.upstream.saw_answer();
+    prober.set(Shape::Stopped);
+    let t0 = Instant::now();
+    let (at, flip) = flips.recv().await.unwrap();
+    assert_eq!(flip, Flip::Down);
+    assert!(at - t0 <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
+    m.checks_stop.cancel();
+}
+
+/// Issue 25: a salt-master's publish server on a host saturated by 5,000 minions authenticating
+/// missed the 1 s greeting deadline while its request workers answered. Such checks are not
+/// counted while the master answers its minions, for at most `PUBLISH_BUSY_GRACE` after the
+/// port's last passed check: a publish server hung on its own still goes DOWN, later. With no
+/// answers (a stopped master) the late greetings count at once.
+#[tokio::test(start_paused = true)]
+async fn a_late_publish_greeting_from_a_master_that_answers_is_not_counted_for_a_while() {
+    late_publish_port(Shape::NoGreeting).await;
+    late_publish_port(Shape::NoConnect).await;
+}
+
+async fn late_publish_port(late: Shape) {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut rx = port_checks(&m, Role::Publish, prober.clone(), Metrics::new());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.is_up());
+    let answers = {
+        let m = m.clone();
+        tokio::spawn(async move {
+            loop {
+                m.upstream.saw_answer();
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    prober.set(late);
+    let t0 = Instant::now();
+    tokio::time::sleep(PUBLISH_BUSY_GRACE - Duration::from_secs(5)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "no flip within the grace while the master answers"
+    );
+    assert!(
+        m.last_check(Role::Publish)
+            .detail
+            .contains("busy, not hung"),
+        "{:?}",
+        m.last_check(Role::Publish)
+    );
+    // Past the grace the late greetings count, answers or not.
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    let took = t0.elapsed();
+    let bound = PUBLISH_BUSY_GRACE + (h.interval + h.handshake_timeout) * (h.fall + 1);
+    assert!(
+        took >= PUBLISH_BUSY_GRACE && took <= bound,
+        "DOWN {took:?} after the greetings stopped, expected within {PUBLISH_BUSY_GRACE:?}..{bound:?}"
+    );
+    answers.abort();
+    m.checks_stop.cancel();
+
+    // No answers from the master: late greetings count from the first.
+    let prober = FakeProber::new(Shape::Answers(Duration::from_millis(5)));
+    let m = master(h);
+    let mut rx = port_checks(&m, Role::Publish, prober.clone(), Metrics::new());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    prober.set(late);
+    let t0 = Instant::now();
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    assert!(t0.elapsed() <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
+    m.checks_stop.cancel();
+}
