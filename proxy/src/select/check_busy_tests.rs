@@ -21,15 +21,7 @@ async fn a_busy_master_that_answers_its_minions_is_not_marked_down() {
     assert!(m.is_up());
     // The storm: every ping waits past the timeout; the minions' replies keep coming.
     prober.set(Shape::Answers(h.timeout * 3));
-    let answers = {
-        let m = m.clone();
-        tokio::spawn(async move {
-            loop {
-                m.upstream.saw_answer();
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        })
-    };
+    let answers = minions_answered(&m);
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert!(m.is_up(), "{:?}", m.last_check(Role::Request));
     assert!(rx.try_recv().is_err(), "no flip while the master answers");
@@ -93,15 +85,7 @@ async fn late_publish_port(late: Shape) {
     let mut rx = port_checks(&m, Role::Publish, prober.clone(), Metrics::new());
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(m.is_up());
-    let answers = {
-        let m = m.clone();
-        tokio::spawn(async move {
-            loop {
-                m.upstream.saw_answer();
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        })
-    };
+    let answers = minions_answered(&m);
     prober.set(late);
     let t0 = Instant::now();
     tokio::time::sleep(PUBLISH_BUSY_GRACE - Duration::from_secs(5)).await;
@@ -139,4 +123,16 @@ async fn late_publish_port(late: Shape) {
     assert_eq!(ev.flip, Flip::Down);
     assert!(t0.elapsed() <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
     m.checks_stop.cancel();
+}
+
+/// The master completes a reply to a minion every 300 ms (as request sessions see it) until
+/// the task is aborted.
+fn minions_answered(m: &Arc<Master>) -> tokio::task::JoinHandle<()> {
+    let m = m.clone();
+    tokio::spawn(async move {
+        loop {
+            m.upstream.saw_answer();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
 }
