@@ -47,6 +47,25 @@ impl PubHub {
     }
 }
 
+impl PubHub {
+    /// One minion session, with the hub started, and its span (the session's task runs in it:
+    /// entered per poll, not per frame).
+    fn session(
+        &self,
+        ctx: Arc<DataPlane>,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> (
+        impl std::future::Future<Output = ()> + Send + 'static,
+        tracing::Span,
+    ) {
+        ensure_started(&self.hub, &self.handles, &ctx);
+        let id = ctx.session_id();
+        let span = session_span(id, Role::Publish, peer);
+        (session::run(self.hub.clone(), ctx, stream, peer, id), span)
+    }
+}
+
 impl Drop for PubHub {
     /// The sessions end with the hub (a reload that drops this listener's fan-out): they are
     /// told through their queues; `_stop` then cancels the upstreams.
@@ -57,11 +76,8 @@ impl Drop for PubHub {
 
 impl Serve for PubHub {
     fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()> {
-        ensure_started(&self.hub, &self.handles, &ctx);
-        let id = ctx.session_id();
-        // The session's task in its span: entered per poll, not per frame.
-        let span = session_span(id, Role::Publish, peer);
-        Box::pin(session::run(self.hub.clone(), ctx, stream, peer, id).instrument(span))
+        let (run, span) = self.session(ctx, stream, peer);
+        Box::pin(run.instrument(span))
     }
 
     /// Unboxed, as the L4 session's: a fan-out session lives as long as its minion, and this is
@@ -74,13 +90,10 @@ impl Serve for PubHub {
         peer: SocketAddr,
         permits: Permits,
     ) {
-        ensure_started(&self.hub, &self.handles, &ctx);
-        let id = ctx.session_id();
-        let span = session_span(id, Role::Publish, peer);
-        let hub = self.hub.clone();
+        let (run, span) = self.session(ctx, stream, peer);
         let run = async move {
             let _permits = permits;
-            session::run(hub, ctx, stream, peer, id).await
+            run.await
         };
         in_span(tracker, (run, span));
     }

@@ -57,6 +57,17 @@ struct State {
     stopped: bool,
 }
 
+impl State {
+    /// The oldest message; a drained buffer grown past [`KEEP`] is given back.
+    fn pop_front(&mut self) -> Option<Queued> {
+        let msg = self.items.pop_front()?;
+        if self.items.is_empty() && self.items.capacity() > KEEP {
+            self.items = VecDeque::new();
+        }
+        Some(msg)
+    }
+}
+
 impl SessionQueue {
     /// An empty queue holding at most `cap` messages (at least one).
     pub(crate) fn new(cap: usize) -> Self {
@@ -97,12 +108,7 @@ impl SessionQueue {
     /// The next message, or [`Empty`].
     #[cfg(test)]
     pub(crate) fn try_pop(&self) -> Result<Queued, Empty> {
-        let mut s = self.lock();
-        let msg = s.items.pop_front().ok_or(Empty)?;
-        if s.items.is_empty() && s.items.capacity() > KEEP {
-            s.items = VecDeque::new();
-        }
-        Ok(msg)
+        self.lock().pop_front().ok_or(Empty)
     }
 
     /// The next message; `None` once the hub stops; `Pending` (the reader is woken by the next
@@ -112,10 +118,7 @@ impl SessionQueue {
         if s.stopped {
             return Poll::Ready(None);
         }
-        if let Some(msg) = s.items.pop_front() {
-            if s.items.is_empty() && s.items.capacity() > KEEP {
-                s.items = VecDeque::new();
-            }
+        if let Some(msg) = s.pop_front() {
             return Poll::Ready(Some(msg));
         }
         if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {

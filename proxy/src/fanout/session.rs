@@ -513,8 +513,9 @@ async fn drive(
             (a, b) => a.or(b),
         };
         let deadline = limit.and_then(|l| last_rx.checked_add(l));
-        // One timer for both deadlines. Earlier than armed when a frame began arriving, or when
-        // the limit shrank (the minion's PING asked a shorter TTL).
+        // One timer for the three deadlines (frame, silence, next PING). Armed earlier than it is
+        // when a frame began arriving or the limit shrank (the minion's PING asked a shorter
+        // TTL); a later deadline waits until the timer fires (lazy).
         let due = [frame_deadline, deadline, next_ping]
             .into_iter()
             .flatten()
