@@ -42,7 +42,8 @@ pub struct Metrics {
     pub check_failures: IntCounterVec,
     /// `saltgate_master_check_busy_total{master,port}`: checks not counted because the master
     /// answered its minions' requests meanwhile (busy, not hung): a request ping with no answer
-    /// in time, a publish greeting late within 30 s of the port's last passed check.
+    /// in time, a publish greeting that came late, or none within 30 s of the port's last passed
+    /// check (see [`crate::select::check`]).
     pub check_busy: IntCounterVec,
     /// `saltgate_master_state_changes_total{master,to}`: health flips, `to` = up or down.
     pub state_changes: IntCounterVec,

@@ -14,6 +14,7 @@ use saltgate_config::{HealthSettings, Probe, Role};
 use saltgate_wire::transport::{ProbeError, ProbeStage, Prober as _, Transport};
 use tokio::sync::mpsc;
 
+pub use crate::select::check_failure::{CheckFailure, Stage};
 use crate::select::health::{HealthState, PortState};
 use crate::select::transport_probe::{self, ProbeTransport};
 
@@ -42,15 +43,15 @@ fn local_resource_recovered() {
     }
 }
 
-/// Tests one master port with the timeouts and probe of `health`. `Err` carries a short reason for
-/// the logs and the admin API.
+/// Tests one master port with the timeouts and probe of `health`. `Err` carries how far the probe
+/// got (the busy rule reads it) and a short reason for the logs and the admin API.
 pub trait Prober: Send + Sync + 'static {
     fn probe(
         &self,
         addr: SocketAddr,
         role: Role,
         health: HealthSettings,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>>;
+    ) -> Pin<Box<dyn Future<Output = Result<(), CheckFailure>> + Send + '_>>;
 
     /// The check of a master whose masters speak `transport` (top-level `transport:`, `ssl:`).
     /// By default [`Prober::probe`] (test probers ignore the transport); [`SaltProbes`] speaks
@@ -61,15 +62,17 @@ pub trait Prober: Send + Sync + 'static {
         role: Role,
         health: HealthSettings,
         transport: Arc<ProbeTransport>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), CheckFailure>> + Send + '_>> {
         let _ = transport;
         self.probe(addr, role, health)
     }
 }
 
 /// The real probes: TCP connect, the ZMTP greeting, and Salt's clear `ping` (see [`Probe`]). The
-/// greeting and the ping's connect and ZMTP handshake must come within `handshake_timeout` (a
-/// stopped master fails here at once), the ping's answer within `timeout` (a busy master gets it).
+/// ping's connect and ZMTP handshake must come within `handshake_timeout` (a stopped master fails
+/// here at once), its answer within `timeout` (a busy master gets it). The publish port's greeting
+/// is waited for up to `timeout`, and one after `handshake_timeout` is a failure of its own stage
+/// ([`Stage::LateGreeting`]: the publish server runs, slowly), which the busy rule reads.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SaltProbes;
 
@@ -80,7 +83,7 @@ impl Prober for SaltProbes {
         role: Role,
         health: HealthSettings,
         transport: Arc<ProbeTransport>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), CheckFailure>> + Send + '_>> {
         if transport.is_zeromq() {
             return self.probe(addr, role, health);
         }
@@ -92,7 +95,7 @@ impl Prober for SaltProbes {
         addr: SocketAddr,
         role: Role,
         health: HealthSettings,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), CheckFailure>> + Send + '_>> {
         let timeout = health.timeout;
         let handshake = health.handshake_timeout.min(timeout);
         // ZeroMQ until the proxy reads `transport` (issue 27).
@@ -104,37 +107,58 @@ impl Prober for SaltProbes {
                     {
                         Ok(Ok(_stream)) => Ok(()),
                         Ok(Err(e)) => Err(connect_error("connect", &e)),
-                        Err(_) => Err(format!("connect: no answer within {timeout:?}")),
+                        Err(_) => Err(format!("connect: no answer within {timeout:?}").into()),
                     }
                 }
-                (Probe::Zmtp, _) | (Probe::Salt, Role::Publish) => transport
+                // The publish port's greeting may come up to `timeout`: one that comes after
+                // `handshake_timeout` is a live publish server on a saturated host (issue 25),
+                // one that never comes a stopped or hung one.
+                (Probe::Zmtp | Probe::Salt, Role::Publish) => {
+                    let began = tokio::time::Instant::now();
+                    let greeting = transport.greeting(addr, timeout).await;
+                    let took = began.elapsed();
+                    match greeting {
+                        Ok(_) if took > handshake => Err(CheckFailure::late_greeting(
+                            "ZMTP greeting",
+                            took,
+                            handshake,
+                        )),
+                        Ok(_) => Ok(()),
+                        Err(ProbeError::Connect(e)) => {
+                            Err(connect_error("ZMTP greeting: connect", &e))
+                        }
+                        Err(ProbeError::NoHandshake(d)) => {
+                            Err(CheckFailure::no_greeting(format_args!(
+                                "ZMTP greeting: connected, no ZMTP handshake within {d:?}"
+                            )))
+                        }
+                        // A full accept backlog (thousands of minions reconnecting) looks the
+                        // same from here as a host that is gone; the request port tells which.
+                        Err(ProbeError::ConnectTimeout(d)) => Err(CheckFailure::no_greeting(
+                            format_args!("ZMTP greeting: connect: no answer within {d:?}"),
+                        )),
+                        Err(e) => Err(format!("ZMTP greeting: {e}").into()),
+                    }
+                }
+                (Probe::Zmtp, Role::Request) => transport
                     .greeting(addr, handshake)
                     .await
                     .map(|_| ())
                     .map_err(|e| match e {
                         ProbeError::Connect(e) => connect_error("ZMTP greeting: connect", &e),
-                        ProbeError::NoHandshake(d) if role == Role::Publish => format!(
-                            "ZMTP greeting: connected, no ZMTP handshake within {d:?} {NO_GREETING}"
-                        ),
-                        // A full accept backlog (thousands of minions reconnecting) looks the
-                        // same from here as a host that is gone; the request port tells which.
-                        ProbeError::ConnectTimeout(d) if role == Role::Publish => {
-                            format!("ZMTP greeting: connect: no answer within {d:?} {NO_GREETING}")
-                        }
-                        e => format!("ZMTP greeting: {e}"),
+                        e => format!("ZMTP greeting: {e}").into(),
                     }),
                 (Probe::Salt, Role::Request) => {
                     match transport.ping(addr, handshake, timeout).await {
                         Ok(_) => Ok(()),
                         Err(e) if e.stage() == ProbeStage::NotReady => Err(
-                            "salt ping: not ready (cluster_retry: not yet a cluster member)"
-                                .to_string(),
+                            "salt ping: not ready (cluster_retry: not yet a cluster member)".into(),
                         ),
                         Err(ProbeError::Connect(e)) => Err(connect_error("salt ping: connect", &e)),
-                        Err(ProbeError::Timeout(t)) => Err(format!(
-                            "salt ping: ZMTP handshake done, no answer within {t:?} {BUSY_OR_STUCK}"
-                        )),
-                        Err(e) => Err(format!("salt ping: {e}")),
+                        Err(ProbeError::Timeout(t)) => Err(CheckFailure::no_answer(format_args!(
+                            "salt ping: ZMTP handshake done, no answer within {t:?}"
+                        ))),
+                        Err(e) => Err(format!("salt ping: {e}").into()),
                     }
                 }
             }
@@ -142,9 +166,9 @@ impl Prober for SaltProbes {
     }
 }
 
-pub use crate::select::transport_probe::{BUSY_OR_STUCK, NO_GREETING};
+pub use crate::select::check_failure::{BUSY_OR_STUCK, LATE_GREETING, NO_GREETING};
 
-/// How long after its last passed check a publish port's late greetings may go uncounted while
+/// How long after its last passed check a publish port's missing greetings may go uncounted while
 /// the master answers its minions' requests (see [`busy_not_hung`]): a publish server hung on
 /// its own (its request workers fine) is counted again after this, and goes DOWN `fall` checks
 /// later.
@@ -153,17 +177,19 @@ pub const PUBLISH_BUSY_GRACE: std::time::Duration = std::time::Duration::from_se
 /// Whether a failed check is a busy master's, not a hung one's, on a port not DOWN, while
 /// request sessions saw the master complete replies to minions after the check began:
 /// - a request port whose ping got through the handshake and no answer in time
-///   ([`BUSY_OR_STUCK`]);
-/// - a publish port whose connect or greeting (on `tcp`: answer) did not come in time
-///   ([`NO_GREETING`], [`BUSY_OR_STUCK`]) within [`PUBLISH_BUSY_GRACE`] of its last passed
-///   check (`last_pass`): measured in an AES rotation storm of 5,000 minions, the master's
+///   ([`Stage::NoAnswer`]);
+/// - a publish port whose connect or greeting came after `handshake_timeout`
+///   ([`Stage::LateGreeting`]): its publish server runs, on a saturated host;
+/// - a publish port whose connect or greeting did not come within `timeout`
+///   ([`Stage::NoGreeting`]; on `tcp`, no answer), within [`PUBLISH_BUSY_GRACE`] of its last
+///   passed check (`last_pass`): measured in an AES rotation storm of 5,000 minions, the master's
 ///   publish server answered neither while its request workers did.
 ///
 /// A stopped master answers nothing, and a master whose workers are stuck answers nobody: both
 /// still fail.
 fn busy_not_hung(
     role: Role,
-    result: &Result<(), String>,
+    result: &Result<(), CheckFailure>,
     state: &HealthState,
     master: &Master,
     began: tokio::time::Instant,
@@ -172,13 +198,13 @@ fn busy_not_hung(
     let Err(e) = result else {
         return false;
     };
-    let late = match role {
-        Role::Request => e.ends_with(BUSY_OR_STUCK),
-        Role::Publish => {
-            (e.ends_with(NO_GREETING) || e.ends_with(BUSY_OR_STUCK))
-                && last_pass
-                    .is_some_and(|p| began.saturating_duration_since(p) <= PUBLISH_BUSY_GRACE)
+    let late = match (role, e.stage) {
+        (Role::Request, Stage::NoAnswer) => true,
+        (Role::Publish, Stage::LateGreeting) => true,
+        (Role::Publish, Stage::NoGreeting | Stage::NoAnswer) => {
+            last_pass.is_some_and(|p| began.saturating_duration_since(p) <= PUBLISH_BUSY_GRACE)
         }
+        _ => false,
     };
     late && state.state != PortState::Down && master.upstream.answered_since(began)
 }
@@ -201,7 +227,7 @@ pub const FRESH_PING_MAX_GAP: std::time::Duration = std::time::Duration::from_se
 /// Most pings outstanding at once on one DOWN request port: the kept one and the fresh ones.
 pub const MAX_OUTSTANDING_PINGS: usize = 6;
 
-type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<(), CheckFailure>> + Send + 'a>>;
 
 /// Whether a check of this port keeps its ping outstanding past `timeout`: only Salt's `ping` on
 /// a DOWN request port. Its connect and handshake stage stays bounded by the handshake deadline
@@ -303,7 +329,7 @@ impl<'a> Outstanding<'a> {
     fn poll_answer(
         &mut self,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), String>> {
+    ) -> std::task::Poll<Result<(), CheckFailure>> {
         use std::task::Poll;
         let mut failed = None;
         let mut i = 0;
@@ -326,7 +352,7 @@ impl<'a> Outstanding<'a> {
         }
     }
 
-    async fn answer(&mut self) -> Result<(), String> {
+    async fn answer(&mut self) -> Result<(), CheckFailure> {
         std::future::poll_fn(|cx| self.poll_answer(cx)).await
     }
 }
@@ -369,7 +395,7 @@ pub async fn run_port_checks(
     // gaps, each kept in its place in the queue (see `Outstanding`). The first answer of any
     // passes a check as soon as it comes, between checks too (`early`).
     let mut pings = Outstanding::default();
-    let mut early: Option<Result<(), String>> = None;
+    let mut early: Option<Result<(), CheckFailure>> = None;
     // When a check of this port last passed (the publish port's busy grace).
     let mut last_pass: Option<tokio::time::Instant> = None;
     loop {
@@ -403,7 +429,7 @@ pub async fn run_port_checks(
                         "salt ping: handshake done, no answer within {:?} ({} ping(s) kept outstanding: the first answer passes the next check)",
                         wait,
                         pings.len()
-                    )),
+                    ).into()),
                 },
                 _ = stop.cancelled() => return,
             }
@@ -418,7 +444,7 @@ pub async fn run_port_checks(
         let mut result = result;
         let mut reserved = false;
         if let Err(e) = &result {
-            if e.starts_with(LOCAL_RESOURCE) && reserve::release_one() {
+            if e.stage == Stage::LocalResource && reserve::release_one() {
                 reserved = true;
                 local_resource_episode(&format!("{name} {role} check: {e}"));
                 tracing::debug!(target: "saltgate_proxy::check", master = %name, port = %role, "check met the local resource shortage; run again on a reserved descriptor");
@@ -430,7 +456,7 @@ pub async fn run_port_checks(
             }
         }
         match &result {
-            Err(e) if e.starts_with(LOCAL_RESOURCE) => {
+            Err(e) if e.stage == Stage::LocalResource => {
                 // Not a check of the master: neither a failure nor a success; try again soon.
                 local.inc();
                 local_resource_episode(&format!("{name} {role} check: {e}"));
@@ -451,7 +477,7 @@ pub async fn run_port_checks(
             busy.inc();
             let detail = format!(
                 "not counted: {}; the master answered minions' requests meanwhile (busy, not hung)",
-                result.as_ref().err().map_or("", String::as_str)
+                result.as_ref().err().map_or("", |e| e.detail.as_str())
             );
             master.upstream.set_last_check(
                 role,
@@ -478,7 +504,7 @@ pub async fn run_port_checks(
         }
         let detail = match &result {
             Ok(()) => "ok".to_string(),
-            Err(e) => e.clone(),
+            Err(e) => e.detail.clone(),
         };
         master.upstream.set_last_check(
             role,

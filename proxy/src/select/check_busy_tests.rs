@@ -104,7 +104,7 @@ async fn late_publish_port(late: Shape) {
     let ev = rx.recv().await.unwrap();
     assert_eq!(ev.flip, Flip::Down);
     let took = t0.elapsed();
-    let bound = PUBLISH_BUSY_GRACE + (h.interval + h.handshake_timeout) * (h.fall + 1);
+    let bound = PUBLISH_BUSY_GRACE + (h.interval + h.timeout) * (h.fall + 1);
     assert!(
         took >= PUBLISH_BUSY_GRACE && took <= bound,
         "DOWN {took:?} after the greetings stopped, expected within {PUBLISH_BUSY_GRACE:?}..{bound:?}"
@@ -121,7 +121,59 @@ async fn late_publish_port(late: Shape) {
     let t0 = Instant::now();
     let ev = rx.recv().await.unwrap();
     assert_eq!(ev.flip, Flip::Down);
-    assert!(t0.elapsed() <= h.interval + h.handshake_timeout * h.fall + Duration::from_millis(10));
+    assert!(t0.elapsed() <= h.interval + h.timeout * h.fall + Duration::from_millis(10));
+    m.checks_stop.cancel();
+}
+
+/// Issue 25, the AES rotation storm at 5,000 minions: the publish server of a saturated
+/// salt-master greeted late for longer than `PUBLISH_BUSY_GRACE`. A greeting that comes, late,
+/// shows the publish server runs: while the master answers its minions, such checks are never
+/// counted, however long it lasts. With no answers they count (a late greeting is still a failed
+/// check), and one on time passes.
+#[tokio::test(start_paused = true)]
+async fn a_publish_server_that_greets_late_while_the_master_answers_is_never_marked_down() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let late = Shape::Greets(h.handshake_timeout + (h.timeout - h.handshake_timeout) / 2);
+    let metrics = Metrics::new();
+    let prober = FakeProber::new(Shape::Greets(Duration::from_millis(5)));
+    let m = master(h);
+    let mut rx = port_checks(&m, Role::Publish, prober.clone(), metrics.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(m.is_up());
+    let answers = minions_answered(&m);
+    prober.set(late);
+    tokio::time::sleep(PUBLISH_BUSY_GRACE * 4).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "no flip while it greets late and the master answers"
+    );
+    let detail = m.last_check(Role::Publish).detail;
+    assert!(
+        detail.contains("busy, not hung") && detail.contains(LATE_GREETING),
+        "{detail}"
+    );
+    let busy = metrics
+        .check_busy
+        .with_label_values(&["m1", "publish"])
+        .get();
+    assert!(
+        busy >= 20,
+        "{busy} checks not counted in {:?}",
+        PUBLISH_BUSY_GRACE * 4
+    );
+    // The master answers nobody any more: the late greetings count.
+    answers.abort();
+    let t0 = Instant::now();
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    assert!(t0.elapsed() <= (h.interval + h.timeout) * (h.fall + 1));
+    // On time again: UP.
+    prober.set(Shape::Greets(Duration::from_millis(5)));
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Up);
     m.checks_stop.cancel();
 }
 
@@ -135,4 +187,66 @@ fn minions_answered(m: &Arc<Master>) -> tokio::task::JoinHandle<()> {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     })
+}
+
+/// A publish port on loopback that greets (ZMTP 3.1, NULL) `after` each connect, or never.
+async fn greeter(after: Option<Duration>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                if let Some(d) = after {
+                    // The fixture's own pace (a saturated publish server), not a wait of the test.
+                    tokio::time::sleep(d).await;
+                    let mut g = vec![0xffu8, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 1];
+                    g.extend(b"NULL");
+                    g.resize(64, 0);
+                    let _ = s.write_all(&g).await;
+                }
+                let mut b = [0u8; 256];
+                while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    a
+}
+
+/// The real publish probe waits up to `timeout` for the greeting: on time it passes, late it
+/// reports [`Stage::LateGreeting`] (what the busy rule excuses for as long as the master answers),
+/// never [`Stage::NoGreeting`] (excused only within the grace).
+#[tokio::test]
+async fn the_publish_probe_tells_a_late_greeting_from_none() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        handshake_timeout: Duration::from_millis(150),
+        timeout: Duration::from_millis(900),
+        ..HealthSettings::default()
+    };
+    let on_time = greeter(Some(Duration::ZERO)).await;
+    SaltProbes
+        .probe(on_time, Role::Publish, h)
+        .await
+        .expect("a prompt greeting passes");
+    let late = greeter(Some(Duration::from_millis(400))).await;
+    let e = SaltProbes.probe(late, Role::Publish, h).await.unwrap_err();
+    assert_eq!(e.stage, Stage::LateGreeting, "{e}");
+    assert!(e.detail.contains("handshake_timeout 150ms"), "{e}");
+    let never = greeter(None).await;
+    let began = Instant::now();
+    let e = SaltProbes.probe(never, Role::Publish, h).await.unwrap_err();
+    assert_eq!(e.stage, Stage::NoGreeting, "{e}");
+    assert!(
+        began.elapsed() >= h.timeout,
+        "gave up after {:?}",
+        began.elapsed()
+    );
+    // The request port's `zmtp` probe keeps the handshake deadline.
+    let h = HealthSettings {
+        probe: Probe::Zmtp,
+        ..h
+    };
+    let e = SaltProbes.probe(late, Role::Request, h).await.unwrap_err();
+    assert_eq!(e.stage, Stage::Failed, "{e}");
 }

@@ -23,12 +23,14 @@ enum Shape {
     Stopped,
     /// Not running: connection refused at once.
     Refused,
-    /// A publish port that accepts and sends no greeting within the handshake deadline (stopped,
-    /// hung, or its publish server saturated).
+    /// A publish port that accepts and sends no greeting within `timeout` (stopped, hung, or its
+    /// publish server saturated).
     NoGreeting,
-    /// A publish port whose connect does not complete within the handshake deadline (its accept
-    /// backlog full, or the host gone).
+    /// A publish port whose connect does not complete within `timeout` (its accept backlog full,
+    /// or the host gone).
     NoConnect,
+    /// A publish port that greets after this long (on time, late, or not within `timeout`).
+    Greets(Duration),
     /// This host is out of descriptors: every probe fails with EMFILE before reaching the master.
     NoDescriptors,
     /// Starting: the handshake comes at once, every ping is queued, and the workers answer the
@@ -149,7 +151,7 @@ impl Prober for FakeProber {
         _addr: SocketAddr,
         _role: Role,
         h: HealthSettings,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), CheckFailure>> + Send + '_>> {
         let shape = *self.shape.lock().unwrap();
         self.probes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -209,29 +211,46 @@ impl Prober for FakeProber {
                 Shape::Answers(_) => {
                     tokio::time::sleep(h.timeout).await;
                     // as the real probe says it (check.rs)
-                    Err(format!(
-                        "salt ping: ZMTP handshake done, no answer within {:?} {BUSY_OR_STUCK}",
+                    Err(CheckFailure::no_answer(format_args!(
+                        "salt ping: ZMTP handshake done, no answer within {:?}",
                         h.timeout
-                    ))
+                    )))
                 }
                 Shape::Stopped => {
                     tokio::time::sleep(h.handshake_timeout.min(h.timeout)).await;
                     Err("no ZMTP handshake".into())
                 }
                 Shape::NoGreeting | Shape::NoConnect => {
-                    let d = h.handshake_timeout.min(h.timeout);
+                    let d = h.timeout;
                     tokio::time::sleep(d).await;
                     // as the real probe says it (check.rs)
-                    Err(if matches!(shape, Shape::NoGreeting) {
-                        format!("ZMTP greeting: connected, no ZMTP handshake within {d:?} {NO_GREETING}")
+                    Err(CheckFailure::no_greeting(
+                        if matches!(shape, Shape::NoGreeting) {
+                            format!("ZMTP greeting: connected, no ZMTP handshake within {d:?}")
+                        } else {
+                            format!("ZMTP greeting: connect: no answer within {d:?}")
+                        },
+                    ))
+                }
+                Shape::Greets(d) if d > h.timeout => {
+                    tokio::time::sleep(h.timeout).await;
+                    Err(CheckFailure::no_greeting(
+                        "ZMTP greeting: no ZMTP handshake",
+                    ))
+                }
+                Shape::Greets(d) => {
+                    tokio::time::sleep(d).await;
+                    let handshake = h.handshake_timeout.min(h.timeout);
+                    if d > handshake {
+                        Err(CheckFailure::late_greeting("ZMTP greeting", d, handshake))
                     } else {
-                        format!("ZMTP greeting: connect: no answer within {d:?} {NO_GREETING}")
-                    })
+                        Ok(())
+                    }
                 }
                 Shape::Refused => Err("connect: refused".into()),
-                Shape::NoDescriptors => Err(format!(
+                Shape::NoDescriptors => Err(CheckFailure::local_resource(format!(
                     "{LOCAL_RESOURCE}: connect: Too many open files (os error 24)"
-                )),
+                ))),
             }
         })
     }

@@ -14,10 +14,18 @@ pub fn is_local_resource(e: &std::io::Error) -> bool {
     )
 }
 
-pub(crate) fn connect_error(what: &str, e: &std::io::Error) -> String {
+/// A check's connect that failed: [`Stage::LocalResource`] when this host ran out (see
+/// [`is_local_resource`]), else a counted failure.
+///
+/// [`Stage::LocalResource`]: crate::select::check_failure::Stage::LocalResource
+pub(crate) fn connect_error(
+    what: &str,
+    e: &std::io::Error,
+) -> crate::select::check_failure::CheckFailure {
+    use crate::select::check_failure::CheckFailure;
     if is_local_resource(e) {
-        format!("{LOCAL_RESOURCE}: {what}: {e}")
+        CheckFailure::local_resource(format!("{LOCAL_RESOURCE}: {what}: {e}"))
     } else {
-        format!("{what}: {e}")
+        CheckFailure::failed(format!("{what}: {e}"))
     }
 }

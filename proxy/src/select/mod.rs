@@ -4,6 +4,7 @@
 //! and the [`snapshot`] every session runs from, where each listener's selector is built.
 
 pub mod check;
+pub mod check_failure;
 pub mod failback;
 pub mod health;
 pub mod local_resource;

@@ -14,20 +14,8 @@ use saltgate_config::{Global, HealthSettings, Probe, Role};
 use saltgate_wire::salt_tcp::probe::{self as p, SaltProbeError, Target, TlsClient, Transport};
 use saltgate_wire::salt_tcp::tls::{self, TlsSettings};
 
+use crate::select::check_failure::CheckFailure;
 use crate::select::local_resource::connect_error;
-
-/// Ends the detail of a request check whose ping got through the handshake and no answer came
-/// in time: the master's process runs, its workers are busy or stuck. Such a check is not
-/// counted when the master answered its minions' requests meanwhile (see [`crate::select::check::run_port_checks`]).
-pub const BUSY_OR_STUCK: &str = "(master busy, or its workers stuck)";
-
-/// Ends the detail of a publish check whose connect or ZMTP greeting did not come in time. Usually
-/// a stopped or hung master; but a salt-master whose publish server serves thousands of minions
-/// on a saturated host has been measured past the 1 s greeting deadline while its request workers
-/// answered (issue 25: 5,000 minions authenticating through `auth_limit`). Such a check is not
-/// counted for a while when the same master answered its minions' requests meanwhile (see
-/// [`crate::select::check::run_port_checks`]).
-pub const NO_GREETING: &str = "(stopped, hung, or its publish server saturated)";
 
 /// The transport the checks speak, with the TLS client prepared from `ssl:`.
 #[derive(Debug)]
@@ -104,52 +92,68 @@ fn settings(s: &SslConfig) -> TlsSettings {
     }
 }
 
-/// One check of a port of a `tcp` or `ws` master. `Err` is the reason, for the logs and the API.
+/// One check of a port of a `tcp` or `ws` master. The publish check waits up to `timeout` and
+/// says whether it passed within `handshake_timeout` (see [`crate::select::check::SaltProbes`]).
 pub async fn check(
     t: &ProbeTransport,
     addr: SocketAddr,
     role: Role,
     health: HealthSettings,
-) -> Result<(), String> {
+) -> Result<(), CheckFailure> {
     let timeout = health.timeout;
     let handshake = health.handshake_timeout.min(timeout);
     if health.probe == Probe::Tcp {
         return match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(connect_error("connect", &e)),
-            Err(_) => Err(format!("connect: no answer within {timeout:?}")),
+            Err(_) => Err(format!("connect: no answer within {timeout:?}").into()),
         };
     }
     let name = t.transport.as_str();
-    let target = t.target(addr).map_err(|e| format!("{name} check: {e}"))?;
+    let target = t
+        .target(addr)
+        .map_err(|e| CheckFailure::failed(format!("{name} check: {e}")))?;
     let tls = if target.tls.is_some() { "+TLS" } else { "" };
     let what = match role {
         Role::Request => format!("salt ping ({name}{tls})"),
         Role::Publish => format!("{name}{tls} publish check"),
     };
+    let began = tokio::time::Instant::now();
     let r = match role {
         Role::Request => p::salt_ping_staged(&target, handshake, timeout)
             .await
             .map(|_| ()),
-        Role::Publish => p::publish_check(&target, handshake).await.map(|_| ()),
+        Role::Publish => p::publish_check(&target, timeout).await.map(|_| ()),
     };
-    r.map_err(|e| match e {
-        SaltProbeError::NotReady => {
-            format!("{what}: not ready (cluster_retry: not yet a cluster member)")
+    let took = began.elapsed();
+    match r {
+        Ok(()) if role == Role::Publish && took > handshake => Err(CheckFailure::late_greeting(
+            format_args!("{what}: the handshake"),
+            took,
+            handshake,
+        )),
+        Ok(()) => Ok(()),
+        Err(SaltProbeError::NotReady) => Err(CheckFailure::failed(format!(
+            "{what}: not ready (cluster_retry: not yet a cluster member)"
+        ))),
+        Err(SaltProbeError::Connect(e)) => Err(connect_error(&format!("{what}: connect"), &e)),
+        // A full accept backlog or a saturated publish server looks the same from here as a
+        // stopped one; the request port and the busy rule tell which.
+        Err(
+            e @ (SaltProbeError::ConnectTimeout(_)
+            | SaltProbeError::NoHandshake { .. }
+            | SaltProbeError::Timeout(_)),
+        ) if role == Role::Publish => Err(CheckFailure::no_greeting(format_args!("{what}: {e}"))),
+        Err(SaltProbeError::Timeout(d)) if tls.is_empty() && t.transport == SaltTransport::Tcp => {
+            Err(CheckFailure::no_answer(format_args!(
+                "{what}: the master reads (its process runs), no answer within {d:?}"
+            )))
         }
-        SaltProbeError::Connect(e) => connect_error(&format!("{what}: connect"), &e),
-        SaltProbeError::Timeout(d) if tls.is_empty() && t.transport == SaltTransport::Tcp => {
-            format!(
-                "{what}: the master reads (its process runs), no answer within {d:?} {}",
-                BUSY_OR_STUCK
-            )
-        }
-        SaltProbeError::Timeout(d) => format!(
-            "{what}: handshake done, no answer within {d:?} {}",
-            BUSY_OR_STUCK
-        ),
-        e => format!("{what}: {e}"),
-    })
+        Err(SaltProbeError::Timeout(d)) => Err(CheckFailure::no_answer(format_args!(
+            "{what}: handshake done, no answer within {d:?}"
+        ))),
+        Err(e) => Err(CheckFailure::failed(format!("{what}: {e}"))),
+    }
 }
 
 #[cfg(test)]

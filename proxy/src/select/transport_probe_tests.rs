@@ -41,7 +41,8 @@ async fn a_zeromq_master_behind_transport_tcp_is_named() {
     assert!(!t.is_zeromq());
     let e = check(&t, a, Role::Request, health(Probe::Salt))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .detail;
     assert!(e.starts_with("salt ping (tcp)"), "{e}");
     assert!(e.contains("set `transport: zeromq`"), "{e}");
     // A ZMTP publisher passes the publish check (it greets: bytes from the master pass the read
@@ -65,7 +66,8 @@ async fn an_unreadable_ssl_file_fails_every_check_and_names_the_key() {
     let a: SocketAddr = "127.0.0.1:9".parse().unwrap();
     let e = check(&t, a, Role::Publish, health(Probe::Salt))
         .await
-        .unwrap_err();
+        .unwrap_err()
+        .detail;
     assert!(
         e.contains("ssl.ca_certs") && e.starts_with("ws check"),
         "{e}"

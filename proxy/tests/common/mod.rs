@@ -377,7 +377,8 @@ impl Prober for ScriptedProber {
         addr: SocketAddr,
         _role: Role,
         _health: HealthSettings,
-    ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + '_>> {
+    ) -> Pin<Box<dyn Future<Output = Result<(), saltgate_proxy::check::CheckFailure>> + Send + '_>>
+    {
         *self.probes.lock().unwrap().entry(addr).or_default() += 1;
         let down = self.all_down.load(Ordering::SeqCst)
             || *self.down.lock().unwrap().get(&addr).unwrap_or(&false);
