@@ -327,6 +327,12 @@ impl Front {
         )
     }
 
+    /// The sum of saltgate's metric `name` over the samples whose labels contain `label`.
+    async fn counter(&self, name: &str, label: &str) -> Option<u64> {
+        let text = http_get(self.admin?, "/metrics").await.ok()?;
+        Some(metric(&text, name, label) as u64)
+    }
+
     /// saltgate's DOWN flips (its event ring, `/api/v1/events`), counted by reason.
     async fn down_reasons(&self) -> Vec<(String, u64)> {
         let Some(admin) = self.admin else {
@@ -549,6 +555,10 @@ async fn rotation(
     let dropfile = m.cachedir.join(".dfn");
     let (downs0, ..) = front.gate_counts().await;
     let reasons0 = front.down_reasons().await;
+    const SESSIONS: (&str, &str) = ("saltgate_listener_sessions_total", "listener=\"publish\"");
+    const BUSY: (&str, &str) = ("saltgate_master_check_busy_total", "port=\"publish\"");
+    let sessions0 = front.counter(SESSIONS.0, SESSIONS.1).await;
+    let busy0 = front.counter(BUSY.0, BUSY.1).await;
     let t0 = Instant::now();
     let out = tokio::process::Command::new(venv.join("bin/salt-key"))
         .arg("-c")
@@ -593,6 +603,12 @@ async fn rotation(
         master_cpu_secs: c1.saturating_sub(c0) as f64 / tck,
         downs: downs0.zip(downs1).map(|(a, b)| b.saturating_sub(a)),
         down_reasons: super::authstorm_report::reasons_since(&reasons0, front.down_reasons().await),
+        publish_sessions: sessions0
+            .zip(front.counter(SESSIONS.0, SESSIONS.1).await)
+            .map(|(a, b)| b.saturating_sub(a)),
+        publish_busy_checks: busy0
+            .zip(front.counter(BUSY.0, BUSY.1).await)
+            .map(|(a, b)| b.saturating_sub(a)),
     };
     eprintln!("saltgate-bench: authstorm rotation: {r:?}");
     Ok(r)

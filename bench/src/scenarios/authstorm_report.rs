@@ -23,6 +23,10 @@ pub struct Rotation {
     pub downs: Option<u64>,
     /// saltgate's DOWN flips during the rotation, by reason (as [`WayRun::down_reasons`]).
     pub down_reasons: Vec<(String, u64)>,
+    /// Publish sessions saltgate accepted during the rotation (minions reconnecting).
+    pub publish_sessions: Option<u64>,
+    /// Publish checks not counted during the rotation (busy, not hung).
+    pub publish_busy_checks: Option<u64>,
 }
 
 /// One way at one size.
@@ -270,9 +274,11 @@ pub fn markdown(r: &AuthstormReport) -> String {
             o(w.gate_orphaned),
             reasons(&w.down_reasons),
             w.rotation.as_ref().map_or(String::new(), |x| format!(
-                "; rotation: key rotated {:.1} s after salt-key -d, {} returns, DOWN {}{}",
+                "; rotation: key rotated {:.1} s after salt-key -d, {} returns, publish sessions accepted {}, publish checks not counted (busy) {}, DOWN {}{}",
                 x.secs_to_rotate,
                 x.returns,
+                o(x.publish_sessions.map(|v| v as f64)),
+                o(x.publish_busy_checks.map(|v| v as f64)),
                 x.downs.map_or("—".into(), |d| d.to_string()),
                 reasons(&x.down_reasons)
             )),

@@ -168,10 +168,10 @@ impl Prober for SaltProbes {
 
 pub use crate::select::check_failure::{BUSY_OR_STUCK, LATE_GREETING, NO_GREETING};
 
-/// How long after its last passed check a publish port's missing greetings may go uncounted while
-/// the master answers its minions' requests (see [`busy_not_hung`]): a publish server hung on
-/// its own (its request workers fine) is counted again after this, and goes DOWN `fall` checks
-/// later.
+/// How long after its publish server last showed it runs (a check passed, or its greeting came
+/// late) a publish port's missing greetings may go uncounted while the master answers its
+/// minions' requests (see [`busy_not_hung`]): a publish server hung on its own (its request
+/// workers fine) is counted again after this, and goes DOWN `fall` checks later.
 pub const PUBLISH_BUSY_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Whether a failed check is a busy master's, not a hung one's, on a port not DOWN, while
@@ -181,9 +181,10 @@ pub const PUBLISH_BUSY_GRACE: std::time::Duration = std::time::Duration::from_se
 /// - a publish port whose connect or greeting came after `handshake_timeout`
 ///   ([`Stage::LateGreeting`]): its publish server runs, on a saturated host;
 /// - a publish port whose connect or greeting did not come within `timeout`
-///   ([`Stage::NoGreeting`]; on `tcp`, no answer), within [`PUBLISH_BUSY_GRACE`] of its last
-///   passed check (`last_pass`): measured in an AES rotation storm of 5,000 minions, the master's
-///   publish server answered neither while its request workers did.
+///   ([`Stage::NoGreeting`]; on `tcp`, no answer), within [`PUBLISH_BUSY_GRACE`] of the last
+///   check its publish server answered, on time or late (`last_alive`): measured in an AES
+///   rotation storm of 5,000 minions, the master's publish server answered neither while its
+///   request workers did.
 ///
 /// A stopped master answers nothing, and a master whose workers are stuck answers nobody: both
 /// still fail.
@@ -193,7 +194,7 @@ fn busy_not_hung(
     state: &HealthState,
     master: &Master,
     began: tokio::time::Instant,
-    last_pass: Option<tokio::time::Instant>,
+    last_alive: Option<tokio::time::Instant>,
 ) -> bool {
     let Err(e) = result else {
         return false;
@@ -202,7 +203,7 @@ fn busy_not_hung(
         (Role::Request, Stage::NoAnswer) => true,
         (Role::Publish, Stage::LateGreeting) => true,
         (Role::Publish, Stage::NoGreeting | Stage::NoAnswer) => {
-            last_pass.is_some_and(|p| began.saturating_duration_since(p) <= PUBLISH_BUSY_GRACE)
+            last_alive.is_some_and(|p| began.saturating_duration_since(p) <= PUBLISH_BUSY_GRACE)
         }
         _ => false,
     };
@@ -396,8 +397,9 @@ pub async fn run_port_checks(
     // passes a check as soon as it comes, between checks too (`early`).
     let mut pings = Outstanding::default();
     let mut early: Option<Result<(), CheckFailure>> = None;
-    // When a check of this port last passed (the publish port's busy grace).
-    let mut last_pass: Option<tokio::time::Instant> = None;
+    // When a check of this port last got an answer, on time or late (the publish port's busy
+    // grace).
+    let mut last_alive: Option<tokio::time::Instant> = None;
     loop {
         reserve::refill();
         let settings = master.cfg().health;
@@ -471,7 +473,10 @@ pub async fn run_port_checks(
             _ if reserved => local.inc(),
             _ => local_resource_recovered(),
         }
-        if busy_not_hung(role, &result, &state, &master, started, last_pass) {
+        if matches!(&result, Err(e) if e.stage == Stage::LateGreeting) {
+            last_alive = Some(started);
+        }
+        if busy_not_hung(role, &result, &state, &master, started, last_alive) {
             // A busy master is not a dead one (an `_auth` storm: the ping waits behind the
             // minions' requests, which the master answers): neither a failure nor a success.
             busy.inc();
@@ -498,7 +503,7 @@ pub async fn run_port_checks(
         duration.observe(took.as_secs_f64());
         let ok = result.is_ok();
         if ok {
-            last_pass = Some(started);
+            last_alive = Some(started);
         } else {
             failures.inc();
         }

@@ -189,6 +189,47 @@ fn minions_answered(m: &Arc<Master>) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// The grace for a publish port with no greeting at all counts from the last check its publish
+/// server answered, late ones included: a saturated publish server that greets late, then not
+/// at all for a while, then late again, stays UP while the master answers; one that stops
+/// greeting for longer than the grace goes DOWN.
+#[tokio::test(start_paused = true)]
+async fn the_publish_grace_counts_from_the_last_greeting_late_or_not() {
+    let h = HealthSettings {
+        probe: Probe::Salt,
+        ..HealthSettings::default()
+    };
+    let late = Shape::Greets(h.handshake_timeout + (h.timeout - h.handshake_timeout) / 2);
+    let never = Shape::Greets(h.timeout * 2);
+    let prober = FakeProber::new(Shape::Greets(Duration::from_millis(5)));
+    let m = master(h);
+    let mut rx = port_checks(&m, Role::Publish, prober.clone(), Metrics::new());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let answers = minions_answered(&m);
+    let spell = PUBLISH_BUSY_GRACE * 2 / 3;
+    for _ in 0..3 {
+        prober.set(late);
+        tokio::time::sleep(spell).await;
+        prober.set(never);
+        tokio::time::sleep(spell).await;
+    }
+    assert!(
+        rx.try_recv().is_err(),
+        "no flip: every silence was shorter than the grace, counted from the last late greeting"
+    );
+    let t0 = Instant::now();
+    let ev = rx.recv().await.unwrap();
+    assert_eq!(ev.flip, Flip::Down);
+    let took = t0.elapsed() + spell;
+    assert!(
+        took >= PUBLISH_BUSY_GRACE
+            && took <= PUBLISH_BUSY_GRACE + (h.interval + h.timeout) * (h.fall + 1),
+        "DOWN {took:?} after the last greeting"
+    );
+    answers.abort();
+    m.checks_stop.cancel();
+}
+
 /// A publish port on loopback that greets (ZMTP 3.1, NULL) `after` each connect, or never.
 async fn greeter(after: Option<Duration>) -> SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
