@@ -101,8 +101,10 @@ pub struct Upstream {
     /// A nudge not yet served by a check that began after it (a burst wakes the checker once).
     nudge_pending: [AtomicBool; 2],
     /// When a request session last saw this master complete a reply (see
-    /// [`Upstream::saw_answer`]).
-    last_answer: Mutex<Option<tokio::time::Instant>>,
+    /// [`Upstream::saw_answer`]): nanoseconds after `born`, plus one (0: never). An atomic, not a
+    /// lock: every reply the relay follows stores it.
+    last_answer: AtomicU64,
+    born: tokio::time::Instant,
 }
 
 impl Upstream {
@@ -124,7 +126,8 @@ impl Upstream {
             hold_released: AtomicBool::new(false),
             nudge: [tokio::sync::Notify::new(), tokio::sync::Notify::new()],
             nudge_pending: [AtomicBool::new(false), AtomicBool::new(false)],
-            last_answer: Mutex::new(None),
+            last_answer: AtomicU64::new(0),
+            born: tokio::time::Instant::now(),
         }
     }
 
@@ -133,18 +136,16 @@ impl Upstream {
     /// workers answer, so a health ping that waits behind their work is a busy master's, not a
     /// hung one's (see [`crate::select::check`]).
     pub fn saw_answer(&self) {
-        if let Ok(mut t) = self.last_answer.lock() {
-            *t = Some(tokio::time::Instant::now());
-        }
+        let at = self.born.elapsed().as_nanos().min(u64::MAX as u128 - 1) as u64 + 1;
+        self.last_answer.fetch_max(at, Ordering::Relaxed);
     }
 
     /// Whether a reply was seen at or after `t`.
     pub fn answered_since(&self, t: tokio::time::Instant) -> bool {
-        self.last_answer
-            .lock()
-            .ok()
-            .and_then(|a| *a)
-            .is_some_and(|a| a >= t)
+        match self.last_answer.load(Ordering::Relaxed) {
+            0 => false,
+            at => u128::from(at - 1) >= t.saturating_duration_since(self.born).as_nanos(),
+        }
     }
 
     /// A discovered master: DOWN (state `joining`) until its checks pass, instead of presumed UP
