@@ -90,6 +90,11 @@ impl Control {
     /// Lists the peers once before the first configuration is put in force.
     pub(crate) async fn discover_at_start(&self, config: &Config) {
         let Some(d) = &config.discovery else { return };
+        if config.publish.mode == saltgate_config::ListenerMode::L4 {
+            // The default stays L4 on purpose (docs/fanout.md, "The default"); say once what a
+            // cluster gains from fan-out.
+            tracing::info!(cluster_pki_dir = %d.cluster_pki_dir.display(), "the masters are one Salt 3008 cluster (discovery): listeners.publish.mode: fanout would keep every minion's publish session open when a master dies (no reconnect, no missed job), with dedup_cluster_pki_dir for one copy of each job; this saltgate keeps the publish listener in L4 as configured (docs/fanout.md)");
+        }
         let busy = Arc::default();
         match list_off_runtime(d.cluster_pki_dir.clone(), &busy).await {
             Some(Ok(files)) => {
