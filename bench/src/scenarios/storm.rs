@@ -3,9 +3,11 @@
 //! itself, all at once: HAProxy's `on-marked-down shutdown-sessions`, saltgate's
 //! `on_master_down: close` with `close_rate: 0`). Every client whose session ends reconnects at
 //! once (one retry every 10 ms) and echoes again. Figures: time from the first lost session
-//! until the last one is re-established; from the stop until then (adds detection, the same
-//! check settings for both); proxy CPU per re-established session. Direct baseline: master 0
-//! closes its sessions itself and the clients reconnect to master 1.
+//! until the last one is re-established; from the first lost session to the last (how long the
+//! proxy's closes take, interleaved with the reconnects it serves meanwhile); from the stop
+//! until all are re-established (adds detection, the same check settings for both); proxy CPU
+//! per re-established session. Direct baseline: master 0 closes its sessions itself and the
+//! clients reconnect to master 1.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -76,12 +78,14 @@ pub async fn run(ctx: &Ctx, kind: TargetKind) -> Result<Vec<Sample>, BenchError>
     }
     let (mut lost, mut back) = (0usize, 0usize);
     let (mut first_loss, mut last_up) = (None::<Instant>, t_down);
+    let mut last_loss = t_down;
     let deadline = Instant::now() + Duration::from_secs(60);
     while lost < affected || back < affected {
         match tokio::time::timeout_at(deadline.into(), rx.recv()).await {
             Ok(Some(Event::Lost(t))) => {
                 lost += 1;
                 first_loss = Some(first_loss.map_or(t, |f| f.min(t)));
+                last_loss = last_loss.max(t);
             }
             Ok(Some(Event::Up(t))) => {
                 back += 1;
@@ -108,6 +112,15 @@ pub async fn run(ctx: &Ctx, kind: TargetKind) -> Result<Vec<Sample>, BenchError>
             "ms",
             kind,
             ms(last_up.saturating_duration_since(first_loss)),
+            Some(&spent),
+        ),
+        Sample::new(
+            "storm",
+            "first loss to last loss",
+            &case,
+            "ms",
+            kind,
+            ms(last_loss.saturating_duration_since(first_loss)),
             Some(&spent),
         ),
         Sample::new(
