@@ -308,7 +308,13 @@ impl Table {
         let Some(list) = self.publish.get_mut(&ip) else {
             return;
         };
-        list.retain(|p| p.session != session);
+        // One session per id, and the list's order means nothing (`publish_of` reads it as a
+        // set): `swap_remove` stops at the session and moves one element, where `retain` walked
+        // and shifted the whole list (thousands of sessions behind one NAT address, or a bench
+        // client, closed at once when a master goes DOWN: 3.5 % of the storm's CPU).
+        if let Some(i) = list.iter().position(|p| p.session == session) {
+            list.swap_remove(i);
+        }
         if list.is_empty() {
             self.publish.remove(&ip);
             self.refresh_ip(ip, now, now_ms);
