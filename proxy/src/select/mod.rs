@@ -12,5 +12,7 @@ pub mod master;
 pub mod rebalance;
 pub mod selection;
 pub mod snapshot;
+#[cfg(test)]
+pub(crate) mod test_peers;
 pub mod transport_probe;
 pub mod upstream;

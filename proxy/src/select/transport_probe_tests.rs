@@ -24,19 +24,7 @@ fn health(probe: Probe) -> HealthSettings {
 #[tokio::test]
 async fn a_zeromq_master_behind_transport_tcp_is_named() {
     // A ZMTP peer: greets at once.
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let a = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        while let Ok((mut s, _)) = l.accept().await {
-            let mut g = vec![0xffu8, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 1];
-            g.extend(b"NULL");
-            g.resize(64, 0);
-            let _ = s.write_all(&g).await;
-            let mut b = [0u8; 256];
-            while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
-        }
-    });
+    let a = crate::select::test_peers::zmtp_greeter(Some(std::time::Duration::ZERO)).await;
     let t = ProbeTransport::prepare(&global(SaltTransport::Tcp, None));
     assert!(!t.is_zeromq());
     let e = check(&t, a, Role::Request, health(Probe::Salt))
