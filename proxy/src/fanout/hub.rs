@@ -45,7 +45,8 @@ impl Default for HubOptions {
 
 #[cfg(test)]
 use super::queue::Empty;
-pub(crate) use super::queue::Queued;
+#[cfg(test)]
+use super::queue::Queued;
 use super::queue::{Refused, SessionQueue};
 
 /// One minion session as the fan-out sees it.
@@ -129,9 +130,10 @@ impl HubHandles {
 pub(crate) struct Inbox(Arc<Slot>);
 
 impl Inbox {
-    /// The next message, waiting for one; `None` once the hub stops ([`Hub::stop_sessions`]).
-    pub(crate) async fn recv(&mut self) -> Option<Queued> {
-        self.0.queue.pop().await
+    /// The session's slot (its queue: [`SessionQueue::poll_pop`], which says `None` once the
+    /// hub stops, [`Hub::stop_sessions`]).
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.0
     }
 
     /// The next message if one waits.

@@ -42,8 +42,9 @@ pub(crate) struct Late<'a> {
     wait: IdWait<'a>,
     /// After this, a learned id no longer leads to a replay.
     until: Instant,
-    /// Sequence numbers written to the session live while it waited.
-    live: Vec<u64>,
+    /// Sequence numbers written to the session live while it waited. Under a lock: the session
+    /// notes them while its wait ([`Late::wake`], a future holding the `Late`) is pending.
+    live: std::sync::Mutex<Vec<u64>>,
     /// The hub's count of waiting sessions (the admin view).
     awaiting: &'a AtomicU64,
 }
@@ -91,7 +92,7 @@ pub(crate) fn at_open<'a>(
         Late {
             wait,
             until: opened + within,
-            live: Vec::new(),
+            live: Default::default(),
             awaiting: &hub.awaiting_identity,
         }
     });
@@ -110,11 +111,12 @@ impl Late<'_> {
     }
 
     /// A job was written to the session live.
-    pub(crate) fn written(&mut self, seq: u64) {
-        if self.live.len() >= MAX_LIVE {
-            self.live.drain(..MAX_LIVE / 2);
+    pub(crate) fn written(&self, seq: u64) {
+        let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if live.len() >= MAX_LIVE {
+            live.drain(..MAX_LIVE / 2);
         }
-        self.live.push(seq);
+        live.push(seq);
     }
 
     /// What the session is owed, now that the wait ended with `wake`: its identity is set on
@@ -132,7 +134,7 @@ impl Late<'_> {
         let id = Bytes::from(id);
         slot.set_identity(id.clone());
         let after = hub.replay.returning(&id)?;
-        let mut except = std::mem::take(&mut self.live);
+        let mut except = std::mem::take(self.live.get_mut().unwrap_or_else(|p| p.into_inner()));
         except.sort_unstable();
         Some(Due {
             after,
@@ -197,7 +199,7 @@ mod tests {
         h.replay.departed(&Bytes::from_static(b"web-01"), 1);
         let (slot, _rx) = h.attach(addr, Bytes::new(), 10, Default::default());
         let (id, late) = at_open(&h, Some(&p), addr.ip(), Bytes::new(), Instant::now());
-        let mut late = late.expect("no id known at open: it waits");
+        let late = late.expect("no id known at open: it waits");
         assert!(id.is_empty());
         assert_eq!(h.awaiting_identity.load(Ordering::Relaxed), 1);
         // Live while it waits: jobs 4 and 5.
@@ -232,7 +234,7 @@ mod tests {
         keep(&h, 2..=3);
         let (slot, _rx) = h.attach(addr, Bytes::new(), 10, Default::default());
         let (_, late) = at_open(&h, Some(&p), addr.ip(), Bytes::new(), Instant::now());
-        let mut late = late.expect("it waits");
+        let late = late.expect("it waits");
         keep(&h, 4..=4);
         late.written(4);
         tokio::time::advance(Duration::from_secs(2)).await;
@@ -327,12 +329,13 @@ mod tests {
             Bytes::new(),
             Instant::now(),
         );
-        let mut late = late.expect("it waits");
+        let late = late.expect("it waits");
         for seq in 1..=10_000 {
             late.written(seq);
         }
-        assert!(late.live.len() <= MAX_LIVE);
-        assert!(late.live.len() > REPLAY_MAX_JOBS as usize);
-        assert_eq!(late.live.last(), Some(&10_000));
+        let live = late.live.lock().unwrap();
+        assert!(live.len() <= MAX_LIVE);
+        assert!(live.len() > REPLAY_MAX_JOBS as usize);
+        assert_eq!(live.last(), Some(&10_000));
     }
 }

@@ -26,6 +26,7 @@ pub mod pubhub;
 mod queue;
 pub(crate) mod replay;
 mod session;
+mod steady;
 mod upstream;
 
 pub use hub::{FanReport, HubHandles, HubOptions};

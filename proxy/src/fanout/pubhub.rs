@@ -48,13 +48,14 @@ impl PubHub {
 }
 
 impl PubHub {
-    /// One minion session, with the hub started, and its span (the session's task runs in it:
-    /// entered per poll, not per frame).
+    /// One minion session holding `permits`, with the hub started, and its span (the session's
+    /// task runs in it: entered per poll, not per frame).
     fn session(
         &self,
         ctx: Arc<DataPlane>,
         stream: TcpStream,
         peer: SocketAddr,
+        permits: Permits,
     ) -> (
         impl std::future::Future<Output = ()> + Send + 'static,
         tracing::Span,
@@ -62,7 +63,8 @@ impl PubHub {
         ensure_started(&self.hub, &self.handles, &ctx);
         let id = ctx.session_id();
         let span = session_span(id, Role::Publish, peer);
-        (session::run(self.hub.clone(), ctx, stream, peer, id), span)
+        let run = session::run(self.hub.clone(), ctx, stream, peer, id, permits);
+        (run, span)
     }
 }
 
@@ -76,7 +78,7 @@ impl Drop for PubHub {
 
 impl Serve for PubHub {
     fn serve(&self, ctx: Arc<DataPlane>, stream: TcpStream, peer: SocketAddr) -> BoxFuture<()> {
-        let (run, span) = self.session(ctx, stream, peer);
+        let (run, span) = self.session(ctx, stream, peer, Permits::none());
         Box::pin(run.instrument(span))
     }
 
@@ -90,12 +92,7 @@ impl Serve for PubHub {
         peer: SocketAddr,
         permits: Permits,
     ) {
-        let (run, span) = self.session(ctx, stream, peer);
-        let run = async move {
-            let _permits = permits;
-            run.await
-        };
-        in_span(tracker, (run, span));
+        in_span(tracker, self.session(ctx, stream, peer, permits));
     }
 
     fn kind(&self) -> &'static str {

@@ -127,7 +127,22 @@ impl SessionQueue {
         Poll::Pending
     }
 
+    /// `Ready` once the hub stops; else `Pending`, the reader woken by the stop (or by the next
+    /// push: it then polls again). For a reader that waits on something else, a write to its
+    /// minion, and must still end when the hub stops.
+    pub(crate) fn poll_stopped(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut s = self.lock();
+        if s.stopped {
+            return Poll::Ready(());
+        }
+        if !s.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            s.waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
     /// The next message, waiting for one; `None` once the hub stops.
+    #[cfg(test)]
     pub(crate) async fn pop(&self) -> Option<Queued> {
         std::future::poll_fn(|cx| self.poll_pop(cx)).await
     }
