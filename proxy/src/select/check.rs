@@ -210,6 +210,40 @@ fn busy_not_hung(
     late && state.state != PortState::Down && master.upstream.answered_since(began)
 }
 
+/// A publish port's greeting is waited for past `handshake_timeout` (up to `timeout`, see
+/// [`SaltProbes`]) only while the master answers its minions, where the busy rule may excuse a
+/// late one; otherwise the check fails at `handshake_timeout`, so a stopped master's publish
+/// port is DOWN as fast as before (a request check the stop caught mid-ping waits `timeout`, and
+/// the publish port is what sees the stop first then). `probe: tcp` keeps its `timeout`.
+async fn publish_cut(
+    mut probe: ProbeFuture<'_>,
+    role: Role,
+    settings: &HealthSettings,
+    master: &Master,
+    began: tokio::time::Instant,
+) -> Result<(), CheckFailure> {
+    if role != Role::Publish || settings.probe == Probe::Tcp {
+        return probe.await;
+    }
+    let handshake = settings.handshake_timeout.min(settings.timeout);
+    tokio::select! {
+        r = &mut probe => return r,
+        _ = tokio::time::sleep_until(began + handshake) => {}
+    }
+    if master.upstream.answered_since(began) {
+        return probe.await;
+    }
+    let t = master.probe_transport();
+    let what = if t.is_zeromq() {
+        "ZMTP greeting: no ZMTP handshake".to_string()
+    } else {
+        format!("{} publish check: no handshake", t.transport.as_str())
+    };
+    Err(CheckFailure::no_greeting(format_args!(
+        "{what} within {handshake:?} (handshake_timeout; the master answered no minion meanwhile)"
+    )))
+}
+
 /// How long a ping kept outstanding on a DOWN request port may wait for its answer before the
 /// checks give up on it (see [`run_port_checks`]). Long: a loaded master starting up has been
 /// seen to answer its queue 80-120 s after its first pings; a lost kept ping costs nothing while
@@ -436,8 +470,9 @@ pub async fn run_port_checks(
                 _ = stop.cancelled() => return,
             }
         } else {
+            let probe = prober.probe_over(addr, role, settings, master.probe_transport());
             tokio::select! {
-                r = prober.probe_over(addr, role, settings, master.probe_transport()) => r,
+                r = publish_cut(probe, role, &settings, &master, started) => r,
                 _ = stop.cancelled() => return,
             }
         };
