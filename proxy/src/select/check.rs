@@ -115,15 +115,8 @@ impl Prober for SaltProbes {
                 // one that never comes a stopped or hung one.
                 (Probe::Zmtp | Probe::Salt, Role::Publish) => {
                     let began = tokio::time::Instant::now();
-                    let greeting = transport.greeting(addr, timeout).await;
-                    let took = began.elapsed();
-                    match greeting {
-                        Ok(_) if took > handshake => Err(CheckFailure::late_greeting(
-                            "ZMTP greeting",
-                            took,
-                            handshake,
-                        )),
-                        Ok(_) => Ok(()),
+                    match transport.greeting(addr, timeout).await {
+                        Ok(_) => CheckFailure::on_time("ZMTP greeting", began.elapsed(), handshake),
                         Err(ProbeError::Connect(e)) => {
                             Err(connect_error("ZMTP greeting: connect", &e))
                         }
@@ -181,7 +174,7 @@ pub const PUBLISH_BUSY_GRACE: std::time::Duration = std::time::Duration::from_se
 /// - a publish port whose connect or greeting came after `handshake_timeout`
 ///   ([`Stage::LateGreeting`]): its publish server runs, on a saturated host;
 /// - a publish port whose connect or greeting did not come within `timeout`
-///   ([`Stage::NoGreeting`]; on `tcp`, no answer), within [`PUBLISH_BUSY_GRACE`] of the last
+///   ([`Stage::NoGreeting`]; on `tcp`, no read), within [`PUBLISH_BUSY_GRACE`] of the last
 ///   check its publish server answered, on time or late (`last_alive`): measured in an AES
 ///   rotation storm of 5,000 minions, the master's publish server answered neither while its
 ///   request workers did.
@@ -202,7 +195,7 @@ fn busy_not_hung(
     let late = match (role, e.stage) {
         (Role::Request, Stage::NoAnswer) => true,
         (Role::Publish, Stage::LateGreeting) => true,
-        (Role::Publish, Stage::NoGreeting | Stage::NoAnswer) => {
+        (Role::Publish, Stage::NoGreeting) => {
             last_alive.is_some_and(|p| began.saturating_duration_since(p) <= PUBLISH_BUSY_GRACE)
         }
         _ => false,

@@ -78,6 +78,20 @@ impl CheckFailure {
         }
     }
 
+    /// A publish port that greeted `took` after the check began: passed within `handshake`,
+    /// else [`Stage::LateGreeting`] (one rule for every transport's publish check).
+    pub fn on_time(
+        what: impl fmt::Display,
+        took: std::time::Duration,
+        handshake: std::time::Duration,
+    ) -> Result<(), Self> {
+        if took > handshake {
+            Err(CheckFailure::late_greeting(what, took, handshake))
+        } else {
+            Ok(())
+        }
+    }
+
     /// A failure for want of a local resource (`detail` as [`crate::select::local_resource`]
     /// words it).
     pub fn local_resource(detail: String) -> Self {

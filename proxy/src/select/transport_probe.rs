@@ -125,13 +125,12 @@ pub async fn check(
             .map(|_| ()),
         Role::Publish => p::publish_check(&target, timeout).await.map(|_| ()),
     };
-    let took = began.elapsed();
     match r {
-        Ok(()) if role == Role::Publish && took > handshake => Err(CheckFailure::late_greeting(
+        Ok(()) if role == Role::Publish => CheckFailure::on_time(
             format_args!("{what}: the handshake"),
-            took,
+            began.elapsed(),
             handshake,
-        )),
+        ),
         Ok(()) => Ok(()),
         Err(SaltProbeError::NotReady) => Err(CheckFailure::failed(format!(
             "{what}: not ready (cluster_retry: not yet a cluster member)"
