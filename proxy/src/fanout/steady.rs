@@ -460,20 +460,13 @@ impl<'a> Steady<'a> {
     /// Writes `buf` (message `seq`; 0: a PING or PONG): what the socket does not take now is
     /// kept in `pending`, written as the socket drains.
     fn write(&mut self, mut buf: Bytes, seq: u64) -> Result<(), End> {
-        while !buf.is_empty() {
-            match self.io.try_write(&buf) {
-                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into()),
-                Ok(n) => buf.advance(n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.pending = Some(buf);
-                    self.pending_seq = seq;
-                    self.progress = Instant::now();
-                    return Ok(());
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if try_write_all(self.io, &mut buf)? {
+            self.written(seq);
+        } else {
+            self.pending = Some(buf);
+            self.pending_seq = seq;
+            self.progress = Instant::now();
         }
-        self.written(seq);
         Ok(())
     }
 
@@ -659,11 +652,10 @@ fn write_timeout(hub: &Hub) -> Option<Duration> {
 /// Writes what the socket takes of `buf` (advancing it); `Ready(Ok)` once all of it is out,
 /// `Pending` (woken when the socket is writable again) when the socket is full.
 fn poll_write(io: &TcpStream, cx: &mut Context<'_>, buf: &mut Bytes) -> Poll<std::io::Result<()>> {
-    while !buf.is_empty() {
-        match io.try_write(buf) {
-            Ok(0) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
-            Ok(n) => buf.advance(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => match io.poll_write_ready(cx) {
+    loop {
+        match try_write_all(io, buf) {
+            Ok(true) => return Poll::Ready(Ok(())),
+            Ok(false) => match io.poll_write_ready(cx) {
                 Poll::Ready(Ok(())) => {}
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
@@ -671,7 +663,20 @@ fn poll_write(io: &TcpStream, cx: &mut Context<'_>, buf: &mut Bytes) -> Poll<std
             Err(e) => return Poll::Ready(Err(e)),
         }
     }
-    Poll::Ready(Ok(()))
+}
+
+/// Writes what the socket takes now of `buf` (advancing it), registering nothing: `true` once
+/// all of it is out, `false` when the socket is full.
+fn try_write_all(io: &TcpStream, buf: &mut Bytes) -> std::io::Result<bool> {
+    while !buf.is_empty() {
+        match io.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf.advance(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 /// Writes all of `buf` unless the hub stops first (a minion that does not read must not hold
